@@ -1,0 +1,245 @@
+#include "shoal/client/client.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
+#include "shoal/core/status.h"
+
+namespace shoal {
+
+// The part of one client operation addressed to one task. `pieces` records,
+// for each tensor in the request (or response), which variable and which
+// shard of it the tensor is.
+struct Client::TaskCall {
+  Request request;
+  Response response;
+  std::vector<std::pair<size_t, size_t>> pieces;  // (variable index, shard index)
+};
+
+namespace {
+
+// Splits `value` into the rows of `shard`, without copying.
+torch::Tensor Slice(const torch::Tensor& value, const VariablePlacement& vp, const Shard& shard) {
+  if (!vp.partitioned()) return value;
+  return value.narrow(0, shard.row_begin, shard.row_end - shard.row_begin);
+}
+
+// Checks that a tensor meant for a partitioned variable has its full shape, so
+// slicing cannot throw; the server checks the slices against the parts.
+absl::Status CheckPartitionedShape(const std::string& name, const VariablePlacement& vp, const torch::Tensor& t) {
+  if (!vp.partitioned()) return absl::OkStatus();
+  if (!t.defined() || t.sizes() != c10::IntArrayRef(vp.shape)) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor for partitioned variable '", name, "' has shape [",
+                                                   t.defined() ? absl::StrJoin(t.sizes(), ",") : "undefined",
+                                                   "], expected [", absl::StrJoin(vp.shape, ","), "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClusterSpec& cluster, Transport* transport,
+                                                       std::shared_ptr<const Placement> placement,
+                                                       ClientOptions options) {
+  std::map<TaskId, std::shared_ptr<Channel>> channels;
+  for (const TaskId& task : cluster.AllTasks()) {
+    SHOAL_ASSIGN_OR_RETURN(std::string address, cluster.AddressOf(task));
+    SHOAL_ASSIGN_OR_RETURN(channels[task], transport->Connect(task, address));
+  }
+  return std::unique_ptr<Client>(new Client(std::move(channels), std::move(placement), options));
+}
+
+Client::Client(std::map<TaskId, std::shared_ptr<Channel>> channels, std::shared_ptr<const Placement> placement,
+               ClientOptions options)
+    : channels_(std::move(channels)), placement_(std::move(placement)), options_(options) {}
+
+absl::StatusOr<Channel*> Client::ChannelFor(const TaskId& task) const {
+  auto it = channels_.find(task);
+  if (it == channels_.end()) return absl::NotFoundError(absl::StrCat(task.ToString(), " is not in the cluster"));
+  return it->second.get();
+}
+
+absl::StatusOr<std::vector<VariablePlacement>> Client::LocateAll(const std::vector<std::string>& names) const {
+  std::vector<VariablePlacement> placements;
+  placements.reserve(names.size());
+  for (const std::string& name : names) {
+    SHOAL_ASSIGN_OR_RETURN(VariablePlacement vp, placement_->Locate(name));
+    placements.push_back(std::move(vp));
+  }
+  return placements;
+}
+
+absl::Status Client::RunAll(TaskCalls& calls) {
+  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  std::vector<Channel*> channels;
+  for (auto& [task, call] : calls) {
+    SHOAL_ASSIGN_OR_RETURN(Channel* channel, ChannelFor(task));
+    channels.push_back(channel);
+  }
+  absl::BlockingCounter pending(static_cast<int>(calls.size()));
+  absl::Mutex mu;
+  absl::Status first_error;
+  size_t i = 0;
+  for (auto& [task, call] : calls) {
+    channels[i++]->Call(call.request, &call.response, deadline, [&](absl::Status status) {
+      if (!status.ok()) {
+        absl::MutexLock lock(&mu);
+        if (first_error.ok()) first_error = std::move(status);
+      }
+      pending.DecrementCount();
+    });
+  }
+  pending.Wait();  // each transport enforces `deadline`
+  return first_error;
+}
+
+absl::Status Client::CreateVariables(const std::vector<VariableInit>& variables) {
+  std::vector<std::string> names;
+  for (const auto& v : variables) names.push_back(v.name);
+  SHOAL_ASSIGN_OR_RETURN(auto placements, LocateAll(names));
+  TaskCalls calls;
+  for (size_t i = 0; i < variables.size(); ++i) {
+    const VariableInit& var = variables[i];
+    SHOAL_RETURN_IF_ERROR(CheckPartitionedShape(var.name, placements[i], var.value));
+    for (size_t s = 0; s < placements[i].shards.size(); ++s) {
+      const Shard& shard = placements[i].shards[s];
+      torch::Tensor piece = Slice(var.value, placements[i], shard);
+      TaskCall& call = calls[shard.task];
+      wire::VariableDef* def = call.request.header.mutable_create_variables()->add_variables();
+      def->set_name(shard.stored_name);
+      for (int64_t d : piece.sizes()) def->add_shape(d);
+      *def->mutable_optimizer() = var.optimizer;
+      def->set_use_locking(var.use_locking);
+      call.request.tensors.push_back(piece);
+    }
+  }
+  return RunAll(calls);
+}
+
+absl::Status Client::WaitForVariables(const std::vector<std::string>& names, absl::Duration timeout) {
+  SHOAL_ASSIGN_OR_RETURN(auto placements, LocateAll(names));
+  const absl::Time give_up = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(20);
+  while (true) {
+    TaskCalls calls;
+    for (const auto& vp : placements) {
+      for (const Shard& shard : vp.shards) calls[shard.task].request.header.mutable_lookup()->add_names(shard.stored_name);
+    }
+    absl::Status status = RunAll(calls);
+    std::string missing;
+    if (status.ok()) {
+      for (auto& [task, call] : calls) {
+        const auto& lookup = call.response.header.lookup();
+        for (int i = 0; i < lookup.present_size(); ++i) {
+          if (!lookup.present(i) && missing.empty()) {
+            missing = absl::StrCat("variable '", call.request.header.lookup().names(i), "' on ", task.ToString());
+          }
+        }
+      }
+      if (missing.empty()) return absl::OkStatus();
+    }
+    if (absl::Now() + backoff > give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "waited ", absl::FormatDuration(timeout), " for the chief to create the variables; ",
+          status.ok() ? absl::StrCat("still missing ", missing) : absl::StrCat("last error: ", status.message())));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+  }
+}
+
+absl::StatusOr<std::vector<torch::Tensor>> Client::Read(const std::vector<std::string>& names) {
+  SHOAL_ASSIGN_OR_RETURN(auto placements, LocateAll(names));
+  TaskCalls calls;
+  for (size_t i = 0; i < names.size(); ++i) {
+    for (size_t s = 0; s < placements[i].shards.size(); ++s) {
+      TaskCall& call = calls[placements[i].shards[s].task];
+      call.request.header.mutable_read()->add_names(placements[i].shards[s].stored_name);
+      call.pieces.emplace_back(i, s);
+    }
+  }
+  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  std::vector<std::vector<torch::Tensor>> parts(names.size());
+  for (size_t i = 0; i < names.size(); ++i) parts[i].resize(placements[i].shards.size());
+  for (auto& [task, call] : calls) {
+    if (call.response.tensors.size() != call.pieces.size()) {
+      return absl::DataLossError(absl::StrCat(task.ToString(), " answered a read of ", call.pieces.size(),
+                                              " variables with ", call.response.tensors.size(), " tensors"));
+    }
+    for (size_t k = 0; k < call.pieces.size(); ++k) {
+      parts[call.pieces[k].first][call.pieces[k].second] = std::move(call.response.tensors[k]);
+    }
+  }
+  std::vector<torch::Tensor> values;
+  values.reserve(names.size());
+  for (auto& p : parts) values.push_back(p.size() == 1 ? std::move(p[0]) : torch::cat(p, 0));
+  return values;
+}
+
+absl::Status Client::Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values) {
+  if (names.size() != values.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("assign: ", names.size(), " names but ", values.size(), " values"));
+  }
+  SHOAL_ASSIGN_OR_RETURN(auto placements, LocateAll(names));
+  TaskCalls calls;
+  for (size_t i = 0; i < names.size(); ++i) {
+    SHOAL_RETURN_IF_ERROR(CheckPartitionedShape(names[i], placements[i], values[i]));
+    for (const Shard& shard : placements[i].shards) {
+      TaskCall& call = calls[shard.task];
+      call.request.header.mutable_assign()->add_names(shard.stored_name);
+      call.request.tensors.push_back(Slice(values[i], placements[i], shard));
+    }
+  }
+  return RunAll(calls);
+}
+
+absl::StatusOr<std::vector<int64_t>> Client::ApplyGradients(const std::vector<std::string>& names,
+                                                           const std::vector<torch::Tensor>& gradients,
+                                                           const std::vector<CounterDelta>& counters) {
+  if (names.size() != gradients.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("apply: ", names.size(), " names but ", gradients.size(), " gradients"));
+  }
+  SHOAL_ASSIGN_OR_RETURN(auto placements, LocateAll(names));
+  TaskCalls calls;
+  for (size_t i = 0; i < names.size(); ++i) {
+    SHOAL_RETURN_IF_ERROR(CheckPartitionedShape(names[i], placements[i], gradients[i]));
+    for (const Shard& shard : placements[i].shards) {
+      TaskCall& call = calls[shard.task];
+      call.request.header.mutable_apply_gradients()->add_names(shard.stored_name);
+      call.request.tensors.push_back(Slice(gradients[i], placements[i], shard));
+    }
+  }
+  // The counters ride with the gradients to the counter task.
+  if (!counters.empty()) {
+    auto* apply = calls[placement_->counter_task()].request.header.mutable_apply_gradients();
+    for (const CounterDelta& c : counters) {
+      auto* delta = apply->add_counters();
+      delta->set_name(c.name);
+      delta->set_delta(c.delta);
+    }
+  }
+  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  if (counters.empty()) return std::vector<int64_t>();
+  const auto& values = calls[placement_->counter_task()].response.header.apply_gradients().counter_values();
+  return std::vector<int64_t>(values.begin(), values.end());
+}
+
+absl::StatusOr<int64_t> Client::AddToCounter(const std::string& name, int64_t delta) {
+  TaskCalls calls;
+  auto* counter = calls[placement_->counter_task()].request.header.mutable_counter()->mutable_counter();
+  counter->set_name(name);
+  counter->set_delta(delta);
+  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  return calls.begin()->second.response.header.counter().value();
+}
+
+absl::Status Client::Shutdown(const TaskId& task) {
+  TaskCalls calls;
+  calls[task].request.header.mutable_shutdown();
+  return RunAll(calls);
+}
+
+}  // namespace shoal

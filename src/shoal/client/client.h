@@ -1,0 +1,102 @@
+// Client: reads, assigns and updates any variable of the cluster by name.
+//
+// The client looks each name up in the Placement, groups the work by owning
+// task, sends one request per task in parallel and waits for all of them
+// (each with a deadline). Partitioned variables are split and reassembled
+// here, so callers never see the parts.
+//
+// Usage (a worker's step):
+//   auto values = client.Read(names);                 // pull
+//   ... forward/backward with libtorch ...
+//   client.ApplyGradients(names, grads, {{"global_step", 1}});   // push
+//
+// Thread-safe: a client may be used by several threads at once.
+#ifndef SHOAL_CLIENT_CLIENT_H_
+#define SHOAL_CLIENT_CLIENT_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "shoal/cluster/cluster_spec.h"
+#include "shoal/placement/placement.h"
+#include "shoal/transport/transport.h"
+
+namespace shoal {
+
+struct ClientOptions {
+  absl::Duration rpc_timeout = absl::Seconds(60);  // every call's deadline
+};
+
+// A variable to create: its name, initial value and how it is trained.
+struct VariableInit {
+  std::string name;
+  torch::Tensor value;
+  wire::OptimizerConfig optimizer;
+  bool use_locking = false;
+};
+
+struct CounterDelta {
+  std::string name;
+  int64_t delta = 1;
+};
+
+class Client {
+ public:
+  // Connects (lazily) to every task of `cluster` through `transport`.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(const ClusterSpec& cluster, Transport* transport,
+                                                        std::shared_ptr<const Placement> placement,
+                                                        ClientOptions options = {});
+
+  // Creates the variables on their tasks (the chief's job). Variables that
+  // already exist with the same definition keep their values.
+  absl::Status CreateVariables(const std::vector<VariableInit>& variables);
+
+  // Waits until every named variable exists on its task (non-chief start-up),
+  // polling; DeadlineExceeded after `timeout`, naming what is missing.
+  absl::Status WaitForVariables(const std::vector<std::string>& names, absl::Duration timeout);
+
+  // Current values. In-process they may alias server memory: never write to
+  // them (copy first). A read takes no lock: under concurrent applies it may
+  // see an update half done, as in TensorFlow's asynchronous training.
+  absl::StatusOr<std::vector<torch::Tensor>> Read(const std::vector<std::string>& names);
+
+  absl::Status Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values);
+
+  // Sends gradients to be applied by each variable's optimizer, and bumps
+  // `counters` (on the counter task) once the gradients are in. Returns the
+  // counters' new values in order.
+  absl::StatusOr<std::vector<int64_t>> ApplyGradients(const std::vector<std::string>& names,
+                                                      const std::vector<torch::Tensor>& gradients,
+                                                      const std::vector<CounterDelta>& counters = {});
+
+  // Adds `delta` to a counter on the counter task; returns the new value.
+  absl::StatusOr<int64_t> AddToCounter(const std::string& name, int64_t delta);
+
+  // Asks `task`'s server to shut down.
+  absl::Status Shutdown(const TaskId& task);
+
+  const Placement& placement() const { return *placement_; }
+
+ private:
+  struct TaskCall;  // one request to one task
+  using TaskCalls = std::map<TaskId, TaskCall>;
+
+  Client(std::map<TaskId, std::shared_ptr<Channel>> channels, std::shared_ptr<const Placement> placement,
+         ClientOptions options);
+  absl::StatusOr<std::vector<VariablePlacement>> LocateAll(const std::vector<std::string>& names) const;
+  // Sends every call in parallel and waits for all; returns the first error.
+  absl::Status RunAll(TaskCalls& calls);
+  absl::StatusOr<Channel*> ChannelFor(const TaskId& task) const;
+
+  std::map<TaskId, std::shared_ptr<Channel>> channels_;
+  std::shared_ptr<const Placement> placement_;
+  ClientOptions options_;
+};
+
+}  // namespace shoal
+
+#endif  // SHOAL_CLIENT_CLIENT_H_

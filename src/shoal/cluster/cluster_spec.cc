@@ -1,0 +1,210 @@
+#include "shoal/cluster/cluster_spec.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "shoal/core/status.h"
+
+namespace shoal {
+namespace {
+
+const std::set<std::string>& KnownJobs() {
+  static const auto* jobs = new std::set<std::string>{"chief", "ps", "worker"};
+  return *jobs;
+}
+
+absl::StatusOr<std::map<std::string, std::vector<std::string>>> JobsFromJson(
+    const nlohmann::json& cluster) {
+  if (!cluster.is_object()) return absl::InvalidArgumentError("cluster must be a JSON object of job -> addresses");
+  std::map<std::string, std::vector<std::string>> jobs;
+  for (const auto& [job, addresses] : cluster.items()) {
+    if (!addresses.is_array()) {
+      return absl::InvalidArgumentError(absl::StrCat("job '", job, "' must list its task addresses as an array"));
+    }
+    for (const auto& address : addresses) {
+      if (!address.is_string()) {
+        return absl::InvalidArgumentError(absl::StrCat("job '", job, "' has an address that is not a string"));
+      }
+      jobs[job].push_back(address.get<std::string>());
+    }
+    if (addresses.empty()) jobs[job];
+  }
+  return jobs;
+}
+
+}  // namespace
+
+std::string TaskId::ToString() const { return absl::StrCat("/job:", job, "/task:", index); }
+
+absl::StatusOr<TaskId> ParseTaskId(const std::string& text) {
+  TaskId task;
+  absl::string_view rest = text;
+  std::string index_text;
+  if (absl::ConsumePrefix(&rest, "/job:")) {
+    std::vector<std::string> parts = absl::StrSplit(rest, '/');
+    if (parts.size() < 2 || !absl::StartsWith(parts.back(), "task:")) {
+      return absl::InvalidArgumentError(absl::StrCat("bad task name '", text, "'; expected /job:NAME/task:INDEX"));
+    }
+    task.job = parts[0];
+    index_text = parts.back().substr(5);
+  } else {
+    std::vector<std::string> parts = absl::StrSplit(rest, ':');
+    if (parts.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("bad task name '", text, "'; expected JOB:INDEX"));
+    }
+    task.job = parts[0];
+    index_text = parts[1];
+  }
+  if (!absl::SimpleAtoi(index_text, &task.index) || task.index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("bad task index in '", text, "'"));
+  }
+  if (!KnownJobs().count(task.job)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown job '", task.job, "' in '", text,
+                                                   "'; known jobs are chief, ps, worker"));
+  }
+  return task;
+}
+
+absl::StatusOr<ClusterSpec> ClusterSpec::Create(std::map<std::string, std::vector<std::string>> jobs) {
+  std::map<std::string, TaskId> seen;
+  for (const auto& [job, addresses] : jobs) {
+    if (!KnownJobs().count(job)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown job '", job, "' in the cluster; known jobs are chief, ps, worker"));
+    }
+    if (addresses.empty()) return absl::InvalidArgumentError(absl::StrCat("job '", job, "' has no tasks"));
+    for (size_t i = 0; i < addresses.size(); ++i) {
+      TaskId task{job, static_cast<int>(i)};
+      if (addresses[i].empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(task.ToString(), " has an empty address"));
+      }
+      auto [it, inserted] = seen.emplace(addresses[i], task);
+      if (!inserted) {
+        return absl::InvalidArgumentError(absl::StrCat("duplicate address '", addresses[i], "' for ",
+                                                       it->second.ToString(), " and ", task.ToString()));
+      }
+    }
+  }
+  if (jobs.count("chief") && jobs["chief"].size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("job 'chief' must have exactly one task, has ", jobs["chief"].size()));
+  }
+  if (!jobs.count("ps")) return absl::InvalidArgumentError("the cluster has no 'ps' job");
+  if (!jobs.count("worker") && !jobs.count("chief")) {
+    return absl::InvalidArgumentError("the cluster has no 'worker' or 'chief' job");
+  }
+  ClusterSpec spec;
+  spec.jobs_ = std::move(jobs);
+  return spec;
+}
+
+absl::StatusOr<ClusterSpec> ClusterSpec::FromJson(const std::string& json_text) {
+  nlohmann::json doc = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return absl::InvalidArgumentError("cluster spec is not valid JSON");
+  const nlohmann::json& cluster = doc.contains("cluster") ? doc["cluster"] : doc;
+  SHOAL_ASSIGN_OR_RETURN(auto jobs, JobsFromJson(cluster));
+  return Create(std::move(jobs));
+}
+
+absl::StatusOr<ClusterSpec> ClusterSpec::FromJsonFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open cluster file '", path, "'"));
+  std::stringstream text;
+  text << in.rdbuf();
+  auto spec = FromJson(text.str());
+  if (!spec.ok()) return Annotate(spec.status(), absl::StrCat("cluster file '", path, "'"));
+  return spec;
+}
+
+ClusterSpec ClusterSpec::Local(int num_ps, int num_workers, int first_port) {
+  std::map<std::string, std::vector<std::string>> jobs;
+  int port = first_port;
+  for (const char* job : {"ps", "worker"}) {
+    int n = std::string(job) == "ps" ? num_ps : num_workers;
+    for (int i = 0; i < n; ++i) {
+      jobs[job].push_back(first_port == 0 ? absl::StrCat("inproc:", job, ":", i)
+                                          : absl::StrCat("127.0.0.1:", port++));
+    }
+  }
+  ClusterSpec spec;
+  spec.jobs_ = std::move(jobs);
+  return spec;
+}
+
+int ClusterSpec::NumTasks(const std::string& job) const {
+  auto it = jobs_.find(job);
+  return it == jobs_.end() ? 0 : static_cast<int>(it->second.size());
+}
+
+const std::vector<std::string>& ClusterSpec::Addresses(const std::string& job) const {
+  static const auto* empty = new std::vector<std::string>();
+  auto it = jobs_.find(job);
+  return it == jobs_.end() ? *empty : it->second;
+}
+
+absl::StatusOr<std::string> ClusterSpec::AddressOf(const TaskId& task) const {
+  if (!HasTask(task)) {
+    return absl::NotFoundError(absl::StrCat(task.ToString(), " is not in the cluster (job '", task.job,
+                                            "' has ", NumTasks(task.job), " tasks)"));
+  }
+  return jobs_.at(task.job)[task.index];
+}
+
+std::vector<TaskId> ClusterSpec::Tasks(const std::string& job) const {
+  std::vector<TaskId> tasks;
+  for (int i = 0; i < NumTasks(job); ++i) tasks.push_back({job, i});
+  return tasks;
+}
+
+std::vector<TaskId> ClusterSpec::AllTasks() const {
+  std::vector<TaskId> tasks;
+  for (const auto& [job, addresses] : jobs_) {
+    for (size_t i = 0; i < addresses.size(); ++i) tasks.push_back({job, static_cast<int>(i)});
+  }
+  return tasks;
+}
+
+bool ClusterSpec::HasTask(const TaskId& task) const {
+  return task.index >= 0 && task.index < NumTasks(task.job);
+}
+
+TaskId ClusterSpec::Chief() const { return NumTasks("chief") > 0 ? TaskId{"chief", 0} : TaskId{"worker", 0}; }
+
+std::vector<TaskId> ClusterSpec::TrainingTasks() const {
+  std::vector<TaskId> tasks = Tasks("chief");
+  for (const TaskId& t : Tasks("worker")) tasks.push_back(t);
+  return tasks;
+}
+
+std::string ClusterSpec::ToJson() const { return nlohmann::json(jobs_).dump(); }
+
+absl::StatusOr<TfConfig> ParseTfConfig(const std::string& json_text) {
+  nlohmann::json doc = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) return absl::InvalidArgumentError("TF_CONFIG is not a JSON object");
+  if (!doc.contains("cluster")) return absl::InvalidArgumentError("TF_CONFIG has no 'cluster'");
+  SHOAL_ASSIGN_OR_RETURN(auto jobs, JobsFromJson(doc["cluster"]));
+  auto spec = ClusterSpec::Create(std::move(jobs));
+  if (!spec.ok()) return Annotate(spec.status(), "TF_CONFIG");
+  const nlohmann::json& task = doc.value("task", nlohmann::json::object());
+  if (!task.contains("type") || !task["type"].is_string()) {
+    return absl::InvalidArgumentError("TF_CONFIG has no task.type");
+  }
+  if (!task.contains("index") || !task["index"].is_number_integer()) {
+    return absl::InvalidArgumentError("TF_CONFIG has no integer task.index");
+  }
+  TaskId id{task["type"].get<std::string>(), task["index"].get<int>()};
+  if (!spec->HasTask(id)) {
+    return absl::InvalidArgumentError(absl::StrCat("TF_CONFIG task ", id.ToString(),
+                                                   " is out of range: job '", id.job, "' has ",
+                                                   spec->NumTasks(id.job), " tasks"));
+  }
+  return TfConfig{*std::move(spec), id};
+}
+
+}  // namespace shoal

@@ -1,0 +1,173 @@
+#include "shoal/core/codec.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "shoal/core/status.h"
+
+namespace shoal {
+namespace {
+
+constexpr size_t kLengthPrefixBytes = 4;
+
+// Reads consecutive bytes out of a list of chunks without joining them.
+class ChunkReader {
+ public:
+  explicit ChunkReader(absl::Span<const absl::string_view> chunks) : chunks_(chunks) {
+    for (auto c : chunks) remaining_ += c.size();
+  }
+  size_t remaining() const { return remaining_; }
+
+  // Copies the next n bytes to dst; the caller has checked remaining().
+  void Read(void* dst, size_t n) {
+    char* out = static_cast<char*>(dst);
+    remaining_ -= n;
+    while (n > 0) {
+      absl::string_view c = chunks_[chunk_];
+      size_t take = std::min(n, c.size() - offset_);
+      std::memcpy(out, c.data() + offset_, take);
+      out += take;
+      n -= take;
+      offset_ += take;
+      if (offset_ == c.size()) {
+        ++chunk_;
+        offset_ = 0;
+      }
+    }
+  }
+
+ private:
+  absl::Span<const absl::string_view> chunks_;
+  size_t chunk_ = 0, offset_ = 0, remaining_ = 0;
+};
+
+absl::Status FillMeta(const std::vector<torch::Tensor>& tensors,
+                      google::protobuf::RepeatedPtrField<wire::TensorMeta>* metas,
+                      EncodedMessage* out) {
+  metas->Clear();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const torch::Tensor& t = tensors[i];
+    if (!t.defined() || t.scalar_type() != torch::kFloat32 || !t.device().is_cpu()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", i, " of the message is not a defined float32 CPU tensor"));
+    }
+    torch::Tensor body = t.contiguous();
+    wire::TensorMeta* meta = metas->Add();
+    meta->set_dtype(wire::DTYPE_FLOAT32);
+    for (int64_t d : body.sizes()) meta->add_shape(d);
+    meta->set_byte_size(body.numel() * sizeof(float));
+    out->total_bytes += meta->byte_size();
+    out->bodies.push_back(std::move(body));
+  }
+  return absl::OkStatus();
+}
+
+template <typename Header>
+absl::StatusOr<EncodedMessage> Encode(Header header, const std::vector<torch::Tensor>& tensors) {
+  EncodedMessage out;
+  SHOAL_RETURN_IF_ERROR(FillMeta(tensors, header.mutable_tensors(), &out));
+  std::string serialized = header.SerializeAsString();
+  uint32_t length = static_cast<uint32_t>(serialized.size());
+  out.header_frame.resize(kLengthPrefixBytes);
+  for (size_t i = 0; i < kLengthPrefixBytes; ++i) out.header_frame[i] = static_cast<char>(length >> (8 * i));
+  out.header_frame += serialized;
+  out.total_bytes += out.header_frame.size();
+  return out;
+}
+
+template <typename Header>
+absl::Status Decode(absl::Span<const absl::string_view> chunks, size_t max_bytes,
+                    Header* header, std::vector<torch::Tensor>* tensors) {
+  ChunkReader reader(chunks);
+  if (reader.remaining() > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "message of ", reader.remaining(), " bytes exceeds the limit of ", max_bytes, " bytes"));
+  }
+  if (reader.remaining() < kLengthPrefixBytes) {
+    return absl::DataLossError(absl::StrCat("garbled message: ", reader.remaining(),
+                                            " bytes, shorter than its length prefix"));
+  }
+  unsigned char prefix[kLengthPrefixBytes];
+  reader.Read(prefix, kLengthPrefixBytes);
+  uint32_t length = 0;
+  for (size_t i = 0; i < kLengthPrefixBytes; ++i) length |= uint32_t{prefix[i]} << (8 * i);
+  if (length > reader.remaining()) {
+    return absl::DataLossError(absl::StrCat("garbled message: header of ", length,
+                                            " bytes but only ", reader.remaining(), " follow"));
+  }
+  std::string serialized(length, '\0');
+  reader.Read(serialized.data(), length);
+  if (!header->ParseFromString(serialized)) {
+    return absl::DataLossError("garbled message: the header does not parse");
+  }
+  uint64_t body_bytes = 0;
+  for (int i = 0; i < header->tensors_size(); ++i) {
+    const wire::TensorMeta& meta = header->tensors(i);
+    if (meta.dtype() != wire::DTYPE_FLOAT32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", i, " has dtype ", wire::DType_Name(meta.dtype()), "; only float32 is supported"));
+    }
+    uint64_t numel = 1;
+    for (int64_t d : meta.shape()) {
+      if (d < 0) return absl::InvalidArgumentError(absl::StrCat("tensor ", i, " has a negative dimension"));
+      if (d > 0 && numel > max_bytes / static_cast<uint64_t>(d)) {
+        return absl::ResourceExhaustedError(absl::StrCat("tensor ", i, " shape exceeds the size limit"));
+      }
+      numel *= static_cast<uint64_t>(d);
+    }
+    if (numel * sizeof(float) != meta.byte_size()) {
+      return absl::DataLossError(absl::StrCat("garbled message: tensor ", i, " has ",
+                                              meta.byte_size(), " bytes for ", numel, " elements"));
+    }
+    body_bytes += meta.byte_size();
+  }
+  if (body_bytes != reader.remaining()) {
+    return absl::DataLossError(absl::StrCat("garbled message: header announces ", body_bytes,
+                                            " tensor bytes but ", reader.remaining(), " follow"));
+  }
+  tensors->clear();
+  tensors->reserve(header->tensors_size());
+  for (const wire::TensorMeta& meta : header->tensors()) {
+    std::vector<int64_t> shape(meta.shape().begin(), meta.shape().end());
+    torch::Tensor t = torch::empty(shape, torch::kFloat32);
+    reader.Read(t.data_ptr(), meta.byte_size());
+    tensors->push_back(std::move(t));
+  }
+  header->clear_tensors();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t TensorBytes(const std::vector<torch::Tensor>& tensors) {
+  size_t bytes = 0;
+  for (const auto& t : tensors) bytes += t.defined() ? t.numel() * t.element_size() : 0;
+  return bytes;
+}
+
+std::string EncodedMessage::Flatten() const {
+  std::string out;
+  out.reserve(total_bytes);
+  out += header_frame;
+  for (const auto& body : bodies) {
+    out.append(static_cast<const char*>(body.data_ptr()), body.numel() * sizeof(float));
+  }
+  return out;
+}
+
+absl::StatusOr<EncodedMessage> EncodeRequest(const Request& request) {
+  return Encode(request.header, request.tensors);
+}
+absl::StatusOr<EncodedMessage> EncodeResponse(const Response& response) {
+  return Encode(response.header, response.tensors);
+}
+absl::Status DecodeRequest(absl::Span<const absl::string_view> chunks, size_t max_bytes,
+                           Request* request) {
+  return Decode(chunks, max_bytes, &request->header, &request->tensors);
+}
+absl::Status DecodeResponse(absl::Span<const absl::string_view> chunks, size_t max_bytes,
+                            Response* response) {
+  return Decode(chunks, max_bytes, &response->header, &response->tensors);
+}
+
+}  // namespace shoal

@@ -1,0 +1,44 @@
+// The wire codec: turns a Request/Response into bytes and back.
+//
+// Layout: [fixed32 LE header length][protobuf header][tensor bytes ...].
+// Encoding copies nothing of the tensors: it returns the header frame and
+// the (contiguous) tensors whose memory a transport sends as-is. Decoding
+// takes the received bytes as a list of chunks (gRPC slices, or one string)
+// and copies each tensor's bytes exactly once into a fresh tensor.
+//
+// Decoding trusts nothing: a short or garbled frame, an unknown dtype, a
+// negative dimension, a byte size that disagrees with the shape, or a total
+// over `max_bytes` is an error that says which.
+#ifndef SHOAL_CORE_CODEC_H_
+#define SHOAL_CORE_CODEC_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "shoal/core/message.h"
+
+namespace shoal {
+
+struct EncodedMessage {
+  std::string header_frame;            // length prefix + serialized header
+  std::vector<torch::Tensor> bodies;   // contiguous float32, sent in order
+  size_t total_bytes = 0;              // header_frame + all bodies
+
+  // Concatenates everything into one string (tests, in-process serialisation).
+  std::string Flatten() const;
+};
+
+absl::StatusOr<EncodedMessage> EncodeRequest(const Request& request);
+absl::StatusOr<EncodedMessage> EncodeResponse(const Response& response);
+
+absl::Status DecodeRequest(absl::Span<const absl::string_view> chunks,
+                           size_t max_bytes, Request* request);
+absl::Status DecodeResponse(absl::Span<const absl::string_view> chunks,
+                            size_t max_bytes, Response* response);
+
+}  // namespace shoal
+
+#endif  // SHOAL_CORE_CODEC_H_

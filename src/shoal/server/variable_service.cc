@@ -1,0 +1,104 @@
+#include "shoal/server/variable_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "shoal/core/status.h"
+
+namespace shoal {
+namespace {
+
+std::vector<std::string> Names(const google::protobuf::RepeatedPtrField<std::string>& names) {
+  return {names.begin(), names.end()};
+}
+
+template <typename Field>
+void CopyInts(const std::vector<int64_t>& from, Field* to) {
+  to->Clear();
+  for (int64_t v : from) to->Add(v);
+}
+
+}  // namespace
+
+absl::Status ResponseStatus(const wire::ResponseHeader& header) {
+  if (header.status_code() == 0) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(header.status_code()), header.status_message());
+}
+
+void VariableService::Handle(const Request& request, Response* response) {
+  response->header.Clear();
+  response->tensors.clear();
+  absl::Status status = Dispatch(request, response);
+  if (!status.ok()) {
+    response->header.Clear();
+    response->tensors.clear();
+  }
+  response->header.set_status_code(static_cast<int>(status.code()));
+  response->header.set_status_message(std::string(status.message()));
+}
+
+absl::Status VariableService::Dispatch(const Request& request, Response* response) {
+  const size_t bytes = TensorBytes(request.tensors);
+  if (bytes > options_.max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("request of ", bytes, " tensor bytes to ", options_.task_name,
+                                                     " exceeds the limit of ", options_.max_message_bytes));
+  }
+  const wire::RequestHeader& h = request.header;
+  switch (h.op_case()) {
+    case wire::RequestHeader::kCreateVariables: {
+      std::vector<wire::VariableDef> defs(h.create_variables().variables().begin(),
+                                          h.create_variables().variables().end());
+      SHOAL_ASSIGN_OR_RETURN(std::vector<bool> created, store_.Create(defs, request.tensors));
+      auto* out = response->header.mutable_create_variables();
+      for (bool c : created) out->add_created(c);
+      return absl::OkStatus();
+    }
+    case wire::RequestHeader::kRead: {
+      std::vector<int64_t> versions;
+      SHOAL_RETURN_IF_ERROR(store_.Read(Names(h.read().names()), &response->tensors, &versions));
+      CopyInts(versions, response->header.mutable_read()->mutable_versions());
+      return absl::OkStatus();
+    }
+    case wire::RequestHeader::kAssign: {
+      std::vector<int64_t> versions;
+      SHOAL_RETURN_IF_ERROR(store_.Assign(Names(h.assign().names()), request.tensors, &versions));
+      CopyInts(versions, response->header.mutable_assign()->mutable_versions());
+      return absl::OkStatus();
+    }
+    case wire::RequestHeader::kApplyGradients: {
+      std::vector<int64_t> versions;
+      const auto& apply = h.apply_gradients();
+      SHOAL_RETURN_IF_ERROR(store_.ApplyGradients(Names(apply.names()), request.tensors, &versions));
+      auto* out = response->header.mutable_apply_gradients();
+      CopyInts(versions, out->mutable_versions());
+      for (const auto& counter : apply.counters()) {
+        out->add_counter_values(store_.AddToCounter(counter.name(), counter.delta()));
+      }
+      return absl::OkStatus();
+    }
+    case wire::RequestHeader::kCounter: {
+      const auto& counter = h.counter().counter();
+      if (counter.name().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("counter request to ", options_.task_name, " has no name"));
+      }
+      response->header.mutable_counter()->set_value(store_.AddToCounter(counter.name(), counter.delta()));
+      return absl::OkStatus();
+    }
+    case wire::RequestHeader::kLookup: {
+      auto* out = response->header.mutable_lookup();
+      for (const auto& info : store_.Lookup(Names(h.lookup().names()))) {
+        out->add_present(info.present);
+        *out->add_definitions() = info.def;
+        out->add_versions(info.version);
+      }
+      return absl::OkStatus();
+    }
+    case wire::RequestHeader::kShutdown:
+      response->header.mutable_shutdown();
+      std::call_once(shutdown_once_, [this] { shutdown_requested_.Notify(); });
+      return absl::OkStatus();
+    case wire::RequestHeader::OP_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("request to ", options_.task_name, " names no operation"));
+}
+
+}  // namespace shoal

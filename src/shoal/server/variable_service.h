@@ -1,0 +1,56 @@
+// VariableService: what every task's server does with a Request.
+//
+// The transport-agnostic core of a server (like TensorFlow's GrpcWorker minus
+// gRPC): a transport decodes a message, calls Handle(), and sends back the
+// Response. Handle() never fails as a call: the server's verdict is written
+// into the response header's status, so a bad request is an answer, not a
+// broken connection, and the server keeps running.
+//
+// Thread safety: Handle() may be called from many threads at once.
+#ifndef SHOAL_SERVER_VARIABLE_SERVICE_H_
+#define SHOAL_SERVER_VARIABLE_SERVICE_H_
+
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
+#include "shoal/core/message.h"
+#include "shoal/server/variable_store.h"
+
+namespace shoal {
+
+struct VariableServiceOptions {
+  std::string task_name;                       // "/job:ps/task:0"
+  size_t max_message_bytes = 512ull << 20;     // tensor payload per request
+};
+
+class VariableService {
+ public:
+  explicit VariableService(VariableServiceOptions options)
+      : options_(std::move(options)), store_(options_.task_name) {}
+
+  // Serves one request. Always fills response->header.status_code.
+  void Handle(const Request& request, Response* response);
+
+  // Notified when a Shutdown request arrives.
+  absl::Notification& shutdown_requested() { return shutdown_requested_; }
+  VariableStore& store() { return store_; }
+  const VariableServiceOptions& options() const { return options_; }
+
+ private:
+  absl::Status Dispatch(const Request& request, Response* response);
+
+  const VariableServiceOptions options_;
+  VariableStore store_;
+  std::once_flag shutdown_once_;
+  absl::Notification shutdown_requested_;
+};
+
+// Reads the server's verdict out of a response header.
+absl::Status ResponseStatus(const wire::ResponseHeader& header);
+
+}  // namespace shoal
+
+#endif  // SHOAL_SERVER_VARIABLE_SERVICE_H_

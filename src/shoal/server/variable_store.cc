@@ -1,0 +1,204 @@
+#include "shoal/server/variable_store.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "shoal/core/status.h"
+
+namespace shoal {
+namespace {
+
+std::string ShapeString(c10::IntArrayRef shape) { return absl::StrCat("[", absl::StrJoin(shape, ","), "]"); }
+
+}  // namespace
+
+bool AllFinite(const torch::Tensor& t) {
+  torch::Tensor c = t.contiguous();
+  const float* p = c.data_ptr<float>();
+  const int64_t n = c.numel();
+  // An exponent of all ones is Inf or NaN. Integer OR-reduction vectorises.
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, p + i, sizeof(bits));
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
+absl::StatusOr<std::vector<bool>> VariableStore::Create(const std::vector<wire::VariableDef>& defs,
+                                                        const std::vector<torch::Tensor>& initial_values) {
+  if (defs.size() != initial_values.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("create on ", task_name_, ": ", defs.size(),
+                                                   " variables but ", initial_values.size(), " initial values"));
+  }
+  // Validate everything first: nothing is created unless all can be.
+  std::vector<std::shared_ptr<Variable>> fresh(defs.size());
+  std::map<std::string, size_t> names_in_request;
+  for (size_t i = 0; i < defs.size(); ++i) {
+    const wire::VariableDef& def = defs[i];
+    const std::string where = absl::StrCat("variable '", def.name(), "' on ", task_name_);
+    if (def.name().empty()) return absl::InvalidArgumentError(absl::StrCat("create on ", task_name_, ": empty variable name"));
+    if (!names_in_request.emplace(def.name(), i).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": created twice in one request"));
+    }
+    std::vector<int64_t> shape(def.shape().begin(), def.shape().end());
+    for (int64_t d : shape) {
+      if (d < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": negative dimension in ", ShapeString(shape)));
+    }
+    const torch::Tensor& init = initial_values[i];
+    if (!init.defined() || init.scalar_type() != torch::kFloat32) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": initial value must be float32"));
+    }
+    if (init.sizes() != c10::IntArrayRef(shape)) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": initial value has shape ", ShapeString(init.sizes()),
+                                                     ", the definition says ", ShapeString(shape)));
+    }
+    if (!AllFinite(init)) return absl::InvalidArgumentError(absl::StrCat(where, ": initial value is not finite"));
+    auto optimizer = Optimizer::Create(def.optimizer());
+    if (!optimizer.ok()) return Annotate(optimizer.status(), where);
+    auto var = std::make_shared<Variable>();
+    var->def = def;
+    *var->def.mutable_optimizer() = (*optimizer)->config();
+    var->optimizer = *std::move(optimizer);
+    fresh[i] = std::move(var);
+  }
+  std::vector<bool> created(defs.size(), false);
+  std::unique_lock lock(map_mu_);
+  for (size_t i = 0; i < defs.size(); ++i) {
+    auto it = variables_.find(defs[i].name());
+    if (it == variables_.end()) continue;
+    const wire::VariableDef& existing = it->second->def;
+    bool same = existing.shape().size() == defs[i].shape().size() &&
+                std::equal(existing.shape().begin(), existing.shape().end(), defs[i].shape().begin()) &&
+                existing.optimizer().SerializeAsString() == fresh[i]->def.optimizer().SerializeAsString() &&
+                existing.use_locking() == defs[i].use_locking();
+    if (!same) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "variable '", defs[i].name(), "' on ", task_name_, " already exists with shape ",
+          ShapeString(std::vector<int64_t>(existing.shape().begin(), existing.shape().end())),
+          " and optimizer '", existing.optimizer().kind(), "'; a different definition was requested"));
+    }
+  }
+  for (size_t i = 0; i < defs.size(); ++i) {
+    if (variables_.count(defs[i].name())) continue;
+    Variable& var = *fresh[i];
+    var.value = initial_values[i].clone(at::MemoryFormat::Contiguous);
+    var.slots = var.optimizer->MakeSlots(var.value);
+    variables_.emplace(defs[i].name(), std::move(fresh[i]));
+    created[i] = true;
+  }
+  return created;
+}
+
+absl::Status VariableStore::Find(const std::vector<std::string>& names,
+                                 std::vector<std::shared_ptr<Variable>>* found) const {
+  found->clear();
+  found->reserve(names.size());
+  std::shared_lock lock(map_mu_);
+  for (const std::string& name : names) {
+    auto it = variables_.find(name);
+    if (it == variables_.end()) {
+      return absl::NotFoundError(absl::StrCat("variable '", name, "' not found on ", task_name_));
+    }
+    found->push_back(it->second);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VariableStore::CheckTensors(const std::vector<std::shared_ptr<Variable>>& vars,
+                                         const std::vector<torch::Tensor>& tensors, absl::string_view what,
+                                         bool require_finite) const {
+  if (vars.size() != tensors.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " on ", task_name_, ": ", vars.size(),
+                                                   " names but ", tensors.size(), " tensors"));
+  }
+  for (size_t i = 0; i < vars.size(); ++i) {
+    const torch::Tensor& t = tensors[i];
+    const std::string& name = vars[i]->def.name();
+    if (!t.defined() || t.scalar_type() != torch::kFloat32) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " for variable '", name, "' on ", task_name_,
+                                                     ": dtype must be float32"));
+    }
+    if (t.sizes() != vars[i]->value.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " for variable '", name, "' on ", task_name_,
+                                                     ": shape ", ShapeString(t.sizes()), " does not match the variable's ",
+                                                     ShapeString(vars[i]->value.sizes())));
+    }
+    if (require_finite && !AllFinite(t)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " for variable '", name, "' on ", task_name_,
+                                                     " contains NaN or Inf; nothing was applied"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VariableStore::Read(const std::vector<std::string>& names, std::vector<torch::Tensor>* values,
+                                 std::vector<int64_t>* versions) const {
+  std::vector<std::shared_ptr<Variable>> vars;
+  SHOAL_RETURN_IF_ERROR(Find(names, &vars));
+  values->clear();
+  versions->clear();
+  for (const auto& var : vars) {
+    values->push_back(var->value);
+    versions->push_back(var->version.load(std::memory_order_relaxed));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VariableStore::Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values,
+                                   std::vector<int64_t>* versions) {
+  std::vector<std::shared_ptr<Variable>> vars;
+  SHOAL_RETURN_IF_ERROR(Find(names, &vars));
+  SHOAL_RETURN_IF_ERROR(CheckTensors(vars, values, "assign", /*require_finite=*/true));
+  torch::NoGradGuard no_grad;
+  versions->clear();
+  for (size_t i = 0; i < vars.size(); ++i) {
+    Variable& var = *vars[i];
+    std::unique_lock<std::mutex> lock(var.update_mu, std::defer_lock);
+    if (var.def.use_locking()) lock.lock();
+    var.value.copy_(values[i]);
+    versions->push_back(var.version.fetch_add(1) + 1);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VariableStore::ApplyGradients(const std::vector<std::string>& names,
+                                           const std::vector<torch::Tensor>& gradients,
+                                           std::vector<int64_t>* versions) {
+  std::vector<std::shared_ptr<Variable>> vars;
+  SHOAL_RETURN_IF_ERROR(Find(names, &vars));
+  SHOAL_RETURN_IF_ERROR(CheckTensors(vars, gradients, "gradient", /*require_finite=*/true));
+  torch::NoGradGuard no_grad;
+  versions->clear();
+  for (size_t i = 0; i < vars.size(); ++i) {
+    Variable& var = *vars[i];
+    std::unique_lock<std::mutex> lock(var.update_mu, std::defer_lock);
+    if (var.def.use_locking()) lock.lock();
+    var.optimizer->Apply(var.value, gradients[i], var.slots);
+    versions->push_back(var.version.fetch_add(1) + 1);
+  }
+  return absl::OkStatus();
+}
+
+int64_t VariableStore::AddToCounter(const std::string& name, int64_t delta) {
+  std::lock_guard lock(counter_mu_);
+  return counters_[name] += delta;
+}
+
+std::vector<VariableStore::VariableInfo> VariableStore::Lookup(const std::vector<std::string>& names) const {
+  std::vector<VariableInfo> infos(names.size());
+  std::shared_lock lock(map_mu_);
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto it = variables_.find(names[i]);
+    if (it == variables_.end()) continue;
+    infos[i].present = true;
+    infos[i].def = it->second->def;
+    infos[i].version = it->second->version.load();
+  }
+  return infos;
+}
+
+}  // namespace shoal

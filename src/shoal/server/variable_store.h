@@ -1,0 +1,102 @@
+// VariableStore: the variables one task hosts, their optimizer slots, and
+// named int64 counters (global_step and friends).
+//
+// Every method validates its whole request (names, shapes, finiteness) before
+// it changes anything, and an error names the variable and this task; so a
+// bad request leaves the store exactly as it was.
+//
+// Thread safety: all methods may be called concurrently. The name -> variable
+// map has its own lock; values are read and updated in place without it.
+// Reads never lock a variable (a reader may see an apply half done, as in
+// TensorFlow's asynchronous mode). Applies and assigns to a variable created
+// with use_locking are mutually exclusive; without it they race (Hogwild).
+#ifndef SHOAL_SERVER_VARIABLE_STORE_H_
+#define SHOAL_SERVER_VARIABLE_STORE_H_
+
+#include <torch/types.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "shoal/server/optimizer.h"
+#include "shoal/wire.pb.h"
+
+namespace shoal {
+
+class VariableStore {
+ public:
+  // `task_name` (e.g. "/job:ps/task:0") goes into every error message.
+  explicit VariableStore(std::string task_name) : task_name_(std::move(task_name)) {}
+  VariableStore(const VariableStore&) = delete;
+  VariableStore& operator=(const VariableStore&) = delete;
+
+  // Creates each variable with its initial value (copied). A variable that
+  // exists with the same shape and optimizer is left alone (created=false):
+  // a restarted chief does not reset training. A different definition is
+  // AlreadyExists. All or nothing.
+  absl::StatusOr<std::vector<bool>> Create(const std::vector<wire::VariableDef>& defs,
+                                           const std::vector<torch::Tensor>& initial_values);
+
+  // Returns the live value tensors (aliases: read-only for the caller).
+  absl::Status Read(const std::vector<std::string>& names, std::vector<torch::Tensor>* values,
+                    std::vector<int64_t>* versions) const;
+
+  // Copies `values` into the variables in place.
+  absl::Status Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values,
+                      std::vector<int64_t>* versions);
+
+  // Applies each gradient with its variable's optimizer. Gradients must match
+  // the variable's shape and be finite.
+  absl::Status ApplyGradients(const std::vector<std::string>& names,
+                              const std::vector<torch::Tensor>& gradients,
+                              std::vector<int64_t>* versions);
+
+  // Adds `delta` to counter `name` (created at 0) and returns the new value.
+  int64_t AddToCounter(const std::string& name, int64_t delta);
+
+  // For each name: its definition and version, or nullopt-like absence.
+  struct VariableInfo {
+    bool present = false;
+    wire::VariableDef def;
+    int64_t version = 0;
+  };
+  std::vector<VariableInfo> Lookup(const std::vector<std::string>& names) const;
+
+  const std::string& task_name() const { return task_name_; }
+
+ private:
+  struct Variable {
+    wire::VariableDef def;  // optimizer config with defaults filled in
+    std::shared_ptr<const Optimizer> optimizer;
+    torch::Tensor value;
+    OptimizerSlots slots;
+    std::atomic<int64_t> version{0};
+    std::mutex update_mu;  // taken by apply/assign when def.use_locking()
+  };
+
+  // Resolves every name or returns NotFound naming the first unknown one.
+  absl::Status Find(const std::vector<std::string>& names,
+                    std::vector<std::shared_ptr<Variable>>* found) const;
+  absl::Status CheckTensors(const std::vector<std::shared_ptr<Variable>>& vars,
+                            const std::vector<torch::Tensor>& tensors, absl::string_view what,
+                            bool require_finite) const;
+
+  const std::string task_name_;
+  mutable std::shared_mutex map_mu_;
+  std::map<std::string, std::shared_ptr<Variable>> variables_;  // never erased
+  std::mutex counter_mu_;
+  std::map<std::string, int64_t> counters_;
+};
+
+// Throws nothing: true when every element of `t` (float32) is finite.
+bool AllFinite(const torch::Tensor& t);
+
+}  // namespace shoal
+
+#endif  // SHOAL_SERVER_VARIABLE_STORE_H_

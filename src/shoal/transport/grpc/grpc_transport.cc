@@ -1,0 +1,248 @@
+#include "shoal/transport/grpc/grpc_transport.h"
+
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <malloc.h>
+
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "shoal/core/codec.h"
+#include "shoal/core/status.h"
+
+namespace shoal {
+namespace {
+
+constexpr char kMethod[] = "/shoal.VariableService/Call";
+constexpr size_t kHeaderSlack = 16 << 20;  // room for headers beyond the tensor payload
+
+int MessageLimit(size_t max_tensor_bytes) {
+  size_t limit = max_tensor_bytes + kHeaderSlack;
+  return limit > static_cast<size_t>(INT32_MAX) ? INT32_MAX : static_cast<int>(limit);
+}
+
+void DestroyTensorRef(void* tensor) { delete static_cast<torch::Tensor*>(tensor); }
+
+// Builds the byte buffer to send: the header frame, then one slice per
+// tensor pointing at the tensor's memory, which the slice keeps alive.
+grpc::ByteBuffer ToByteBuffer(EncodedMessage encoded) {
+  std::vector<grpc::Slice> slices;
+  slices.reserve(1 + encoded.bodies.size());
+  slices.emplace_back(encoded.header_frame);
+  for (torch::Tensor& body : encoded.bodies) {
+    size_t bytes = body.numel() * sizeof(float);
+    if (bytes == 0) continue;
+    void* data = body.data_ptr();
+    slices.emplace_back(data, bytes, &DestroyTensorRef, new torch::Tensor(std::move(body)));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+// The received bytes as chunk views; `slices` owns the memory.
+absl::Status Chunks(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* slices,
+                    std::vector<absl::string_view>* chunks) {
+  grpc::Status dumped = buffer.Dump(slices);
+  if (!dumped.ok()) return absl::DataLossError("cannot read the received message");
+  chunks->clear();
+  for (const grpc::Slice& s : *slices) chunks->emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
+  return absl::OkStatus();
+}
+
+// Serves one call: decode, hand to the service, encode the answer.
+class CallReactor final : public grpc::ServerGenericBidiReactor {
+ public:
+  CallReactor(VariableService* service, size_t max_bytes) : service_(service), max_bytes_(max_bytes) {
+    StartRead(&request_buffer_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message"));
+      return;
+    }
+    Response response;
+    std::vector<grpc::Slice> slices;
+    std::vector<absl::string_view> chunks;
+    Request request;
+    absl::Status status = Chunks(request_buffer_, &slices, &chunks);
+    if (status.ok()) status = DecodeRequest(chunks, max_bytes_ + kHeaderSlack, &request);
+    if (status.ok()) {
+      service_->Handle(request, &response);
+    } else {
+      // A garbled request is answered, and the server goes on serving.
+      status = Annotate(status, absl::StrCat("request to ", service_->options().task_name));
+      response.header.set_status_code(static_cast<int>(status.code()));
+      response.header.set_status_message(std::string(status.message()));
+    }
+    auto encoded = EncodeResponse(response);
+    if (!encoded.ok()) {
+      Finish(grpc::Status(grpc::StatusCode::INTERNAL, std::string(encoded.status().message())));
+      return;
+    }
+    response_buffer_ = ToByteBuffer(*std::move(encoded));
+    StartWriteAndFinish(&response_buffer_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  VariableService* service_;
+  size_t max_bytes_;
+  grpc::ByteBuffer request_buffer_, response_buffer_;
+};
+
+// Answers calls to methods other than kMethod.
+class UnimplementedReactor final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit UnimplementedReactor(const std::string& method) {
+    Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "unknown method " + method));
+  }
+  void OnDone() override { delete this; }
+};
+
+class GenericService final : public grpc::CallbackGenericService {
+ public:
+  GenericService(VariableService* service, size_t max_bytes) : service_(service), max_bytes_(max_bytes) {}
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override {
+    if (context->method() != kMethod) return new UnimplementedReactor(context->method());
+    return new CallReactor(service_, max_bytes_);
+  }
+
+ private:
+  VariableService* service_;
+  size_t max_bytes_;
+};
+
+class GrpcServerHandle final : public ServerHandle {
+ public:
+  GrpcServerHandle(std::unique_ptr<GenericService> service, std::unique_ptr<grpc::Server> server, std::string address)
+      : service_(std::move(service)), server_(std::move(server)), address_(std::move(address)) {}
+  ~GrpcServerHandle() override {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    server_->Wait();
+  }
+  std::string address() const override { return address_; }
+
+ private:
+  std::unique_ptr<GenericService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& where) {
+  auto code = static_cast<absl::StatusCode>(status.error_code());  // the codes are the same numbers
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+      return absl::UnavailableError(absl::StrCat(where, " is unavailable: ", status.error_message()));
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return absl::DeadlineExceededError(absl::StrCat(where, " did not answer before the deadline"));
+    default:
+      return absl::Status(code, absl::StrCat(where, ": ", status.error_message()));
+  }
+}
+
+class GrpcChannel final : public Channel {
+ public:
+  GrpcChannel(TaskId task, std::string address, const GrpcOptions& options)
+      : Channel(std::move(task)), address_(std::move(address)), where_(absl::StrCat(this->task().ToString(), " at ", address_)),
+        max_bytes_(options.max_message_bytes) {
+    for (int i = 0; i < std::max(1, options.connections_per_peer); ++i) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(MessageLimit(max_bytes_));
+      args.SetMaxSendMessageSize(MessageLimit(max_bytes_));
+      // A distinct argument and a private subchannel pool give each stub its own TCP connection.
+      args.SetInt("shoal.connection_index", i);
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      // Reconnect quickly: tasks of a job start in any order.
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      auto channel = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+      stubs_.push_back(std::make_unique<grpc::GenericStub>(channel));
+    }
+  }
+
+  void Call(const Request& request, Response* response, absl::Time deadline,
+            std::function<void(absl::Status)> done) override {
+    auto encoded = EncodeRequest(request);
+    if (!encoded.ok()) {
+      done(Annotate(encoded.status(), absl::StrCat("sending to ", where_)));
+      return;
+    }
+    if (encoded->total_bytes > max_bytes_ + kHeaderSlack || TensorBytes(request.tensors) > max_bytes_) {
+      done(absl::ResourceExhaustedError(absl::StrCat("message of ", encoded->total_bytes, " bytes to ", where_,
+                                                     " exceeds the limit of ", max_bytes_, " bytes")));
+      return;
+    }
+    auto* state = new CallState{};
+    state->response = response;
+    state->done = std::move(done);
+    state->request_buffer = ToByteBuffer(*std::move(encoded));
+    state->context.set_deadline(absl::ToChronoTime(deadline));
+    grpc::GenericStub& stub = *stubs_[next_stub_.fetch_add(1, std::memory_order_relaxed) % stubs_.size()];
+    stub.UnaryCall(&state->context, kMethod, grpc::StubOptions(), &state->request_buffer, &state->response_buffer,
+                   [this, state](grpc::Status status) {
+                     absl::Status result = Finish(status, state);
+                     auto done = std::move(state->done);
+                     delete state;
+                     done(std::move(result));
+                   });
+  }
+
+ private:
+  struct CallState {
+    grpc::ClientContext context;
+    grpc::ByteBuffer request_buffer, response_buffer;
+    Response* response;
+    std::function<void(absl::Status)> done;
+  };
+
+  absl::Status Finish(const grpc::Status& status, CallState* state) {
+    if (!status.ok()) return FromGrpcStatus(status, where_);
+    std::vector<grpc::Slice> slices;
+    std::vector<absl::string_view> chunks;
+    SHOAL_RETURN_IF_ERROR(Chunks(state->response_buffer, &slices, &chunks));
+    absl::Status decoded = DecodeResponse(chunks, SIZE_MAX, state->response);
+    if (!decoded.ok()) return Annotate(decoded, absl::StrCat("answer from ", where_));
+    return ResponseStatus(state->response->header);
+  }
+
+  std::string address_;
+  std::string where_;
+  size_t max_bytes_;
+  std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
+  std::atomic<size_t> next_stub_{0};
+};
+
+}  // namespace
+
+void KeepLargeAllocationsMapped() {
+  mallopt(M_MMAP_THRESHOLD, 512 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1024 << 20);
+}
+
+absl::StatusOr<std::unique_ptr<ServerHandle>> GrpcTransport::Serve(const std::string& address,
+                                                                   VariableService* service) {
+  auto generic = std::make_unique<GenericService>(service, options_.max_message_bytes);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(MessageLimit(options_.max_message_bytes));
+  builder.SetMaxSendMessageSize(MessageLimit(options_.max_message_bytes));
+  builder.RegisterCallbackGenericService(generic.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve ", service->options().task_name, " at '", address,
+                                               "' (address in use or invalid?)"));
+  }
+  std::string host = address.substr(0, address.rfind(':'));
+  return std::unique_ptr<ServerHandle>(
+      new GrpcServerHandle(std::move(generic), std::move(server), absl::StrCat(host, ":", port)));
+}
+
+absl::StatusOr<std::shared_ptr<Channel>> GrpcTransport::Connect(const TaskId& task, const std::string& address) {
+  return std::shared_ptr<Channel>(new GrpcChannel(task, address, options_));
+}
+
+}  // namespace shoal
