@@ -1,1 +1,253 @@
-int main(){return 0;}
+// shoal: the command line.
+//
+//   shoal train   [--config FILE] [--processes] [--ps N] [--workers N] [--epochs N] ...
+//   shoal server  --cluster FILE --task ps:0 [--config FILE]     (or TF_CONFIG)
+//   shoal worker  --cluster FILE --task worker:1 [--config FILE] (or TF_CONFIG, WORKER_ID)
+//
+// This is the only place that reads the environment: flags, TF_CONFIG and
+// WORKER_ID become a JobConfig, a ClusterSpec and a TaskId for the library.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "shoal/core/status.h"
+#include "shoal/session/local_cluster.h"
+#include "shoal/session/task_runner.h"
+#include "shoal/transport/grpc/grpc_transport.h"
+
+namespace shoal {
+namespace {
+
+constexpr char kUsage[] = R"(shoal: parameter-server training in C++
+
+usage:
+  shoal train  [--config FILE] [--processes] [--ps N] [--workers N] [--epochs N]
+               [--batch_size N] [--max_steps N] [--data_dir DIR] [--quiet]
+      Runs a job on a local cluster (default: 2 ps, 2 workers, async, the
+      784-256-128-10 MLP on Fashion-MNIST for 5 epochs). --processes runs each
+      task as its own process talking gRPC on loopback.
+  shoal server --task ps:0 [--cluster FILE] [--config FILE] [--bind ADDR]
+      Serves one task of a real cluster until the chief shuts it down.
+  shoal worker --task worker:1 [--cluster FILE] [--config FILE] [--bind ADDR]
+               [--result_file FILE] [--quiet]
+      Trains as one worker of a real cluster.
+  Without --cluster/--task, server and worker read TF_CONFIG
+  ({"cluster": {...}, "task": {"type": "worker", "index": 1}}); WORKER_ID
+  overrides a worker's index.
+)";
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop = true; }
+
+struct Flags {
+  std::map<std::string, std::string> values;
+  std::set<std::string> used;
+
+  bool Has(const std::string& key) {
+    used.insert(key);
+    return values.count(key) > 0;
+  }
+  std::string Get(const std::string& key, const std::string& fallback = "") {
+    used.insert(key);
+    auto it = values.find(key);
+    return it == values.end() ? fallback : it->second;
+  }
+  absl::Status GetInt(const std::string& key, int64_t* out) {
+    if (!Has(key)) return absl::OkStatus();
+    if (!absl::SimpleAtoi(values[key], out)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", key, " needs an integer, got '", values[key], "'"));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status CheckAllUsed() const {
+    for (const auto& [key, value] : values) {
+      if (!used.count(key)) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", key));
+    }
+    return absl::OkStatus();
+  }
+};
+
+const std::set<std::string>& BooleanFlags() {
+  static const auto* flags = new std::set<std::string>{"processes", "quiet", "help"};
+  return *flags;
+}
+
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv, int first) {
+  Flags flags;
+  for (int i = first; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
+    arg = arg.substr(2);
+    if (auto eq = arg.find('='); eq != std::string::npos) {
+      flags.values[arg.substr(0, eq)] = arg.substr(eq + 1);
+    } else if (BooleanFlags().count(arg)) {
+      flags.values[arg] = "true";
+    } else if (i + 1 < argc) {
+      flags.values[arg] = argv[++i];
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--", arg, " needs a value"));
+    }
+  }
+  return flags;
+}
+
+absl::StatusOr<JobConfig> ConfigFromFlags(Flags& flags) {
+  JobConfig config = DefaultJobConfig();
+  if (flags.Has("config")) {
+    SHOAL_ASSIGN_OR_RETURN(config, LoadJobConfig(flags.Get("config")));
+  }
+  int64_t value = 0;
+  auto override_int = [&](const char* key, auto* field) -> absl::Status {
+    if (!flags.Has(key)) return absl::OkStatus();
+    SHOAL_RETURN_IF_ERROR(flags.GetInt(key, &value));
+    *field = static_cast<std::remove_pointer_t<decltype(field)>>(value);
+    return absl::OkStatus();
+  };
+  SHOAL_RETURN_IF_ERROR(override_int("ps", &config.cluster.ps));
+  SHOAL_RETURN_IF_ERROR(override_int("workers", &config.cluster.workers));
+  SHOAL_RETURN_IF_ERROR(override_int("epochs", &config.training.epochs));
+  SHOAL_RETURN_IF_ERROR(override_int("batch_size", &config.training.batch_size));
+  SHOAL_RETURN_IF_ERROR(override_int("max_steps", &config.training.max_steps));
+  SHOAL_RETURN_IF_ERROR(override_int("train_examples", &config.data.train_examples));
+  if (flags.Has("processes")) config.cluster.processes = flags.Get("processes") != "false";
+  if (flags.Has("data_dir")) config.data.dir = flags.Get("data_dir");
+  SHOAL_RETURN_IF_ERROR(ValidateJobConfig(config));
+  return config;
+}
+
+// The cluster and this task, from flags or TF_CONFIG (and WORKER_ID).
+absl::Status ClusterAndTask(Flags& flags, const JobConfig& config, ClusterSpec* cluster, TaskId* task) {
+  std::string cluster_file = flags.Get("cluster", config.cluster.cluster_file);
+  const char* tf_config = std::getenv("TF_CONFIG");
+  if (!cluster_file.empty()) {
+    SHOAL_ASSIGN_OR_RETURN(*cluster, ClusterSpec::FromJsonFile(cluster_file));
+    if (!flags.Has("task")) return absl::InvalidArgumentError("--task is required with --cluster (e.g. --task worker:1)");
+    SHOAL_ASSIGN_OR_RETURN(*task, ParseTaskId(flags.Get("task")));
+  } else if (tf_config != nullptr) {
+    SHOAL_ASSIGN_OR_RETURN(TfConfig parsed, ParseTfConfig(tf_config));
+    *cluster = parsed.cluster;
+    *task = parsed.task;
+    if (flags.Has("task")) {
+      SHOAL_ASSIGN_OR_RETURN(*task, ParseTaskId(flags.Get("task")));
+    }
+  } else {
+    return absl::InvalidArgumentError("no cluster: pass --cluster FILE --task JOB:INDEX, or set TF_CONFIG");
+  }
+  if (const char* worker_id = std::getenv("WORKER_ID"); worker_id != nullptr && task->job == "worker") {
+    if (!absl::SimpleAtoi(worker_id, &task->index)) {
+      return absl::InvalidArgumentError(absl::StrCat("WORKER_ID='", worker_id, "' is not an integer"));
+    }
+  }
+  if (!cluster->HasTask(*task)) {
+    return absl::InvalidArgumentError(absl::StrCat(task->ToString(), " is out of range: job '", task->job, "' has ",
+                                                   cluster->NumTasks(task->job), " tasks"));
+  }
+  return absl::OkStatus();
+}
+
+void PrintReport(const TrainReport& report) {
+  absl::PrintF("trained %d steps in %.1f s (%.0f examples/s); test accuracy %.2f%%\n", report.global_step,
+               report.seconds, report.examples_per_second, 100 * report.test_accuracy);
+}
+
+absl::Status WriteResult(const std::string& path, const TrainReport& report) {
+  nlohmann::json result = {{"test_accuracy", report.test_accuracy},
+                           {"global_step", report.global_step},
+                           {"seconds", report.seconds},
+                           {"examples_per_second", report.examples_per_second},
+                           {"last_loss", report.last_loss}};
+  std::ofstream out(path);
+  out << result.dump(2) << "\n";
+  if (!out) return absl::InternalError(absl::StrCat("cannot write result file '", path, "'"));
+  return absl::OkStatus();
+}
+
+absl::Status Train(Flags& flags) {
+  SHOAL_ASSIGN_OR_RETURN(JobConfig config, ConfigFromFlags(flags));
+  const bool quiet = flags.Has("quiet");
+  const std::string result_file = flags.Get("result_file");
+  SHOAL_RETURN_IF_ERROR(flags.CheckAllUsed());
+  absl::PrintF("shoal train: %d ps, %d workers, %s, %s, model %d layers, %d epochs, batch %d, %s\n", config.cluster.ps,
+               config.cluster.workers, config.training.mode,
+               config.cluster.processes ? "separate processes over gRPC" : "in-process",
+               static_cast<int>(config.model.layers.size()), config.training.epochs, config.training.batch_size,
+               config.training.optimizer.kind());
+  std::fflush(stdout);
+  TrainReport report;
+  if (config.cluster.processes) {
+    SHOAL_ASSIGN_OR_RETURN(report, TrainInLocalProcesses(config, "/proc/self/exe", !quiet));
+  } else {
+    SHOAL_ASSIGN_OR_RETURN(report, TrainInProcess(config, InProcOptions{}, quiet ? nullptr : stderr));
+  }
+  PrintReport(report);
+  if (!result_file.empty()) SHOAL_RETURN_IF_ERROR(WriteResult(result_file, report));
+  return absl::OkStatus();
+}
+
+absl::Status RunTask(Flags& flags, bool server) {
+  SHOAL_ASSIGN_OR_RETURN(JobConfig config, ConfigFromFlags(flags));
+  ClusterSpec cluster = ClusterSpec::Local(1, 1);
+  TaskId task;
+  SHOAL_RETURN_IF_ERROR(ClusterAndTask(flags, config, &cluster, &task));
+  TaskOptions options;
+  options.bind_address = flags.Get("bind");
+  options.stop = &g_stop;
+  const bool quiet = flags.Has("quiet");
+  const std::string result_file = flags.Get("result_file");
+  SHOAL_RETURN_IF_ERROR(flags.CheckAllUsed());
+  if (server) return RunServerTask(config, cluster, task, options);
+  TrainReport report;
+  SHOAL_RETURN_IF_ERROR(RunWorkerTask(config, cluster, task, options, quiet ? nullptr : stderr, &report));
+  if (cluster.IsChief(task)) {
+    if (!quiet) PrintReport(report);
+    if (!result_file.empty()) SHOAL_RETURN_IF_ERROR(WriteResult(result_file, report));
+  }
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  KeepLargeAllocationsMapped();
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  signal(SIGPIPE, SIG_IGN);
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  auto flags = ParseFlags(argc, argv, 2);
+  absl::Status status = flags.status();
+  if (status.ok()) {
+    if (command == "train") {
+      status = Train(*flags);
+    } else if (command == "server") {
+      status = RunTask(*flags, /*server=*/true);
+    } else if (command == "worker") {
+      status = RunTask(*flags, /*server=*/false);
+    } else {
+      status = absl::InvalidArgumentError(absl::StrCat("unknown command '", command, "'; see shoal --help"));
+    }
+  }
+  if (!status.ok()) {
+    absl::FPrintF(stderr, "shoal %s: error: %s\n", command, status.ToString());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace shoal
+
+int main(int argc, char** argv) { return shoal::Main(argc, argv); }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "shoal/cluster/cluster_spec.h"
 #include "shoal/placement/placement.h"

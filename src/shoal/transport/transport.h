@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "shoal/cluster/cluster_spec.h"
 #include "shoal/core/message.h"

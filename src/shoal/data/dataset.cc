@@ -1,0 +1,134 @@
+#include "shoal/data/dataset.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <zlib.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "shoal/core/status.h"
+
+namespace shoal {
+namespace {
+
+constexpr float kFashionMnistMean = 0.2860f;
+constexpr float kFashionMnistStd = 0.3530f;
+constexpr int64_t kMaxIdxBytes = int64_t{1} << 32;
+
+// Reads exactly n bytes or reports how the file ended.
+absl::Status ReadExactly(gzFile file, void* dst, int64_t n, const std::string& path, absl::string_view what) {
+  char* out = static_cast<char*>(dst);
+  while (n > 0) {
+    unsigned chunk = static_cast<unsigned>(std::min<int64_t>(n, 1 << 30));
+    int got = gzread(file, out, chunk);
+    if (got < 0) {
+      int err = 0;
+      return absl::DataLossError(absl::StrCat("IDX file '", path, "' is corrupt while reading ", what, ": ",
+                                              gzerror(file, &err)));
+    }
+    if (got == 0) {
+      return absl::DataLossError(absl::StrCat("IDX file '", path, "' is truncated: it ends inside the ", what));
+    }
+    out += got;
+    n -= got;
+  }
+  return absl::OkStatus();
+}
+
+std::string FindFile(const std::string& dir, const std::string& base) {
+  for (const char* suffix : {".gz", ""}) {
+    std::string path = absl::StrCat(dir, "/", base, suffix);
+    if (std::filesystem::exists(path)) return path;
+  }
+  return absl::StrCat(dir, "/", base, ".gz");
+}
+
+}  // namespace
+
+absl::StatusOr<torch::Tensor> ReadIdx(const std::string& path) {
+  if (!std::filesystem::exists(path)) {
+    return absl::NotFoundError(absl::StrCat("data file '", path,
+                                            "' does not exist (Fashion-MNIST comes with the Debian package "
+                                            "dataset-fashion-mnist)"));
+  }
+  gzFile file = gzopen(path.c_str(), "rb");  // reads plain files too
+  if (file == nullptr) return absl::NotFoundError(absl::StrCat("cannot open data file '", path, "'"));
+  std::unique_ptr<gzFile_s, int (*)(gzFile)> closer(file, gzclose);
+  unsigned char magic[4];
+  SHOAL_RETURN_IF_ERROR(ReadExactly(file, magic, 4, path, "magic number"));
+  // Magic: two zero bytes, a type code (0x08 = unsigned byte), the number of dimensions.
+  if (magic[0] != 0 || magic[1] != 0 || magic[2] != 0x08 || magic[3] == 0 || magic[3] > 4) {
+    return absl::DataLossError(absl::StrCat("'", path, "' is not an unsigned-byte IDX file (magic ",
+                                            int{magic[0]}, ",", int{magic[1]}, ",", int{magic[2]}, ",",
+                                            int{magic[3]}, ")"));
+  }
+  std::vector<int64_t> dims(magic[3]);
+  int64_t total = 1;
+  for (auto& d : dims) {
+    unsigned char b[4];
+    SHOAL_RETURN_IF_ERROR(ReadExactly(file, b, 4, path, "dimensions"));
+    d = (int64_t{b[0]} << 24) | (int64_t{b[1]} << 16) | (int64_t{b[2]} << 8) | int64_t{b[3]};
+    total *= std::max<int64_t>(d, 1);
+    if (total > kMaxIdxBytes) return absl::DataLossError(absl::StrCat("IDX file '", path, "' announces too much data"));
+  }
+  torch::Tensor data = torch::empty(dims, torch::kUInt8);
+  SHOAL_RETURN_IF_ERROR(ReadExactly(file, data.data_ptr(), data.numel(), path, "data"));
+  char extra;
+  if (gzread(file, &extra, 1) != 0) {
+    return absl::DataLossError(absl::StrCat("IDX file '", path, "' has bytes after its [",
+                                            absl::StrJoin(dims, ","), "] data"));
+  }
+  return data;
+}
+
+Dataset Dataset::Shard(int index, int count) const {
+  const int64_t n = size();
+  const int64_t begin = n * index / count, end = n * (index + 1) / count;
+  return Dataset{images.narrow(0, begin, end - begin), labels.narrow(0, begin, end - begin)};
+}
+
+absl::StatusOr<Dataset> LoadMnistFormat(const std::string& dir, const std::string& split) {
+  const std::string images_path = FindFile(dir, split + "-images-idx3-ubyte");
+  const std::string labels_path = FindFile(dir, split + "-labels-idx1-ubyte");
+  SHOAL_ASSIGN_OR_RETURN(torch::Tensor images, ReadIdx(images_path));
+  SHOAL_ASSIGN_OR_RETURN(torch::Tensor labels, ReadIdx(labels_path));
+  if (images.dim() != 3) {
+    return absl::DataLossError(absl::StrCat("'", images_path, "' should hold [N, rows, cols] images, has ",
+                                            images.dim(), " dimensions"));
+  }
+  if (labels.dim() != 1 || labels.size(0) != images.size(0)) {
+    return absl::DataLossError(absl::StrCat("'", labels_path, "' has ", labels.dim() == 1 ? labels.size(0) : -1,
+                                            " labels for ", images.size(0), " images in '", images_path, "'"));
+  }
+  if (labels.max().item<int>() > 9) {
+    return absl::DataLossError(absl::StrCat("'", labels_path, "' has a label above 9"));
+  }
+  Dataset data;
+  data.images = images.reshape({images.size(0), -1}).to(torch::kFloat32).div_(255.0f).sub_(kFashionMnistMean).div_(kFashionMnistStd);
+  data.labels = labels.to(torch::kInt64);
+  return data;
+}
+
+BatchIterator::BatchIterator(Dataset data, int64_t batch_size, uint64_t seed)
+    : data_(std::move(data)), batch_size_(std::max<int64_t>(1, batch_size)),
+      generator_(at::make_generator<at::CPUGeneratorImpl>(seed)) {
+  Shuffle();
+}
+
+void BatchIterator::Shuffle() { order_ = torch::randperm(data_.size(), generator_, torch::kInt64); }
+
+void BatchIterator::Next(torch::Tensor* images, torch::Tensor* labels) {
+  if (position_ >= data_.size()) {
+    position_ = 0;
+    ++epoch_;
+    Shuffle();
+  }
+  const int64_t n = std::min(batch_size_, data_.size() - position_);
+  torch::Tensor index = order_.narrow(0, position_, n);
+  position_ += n;
+  *images = data_.images.index_select(0, index);
+  *labels = data_.labels.index_select(0, index);
+}
+
+}  // namespace shoal

@@ -1,0 +1,90 @@
+#include "shoal/model/mlp.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace shoal {
+
+absl::Status ValidateMlpConfig(const MlpConfig& config) {
+  if (config.layers.size() < 2) {
+    return absl::InvalidArgumentError("model.layers needs at least an input and an output size");
+  }
+  for (size_t i = 0; i < config.layers.size(); ++i) {
+    if (config.layers[i] <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("model.layers[", i, "] = ", config.layers[i], " must be positive"));
+    }
+  }
+  if (config.activation != "relu" && config.activation != "tanh" && config.activation != "sigmoid") {
+    return absl::InvalidArgumentError(absl::StrCat("model.activation '", config.activation,
+                                                   "' is unknown; known: relu, tanh, sigmoid"));
+  }
+  return absl::OkStatus();
+}
+
+Mlp::Mlp(const MlpConfig& config) : config_(config) {
+  torch::NoGradGuard no_grad;
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(config.seed);
+  for (size_t k = 0; k + 1 < config.layers.size(); ++k) {
+    const int64_t in = config.layers[k], out = config.layers[k + 1];
+    const double limit = std::sqrt(6.0 / static_cast<double>(in + out));  // Glorot uniform
+    torch::Tensor kernel = torch::empty({in, out}).uniform_(-limit, limit, generator);
+    torch::Tensor bias = torch::zeros({out});
+    const std::string layer = absl::StrCat("dense_", k + 1);
+    params_.push_back(register_parameter(layer + "_kernel", kernel));
+    params_.push_back(register_parameter(layer + "_bias", bias));
+    names_.push_back(absl::StrCat(config.scope, layer, "/kernel"));
+    names_.push_back(absl::StrCat(config.scope, layer, "/bias"));
+  }
+}
+
+torch::Tensor Mlp::Forward(const torch::Tensor& input) {
+  torch::Tensor h = input;
+  const size_t layers = params_.size() / 2;
+  for (size_t k = 0; k < layers; ++k) {
+    h = torch::addmm(params_[2 * k + 1], h, params_[2 * k]);
+    if (k + 1 == layers) break;
+    if (config_.activation == "relu") {
+      h = torch::relu(h);
+    } else if (config_.activation == "tanh") {
+      h = torch::tanh(h);
+    } else {
+      h = torch::sigmoid(h);
+    }
+  }
+  return h;
+}
+
+std::vector<VariableSpec> Mlp::VariableSpecs() const {
+  std::vector<VariableSpec> specs;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    specs.push_back({names_[i], std::vector<int64_t>(params_[i].sizes().begin(), params_[i].sizes().end())});
+  }
+  return specs;
+}
+
+int64_t Mlp::NumParameters() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.numel();
+  return n;
+}
+
+void Mlp::Load(const std::vector<torch::Tensor>& values) {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(values[i]);
+}
+
+std::vector<torch::Tensor> Mlp::Gradients() const {
+  std::vector<torch::Tensor> grads;
+  grads.reserve(params_.size());
+  for (const auto& p : params_) grads.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
+  return grads;
+}
+
+torch::Tensor CrossEntropyLoss(const torch::Tensor& logits, const torch::Tensor& labels) {
+  return torch::nn::functional::cross_entropy(logits, labels);
+}
+
+}  // namespace shoal

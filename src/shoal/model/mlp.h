@@ -1,0 +1,64 @@
+// Mlp: a multilayer perceptron whose parameters are bound to variable names.
+//
+// Layers are dense: `dense_k/kernel` is [in, out] (TensorFlow's layout, so
+// names and shapes match what users of tf.layers.dense expect) and
+// `dense_k/bias` is [out]; hidden layers use the activation, the last layer
+// emits logits for softmax cross-entropy. An optional scope ("worker_3/")
+// prefixes every name, which is how a population member owns its weights.
+// Kernels start Glorot-uniform, biases at zero, from a seeded generator, so
+// every task builds the same initial model.
+//
+// Not thread-safe: one model per worker thread.
+#ifndef SHOAL_MODEL_MLP_H_
+#define SHOAL_MODEL_MLP_H_
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "shoal/placement/placement.h"
+
+namespace shoal {
+
+struct MlpConfig {
+  std::vector<int64_t> layers = {784, 256, 128, 10};
+  std::string activation = "relu";  // relu | tanh | sigmoid
+  uint64_t seed = 1;
+  std::string scope;                // prepended to every variable name
+};
+
+absl::Status ValidateMlpConfig(const MlpConfig& config);
+
+class Mlp : public torch::nn::Module {
+ public:
+  // `config` must have passed ValidateMlpConfig.
+  explicit Mlp(const MlpConfig& config);
+
+  // Logits for a batch [N, layers.front()].
+  torch::Tensor Forward(const torch::Tensor& input);
+
+  // Variable names and parameters, in creation order (kernel, bias per layer).
+  const std::vector<std::string>& variable_names() const { return names_; }
+  const std::vector<torch::Tensor>& variables() const { return params_; }
+  std::vector<VariableSpec> VariableSpecs() const;
+  int64_t NumParameters() const;
+
+  // Copies `values` (same order and shapes as variables()) into the model.
+  void Load(const std::vector<torch::Tensor>& values);
+  // Each parameter's gradient after backward(), in variables() order.
+  std::vector<torch::Tensor> Gradients() const;
+
+ private:
+  MlpConfig config_;
+  std::vector<std::string> names_;
+  std::vector<torch::Tensor> params_;
+};
+
+// Mean softmax cross-entropy of `logits` against int64 `labels`.
+torch::Tensor CrossEntropyLoss(const torch::Tensor& logits, const torch::Tensor& labels);
+
+}  // namespace shoal
+
+#endif  // SHOAL_MODEL_MLP_H_

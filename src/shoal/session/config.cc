@@ -1,0 +1,264 @@
+#include "shoal/session/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "shoal/core/status.h"
+#include "shoal/data/dataset.h"
+#include "shoal/server/optimizer.h"
+
+namespace shoal {
+namespace {
+
+// Reads one YAML mapping, remembering which keys were used so that the rest
+// can be reported as unknown.
+class Section {
+ public:
+  Section(const YAML::Node& node, std::string path) : node_(node), path_(std::move(path)) {}
+
+  absl::Status Check() const {
+    if (node_ && !node_.IsNull() && !node_.IsMap()) {
+      return absl::InvalidArgumentError(absl::StrCat("config: '", path_, "' must be a mapping"));
+    }
+    return absl::OkStatus();
+  }
+
+  template <typename T>
+  absl::Status Get(const std::string& key, T* out) {
+    used_.insert(key);
+    if (!node_ || !node_.IsMap() || !node_[key]) return absl::OkStatus();
+    try {
+      *out = node_[key].as<T>();
+    } catch (const YAML::Exception&) {
+      return absl::InvalidArgumentError(absl::StrCat("config: '", Key(key), "' has a value of the wrong type"));
+    }
+    return absl::OkStatus();
+  }
+
+  Section Child(const std::string& key) {
+    used_.insert(key);
+    return Section(node_ && node_.IsMap() ? node_[key] : YAML::Node(), Key(key));
+  }
+
+  absl::Status CheckNoUnknownKeys() const {
+    if (!node_ || !node_.IsMap()) return absl::OkStatus();
+    for (const auto& kv : node_) {
+      std::string key = kv.first.as<std::string>();
+      if (!used_.count(key)) return absl::InvalidArgumentError(absl::StrCat("config: unknown key '", Key(key), "'"));
+    }
+    return absl::OkStatus();
+  }
+
+  std::string Key(const std::string& key) const { return path_.empty() ? key : absl::StrCat(path_, ".", key); }
+
+ private:
+  YAML::Node node_;
+  std::string path_;
+  std::set<std::string> used_;
+};
+
+absl::Status ParseOptimizer(Section s, wire::OptimizerConfig* o) {
+  SHOAL_RETURN_IF_ERROR(s.Check());
+  std::string kind = o->kind();
+  double lr = o->learning_rate(), momentum = o->momentum(), beta1 = o->beta1(), beta2 = o->beta2(),
+         epsilon = o->epsilon(), init = o->initial_accumulator_value(), decay = o->decay(),
+         weight_decay = o->weight_decay();
+  bool nesterov = o->nesterov(), centered = o->centered();
+  SHOAL_RETURN_IF_ERROR(s.Get("kind", &kind));
+  SHOAL_RETURN_IF_ERROR(s.Get("learning_rate", &lr));
+  SHOAL_RETURN_IF_ERROR(s.Get("momentum", &momentum));
+  SHOAL_RETURN_IF_ERROR(s.Get("nesterov", &nesterov));
+  SHOAL_RETURN_IF_ERROR(s.Get("beta1", &beta1));
+  SHOAL_RETURN_IF_ERROR(s.Get("beta2", &beta2));
+  SHOAL_RETURN_IF_ERROR(s.Get("epsilon", &epsilon));
+  SHOAL_RETURN_IF_ERROR(s.Get("initial_accumulator_value", &init));
+  SHOAL_RETURN_IF_ERROR(s.Get("decay", &decay));
+  SHOAL_RETURN_IF_ERROR(s.Get("centered", &centered));
+  SHOAL_RETURN_IF_ERROR(s.Get("weight_decay", &weight_decay));
+  SHOAL_RETURN_IF_ERROR(s.CheckNoUnknownKeys());
+  o->set_kind(kind);
+  o->set_learning_rate(lr);
+  o->set_momentum(momentum);
+  o->set_nesterov(nesterov);
+  o->set_beta1(beta1);
+  o->set_beta2(beta2);
+  o->set_epsilon(epsilon);
+  o->set_initial_accumulator_value(init);
+  o->set_decay(decay);
+  o->set_centered(centered);
+  o->set_weight_decay(weight_decay);
+  return absl::OkStatus();
+}
+
+absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
+  Section top(root, "");
+  SHOAL_RETURN_IF_ERROR(top.Check());
+
+  Section cluster = top.Child("cluster");
+  SHOAL_RETURN_IF_ERROR(cluster.Check());
+  SHOAL_RETURN_IF_ERROR(cluster.Get("ps", &c->cluster.ps));
+  SHOAL_RETURN_IF_ERROR(cluster.Get("workers", &c->cluster.workers));
+  SHOAL_RETURN_IF_ERROR(cluster.Get("processes", &c->cluster.processes));
+  SHOAL_RETURN_IF_ERROR(cluster.Get("cluster_file", &c->cluster.cluster_file));
+  SHOAL_RETURN_IF_ERROR(cluster.CheckNoUnknownKeys());
+
+  Section model = top.Child("model");
+  SHOAL_RETURN_IF_ERROR(model.Check());
+  SHOAL_RETURN_IF_ERROR(model.Get("layers", &c->model.layers));
+  SHOAL_RETURN_IF_ERROR(model.Get("activation", &c->model.activation));
+  SHOAL_RETURN_IF_ERROR(model.Get("seed", &c->model.seed));
+  SHOAL_RETURN_IF_ERROR(model.CheckNoUnknownKeys());
+
+  Section data = top.Child("data");
+  SHOAL_RETURN_IF_ERROR(data.Check());
+  SHOAL_RETURN_IF_ERROR(data.Get("dir", &c->data.dir));
+  SHOAL_RETURN_IF_ERROR(data.Get("train_examples", &c->data.train_examples));
+  SHOAL_RETURN_IF_ERROR(data.Get("test_examples", &c->data.test_examples));
+  SHOAL_RETURN_IF_ERROR(data.CheckNoUnknownKeys());
+
+  Section training = top.Child("training");
+  SHOAL_RETURN_IF_ERROR(training.Check());
+  SHOAL_RETURN_IF_ERROR(training.Get("mode", &c->training.mode));
+  SHOAL_RETURN_IF_ERROR(training.Get("epochs", &c->training.epochs));
+  SHOAL_RETURN_IF_ERROR(training.Get("max_steps", &c->training.max_steps));
+  SHOAL_RETURN_IF_ERROR(training.Get("batch_size", &c->training.batch_size));
+  SHOAL_RETURN_IF_ERROR(training.Get("use_locking", &c->training.use_locking));
+  SHOAL_RETURN_IF_ERROR(training.Get("seed", &c->training.seed));
+  SHOAL_RETURN_IF_ERROR(ParseOptimizer(training.Child("optimizer"), &c->training.optimizer));
+  SHOAL_RETURN_IF_ERROR(training.CheckNoUnknownKeys());
+
+  Section placement = top.Child("placement");
+  SHOAL_RETURN_IF_ERROR(placement.Check());
+  SHOAL_RETURN_IF_ERROR(placement.Get("strategy", &c->placement.strategy));
+  SHOAL_RETURN_IF_ERROR(placement.Get("min_partition_bytes", &c->placement.min_partition_bytes));
+  SHOAL_RETURN_IF_ERROR(placement.Get("max_partitions", &c->placement.max_partitions));
+  std::vector<std::string> rules;
+  SHOAL_RETURN_IF_ERROR(placement.Get("scope_rules", &rules));
+  if (!rules.empty()) c->placement.scope_rules.clear();
+  for (const std::string& text : rules) {
+    auto rule = ParseScopeRule(text);
+    if (!rule.ok()) return Annotate(rule.status(), "config: placement.scope_rules");
+    c->placement.scope_rules.push_back(*rule);
+  }
+  SHOAL_RETURN_IF_ERROR(placement.CheckNoUnknownKeys());
+
+  Section transport = top.Child("transport");
+  SHOAL_RETURN_IF_ERROR(transport.Check());
+  SHOAL_RETURN_IF_ERROR(transport.Get("rpc_timeout_s", &c->transport.rpc_timeout_s));
+  SHOAL_RETURN_IF_ERROR(transport.Get("startup_timeout_s", &c->transport.startup_timeout_s));
+  SHOAL_RETURN_IF_ERROR(transport.Get("max_message_mb", &c->transport.max_message_mb));
+  SHOAL_RETURN_IF_ERROR(transport.Get("connections_per_peer", &c->transport.connections_per_peer));
+  SHOAL_RETURN_IF_ERROR(transport.CheckNoUnknownKeys());
+  return top.CheckNoUnknownKeys();
+}
+
+absl::Status Positive(absl::string_view key, double value) {
+  if (value > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("config: '", key, "' must be positive, is ", value));
+}
+
+}  // namespace
+
+JobConfig DefaultJobConfig() {
+  JobConfig c;
+  c.data.dir = kDefaultFashionMnistDir;
+  c.training.optimizer.set_kind("adam");
+  c.training.optimizer.set_learning_rate(0.001);
+  return c;
+}
+
+absl::Status ValidateJobConfig(const JobConfig& c) {
+  SHOAL_RETURN_IF_ERROR(Positive("cluster.ps", c.cluster.ps));
+  SHOAL_RETURN_IF_ERROR(Positive("cluster.workers", c.cluster.workers));
+  SHOAL_RETURN_IF_ERROR(Annotate(ValidateMlpConfig(c.model), "config"));
+  if (c.data.train_examples < 0 || c.data.test_examples < 0) {
+    return absl::InvalidArgumentError("config: 'data.train_examples' and 'data.test_examples' must not be negative");
+  }
+  if (c.training.mode != "async") {
+    return absl::InvalidArgumentError(absl::StrCat("config: 'training.mode' '", c.training.mode,
+                                                   "' is unknown; known: async"));
+  }
+  SHOAL_RETURN_IF_ERROR(Positive("training.epochs", c.training.epochs));
+  SHOAL_RETURN_IF_ERROR(Positive("training.batch_size", static_cast<double>(c.training.batch_size)));
+  if (c.training.max_steps < 0) return absl::InvalidArgumentError("config: 'training.max_steps' must not be negative");
+  SHOAL_RETURN_IF_ERROR(Annotate(Optimizer::Create(c.training.optimizer).status(), "config: training.optimizer"));
+  if (c.placement.strategy != "round_robin" && c.placement.strategy != "greedy") {
+    return absl::InvalidArgumentError(absl::StrCat("config: 'placement.strategy' '", c.placement.strategy,
+                                                   "' is unknown; known: round_robin, greedy"));
+  }
+  SHOAL_RETURN_IF_ERROR(Positive("transport.rpc_timeout_s", c.transport.rpc_timeout_s));
+  SHOAL_RETURN_IF_ERROR(Positive("transport.startup_timeout_s", c.transport.startup_timeout_s));
+  SHOAL_RETURN_IF_ERROR(Positive("transport.max_message_mb", static_cast<double>(c.transport.max_message_mb)));
+  SHOAL_RETURN_IF_ERROR(Positive("transport.connections_per_peer", c.transport.connections_per_peer));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config is not valid YAML: ", e.what()));
+  }
+  JobConfig config = DefaultJobConfig();
+  SHOAL_RETURN_IF_ERROR(ParseAll(root, &config));
+  SHOAL_RETURN_IF_ERROR(ValidateJobConfig(config));
+  return config;
+}
+
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file '", path, "'"));
+  std::stringstream text;
+  text << in.rdbuf();
+  auto config = ParseJobConfig(text.str());
+  if (!config.ok()) return Annotate(config.status(), absl::StrCat("config file '", path, "'"));
+  return config;
+}
+
+std::string JobConfigToYaml(const JobConfig& c) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "cluster" << YAML::Value << YAML::BeginMap << YAML::Key << "ps" << YAML::Value << c.cluster.ps
+      << YAML::Key << "workers" << YAML::Value << c.cluster.workers << YAML::Key << "processes" << YAML::Value
+      << c.cluster.processes << YAML::Key << "cluster_file" << YAML::Value << c.cluster.cluster_file << YAML::EndMap;
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "layers" << YAML::Value << YAML::Flow
+      << c.model.layers << YAML::Key << "activation" << YAML::Value << c.model.activation << YAML::Key << "seed"
+      << YAML::Value << c.model.seed << YAML::EndMap;
+  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value << c.data.dir
+      << YAML::Key << "train_examples" << YAML::Value << c.data.train_examples << YAML::Key << "test_examples"
+      << YAML::Value << c.data.test_examples << YAML::EndMap;
+  const auto& o = c.training.optimizer;
+  out << YAML::Key << "training" << YAML::Value << YAML::BeginMap << YAML::Key << "mode" << YAML::Value
+      << c.training.mode << YAML::Key << "epochs" << YAML::Value << c.training.epochs << YAML::Key << "max_steps"
+      << YAML::Value << c.training.max_steps << YAML::Key << "batch_size" << YAML::Value << c.training.batch_size
+      << YAML::Key << "use_locking" << YAML::Value << c.training.use_locking << YAML::Key << "seed" << YAML::Value
+      << c.training.seed;
+  out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap << YAML::Key << "kind" << YAML::Value << o.kind()
+      << YAML::Key << "learning_rate" << YAML::Value << o.learning_rate() << YAML::Key << "momentum" << YAML::Value
+      << o.momentum() << YAML::Key << "nesterov" << YAML::Value << o.nesterov() << YAML::Key << "beta1" << YAML::Value
+      << o.beta1() << YAML::Key << "beta2" << YAML::Value << o.beta2() << YAML::Key << "epsilon" << YAML::Value
+      << o.epsilon() << YAML::Key << "initial_accumulator_value" << YAML::Value << o.initial_accumulator_value()
+      << YAML::Key << "decay" << YAML::Value << o.decay() << YAML::Key << "centered" << YAML::Value << o.centered()
+      << YAML::Key << "weight_decay" << YAML::Value << o.weight_decay() << YAML::EndMap << YAML::EndMap;
+  std::vector<std::string> rules;
+  for (const auto& r : c.placement.scope_rules) rules.push_back(r.pattern + "=" + r.task.ToString());
+  out << YAML::Key << "placement" << YAML::Value << YAML::BeginMap << YAML::Key << "strategy" << YAML::Value
+      << c.placement.strategy << YAML::Key << "min_partition_bytes" << YAML::Value << c.placement.min_partition_bytes
+      << YAML::Key << "max_partitions" << YAML::Value << c.placement.max_partitions << YAML::Key << "scope_rules"
+      << YAML::Value << YAML::Flow << rules << YAML::EndMap;
+  out << YAML::Key << "transport" << YAML::Value << YAML::BeginMap << YAML::Key << "rpc_timeout_s" << YAML::Value
+      << c.transport.rpc_timeout_s << YAML::Key << "startup_timeout_s" << YAML::Value << c.transport.startup_timeout_s
+      << YAML::Key << "max_message_mb" << YAML::Value << c.transport.max_message_mb << YAML::Key
+      << "connections_per_peer" << YAML::Value << c.transport.connections_per_peer << YAML::EndMap;
+  out << YAML::EndMap;
+  return out.c_str();
+}
+
+}  // namespace shoal

@@ -1,0 +1,70 @@
+// JobConfig: everything a training job needs, from a YAML file, flags, or
+// defaults (the defaults are the main job: 2 ps, 2 workers, async, the
+// 784-256-128-10 MLP on Fashion-MNIST for 5 epochs).
+//
+// Parsing is strict: an unknown key, a value of the wrong type or out of
+// range is an error naming the key path ("training.batch_size"), so a typo
+// never silently falls back to a default. The library never reads the
+// environment; the CLI folds flags and TF_CONFIG into a JobConfig.
+#ifndef SHOAL_SESSION_CONFIG_H_
+#define SHOAL_SESSION_CONFIG_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "shoal/model/mlp.h"
+#include "shoal/placement/placement.h"
+#include "shoal/wire.pb.h"
+
+namespace shoal {
+
+struct ClusterConfig {
+  int ps = 2;
+  int workers = 2;
+  bool processes = false;    // separate processes over gRPC on loopback
+  std::string cluster_file;  // a real cluster (shoal server / worker)
+};
+
+struct DataConfig {
+  std::string dir;             // default: Fashion-MNIST from dataset-fashion-mnist
+  int64_t train_examples = 0;  // 0: all; else the first N (quick runs, tests)
+  int64_t test_examples = 0;
+};
+
+struct TrainingConfig {
+  std::string mode = "async";
+  int epochs = 5;
+  int64_t max_steps = 0;  // 0: epochs * train_examples / batch_size
+  int64_t batch_size = 64;
+  wire::OptimizerConfig optimizer;  // default adam, learning_rate 0.001
+  bool use_locking = false;
+  uint64_t seed = 1;
+};
+
+struct TransportConfig {
+  double rpc_timeout_s = 60;
+  double startup_timeout_s = 120;  // how long tasks wait for each other at start
+  int64_t max_message_mb = 512;
+  int connections_per_peer = 2;
+};
+
+struct JobConfig {
+  ClusterConfig cluster;
+  MlpConfig model;
+  DataConfig data;
+  TrainingConfig training;
+  PlacementOptions placement;
+  TransportConfig transport;
+};
+
+JobConfig DefaultJobConfig();
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text);
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
+// Checks cross-field consistency (also done by the parsers).
+absl::Status ValidateJobConfig(const JobConfig& config);
+// YAML that ParseJobConfig reads back to the same config.
+std::string JobConfigToYaml(const JobConfig& config);
+
+}  // namespace shoal
+
+#endif  // SHOAL_SESSION_CONFIG_H_

@@ -1,0 +1,211 @@
+#include "shoal/session/local_cluster.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "shoal/core/status.h"
+#include "shoal/session/task_runner.h"
+
+namespace shoal {
+
+absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProcOptions& transport_options,
+                                           std::FILE* progress_out) {
+  SHOAL_RETURN_IF_ERROR(ValidateJobConfig(config));
+  SHOAL_ASSIGN_OR_RETURN(DataSplits data, LoadData(config));
+  const ClusterSpec cluster = ClusterSpec::Local(config.cluster.ps, config.cluster.workers);
+  InProcNetwork network;
+  InProcTransport transport(&network, transport_options);
+
+  // Every task runs a server, workers included (later modes host variables there).
+  std::vector<std::unique_ptr<VariableService>> services;
+  std::vector<std::unique_ptr<ServerHandle>> servers;
+  for (const TaskId& task : cluster.AllTasks()) {
+    services.push_back(std::make_unique<VariableService>(
+        VariableServiceOptions{task.ToString(), static_cast<size_t>(config.transport.max_message_mb) << 20}));
+    SHOAL_ASSIGN_OR_RETURN(std::string address, cluster.AddressOf(task));
+    SHOAL_ASSIGN_OR_RETURN(auto server, transport.Serve(address, services.back().get()));
+    servers.push_back(std::move(server));
+  }
+  SHOAL_ASSIGN_OR_RETURN(auto placement, MakePlacement(config, cluster));
+
+  const std::vector<TaskId> workers = cluster.TrainingTasks();
+  const int64_t max_steps = MaxSteps(config, data.train.size());
+  std::unique_ptr<ProgressReporter> progress;
+  if (progress_out) progress = std::make_unique<ProgressReporter>(progress_out, max_steps, config.training.batch_size);
+
+  std::vector<absl::Status> statuses(workers.size());
+  TrainReport report;
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    threads.emplace_back([&, i] {
+      auto client = Client::Create(cluster, &transport, placement, ClientOptions{absl::Seconds(config.transport.rpc_timeout_s)});
+      if (!client.ok()) {
+        statuses[i] = client.status();
+        return;
+      }
+      WorkerContext context = MakeWorkerContext(config, cluster, workers[i], client->get(), data.train, max_steps);
+      if (progress) context.on_step = [&](int64_t step, double loss) { progress->OnStep(step, loss); };
+      statuses[i] = RunWorkerSession(context, data.test, &report);
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (progress) progress->Finish();
+  for (const absl::Status& s : statuses) SHOAL_RETURN_IF_ERROR(s);
+  return report;
+}
+
+namespace {
+
+// Asks the kernel for a free loopback port.
+absl::StatusOr<int> FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket() failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  if (port <= 0) return absl::InternalError("cannot find a free loopback port");
+  return port;
+}
+
+struct Child {
+  TaskId task;
+  pid_t pid = -1;
+  bool exited = false;
+  int status = 0;
+};
+
+absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::string>& args) {
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork() failed");
+  if (pid == 0) {
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(binary.c_str()));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+void StopAll(std::vector<Child>& children) {
+  for (Child& c : children) {
+    if (!c.exited) kill(c.pid, SIGTERM);
+  }
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  for (Child& c : children) {
+    while (!c.exited) {
+      if (waitpid(c.pid, &c.status, WNOHANG) == c.pid) {
+        c.exited = true;
+      } else if (absl::Now() > give_up) {
+        kill(c.pid, SIGKILL);
+        waitpid(c.pid, &c.status, 0);
+        c.exited = true;
+      } else {
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+    }
+  }
+}
+
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with code ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("was killed by signal ", WTERMSIG(status));
+  return "ended abnormally";
+}
+
+}  // namespace
+
+absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, const std::string& shoal_binary,
+                                                  bool show_progress) {
+  SHOAL_RETURN_IF_ERROR(ValidateJobConfig(config_in));
+  JobConfig config = config_in;
+  config.cluster.processes = false;  // the children are the processes
+  std::map<std::string, std::vector<std::string>> jobs;
+  for (int i = 0; i < config.cluster.ps + config.cluster.workers; ++i) {
+    SHOAL_ASSIGN_OR_RETURN(int port, FreePort());
+    jobs[i < config.cluster.ps ? "ps" : "worker"].push_back(absl::StrCat("127.0.0.1:", port));
+  }
+  SHOAL_ASSIGN_OR_RETURN(ClusterSpec cluster, ClusterSpec::Create(jobs));
+
+  char dir_template[] = "/tmp/shoal-job-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) return absl::InternalError("cannot create a temporary directory");
+  const std::filesystem::path dir = dir_template;
+  const std::string cluster_file = dir / "cluster.json", config_file = dir / "config.yaml",
+                    result_file = dir / "result.json";
+  std::ofstream(cluster_file) << cluster.ToJson();
+  std::ofstream(config_file) << JobConfigToYaml(config);
+
+  std::vector<Child> children;
+  for (const TaskId& task : cluster.AllTasks()) {
+    std::vector<std::string> args = {task.job == "ps" ? "server" : "worker", "--cluster", cluster_file,
+                                     "--task", task.ToString(), "--config", config_file};
+    if (cluster.IsChief(task)) {
+      args.insert(args.end(), {"--result_file", result_file});
+      if (!show_progress) args.push_back("--quiet");
+    } else if (task.job == "worker") {
+      args.push_back("--quiet");
+    }
+    auto pid = Spawn(shoal_binary, args);
+    if (!pid.ok()) {
+      StopAll(children);
+      return pid.status();
+    }
+    children.push_back({task, *pid});
+  }
+
+  // Training time is unknown in advance; what must not happen is a silent
+  // hang, so each task's exit is watched and any failure ends the job.
+  absl::Status failure;
+  bool all_done = false;
+  while (!all_done && failure.ok()) {
+    all_done = true;
+    for (Child& c : children) {
+      if (!c.exited && waitpid(c.pid, &c.status, WNOHANG) == c.pid) {
+        c.exited = true;
+        if (!(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)) {
+          failure = absl::InternalError(absl::StrCat(c.task.ToString(), " ", DescribeExit(c.status)));
+        }
+      }
+      all_done = all_done && c.exited;
+    }
+    if (!all_done) absl::SleepFor(absl::Milliseconds(50));
+  }
+  StopAll(children);
+  if (!failure.ok()) {
+    std::filesystem::remove_all(dir);
+    return failure;
+  }
+  std::ifstream in(result_file);
+  nlohmann::json result = nlohmann::json::parse(in, nullptr, false);
+  std::filesystem::remove_all(dir);
+  if (result.is_discarded()) return absl::InternalError("the chief left no readable result");
+  TrainReport report;
+  report.test_accuracy = result.value("test_accuracy", 0.0);
+  report.global_step = result.value("global_step", int64_t{0});
+  report.seconds = result.value("seconds", 0.0);
+  report.examples_per_second = result.value("examples_per_second", 0.0);
+  report.last_loss = result.value("last_loss", 0.0);
+  return report;
+}
+
+}  // namespace shoal

@@ -1,0 +1,33 @@
+// Ways to run a whole job on this machine.
+//
+// TrainInProcess: every task (ps and workers) in this process, workers as
+// threads, talking through the in-process transport; the embedded default of
+// `shoal train`.
+//
+// TrainInLocalProcesses: every task its own process (`shoal server` and
+// `shoal worker`), talking gRPC on loopback; what a real cluster does, on one
+// machine. Each child gets OPENBLAS_NUM_THREADS=1 so the processes do not
+// fight over the cores. A child that fails or hangs past the deadline fails
+// the job, naming the task, and the others are stopped.
+#ifndef SHOAL_SESSION_LOCAL_CLUSTER_H_
+#define SHOAL_SESSION_LOCAL_CLUSTER_H_
+
+#include <string>
+
+#include "shoal/session/progress.h"
+#include "shoal/session/worker_session.h"
+#include "shoal/transport/inproc/inproc_transport.h"
+
+namespace shoal {
+
+// `progress` may be null.
+absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProcOptions& transport_options,
+                                           std::FILE* progress);
+
+// `shoal_binary` is the path of the shoal executable to start the tasks with.
+absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config, const std::string& shoal_binary,
+                                                  bool show_progress);
+
+}  // namespace shoal
+
+#endif  // SHOAL_SESSION_LOCAL_CLUSTER_H_

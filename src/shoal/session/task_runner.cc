@@ -1,0 +1,95 @@
+#include "shoal/session/task_runner.h"
+
+#include "absl/strings/str_cat.h"
+#include "shoal/core/status.h"
+#include "shoal/session/progress.h"
+#include "shoal/transport/grpc/grpc_transport.h"
+
+namespace shoal {
+namespace {
+
+GrpcOptions GrpcOptionsFor(const JobConfig& config) {
+  GrpcOptions options;
+  options.max_message_bytes = static_cast<size_t>(config.transport.max_message_mb) << 20;
+  options.connections_per_peer = config.transport.connections_per_peer;
+  return options;
+}
+
+// Starts `task`'s own server; every task hosts one.
+absl::Status Serve(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
+                   const TaskOptions& options, Transport& transport, std::unique_ptr<VariableService>* service,
+                   std::unique_ptr<ServerHandle>* server) {
+  SHOAL_ASSIGN_OR_RETURN(std::string address, cluster.AddressOf(task));
+  if (!options.bind_address.empty()) address = options.bind_address;
+  *service = std::make_unique<VariableService>(
+      VariableServiceOptions{task.ToString(), static_cast<size_t>(config.transport.max_message_mb) << 20});
+  SHOAL_ASSIGN_OR_RETURN(*server, transport.Serve(address, service->get()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const Placement>> MakePlacement(const JobConfig& config, const ClusterSpec& cluster) {
+  Mlp model(config.model);
+  SHOAL_ASSIGN_OR_RETURN(Placement placement, Placement::Create(model.VariableSpecs(), cluster, config.placement));
+  return std::make_shared<const Placement>(std::move(placement));
+}
+
+WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
+                                Client* client, const Dataset& train, int64_t max_steps) {
+  const std::vector<TaskId> workers = cluster.TrainingTasks();
+  WorkerContext context;
+  context.task = task;
+  context.worker_index = static_cast<int>(std::find(workers.begin(), workers.end(), task) - workers.begin());
+  context.num_workers = static_cast<int>(workers.size());
+  context.is_chief = cluster.IsChief(task);
+  context.client = client;
+  context.config = &config;
+  context.train_shard = train.Shard(context.worker_index, context.num_workers);
+  context.max_steps = max_steps;
+  return context;
+}
+
+absl::Status RunServerTask(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
+                           const TaskOptions& options) {
+  GrpcTransport transport(GrpcOptionsFor(config));
+  std::unique_ptr<VariableService> service;
+  std::unique_ptr<ServerHandle> server;
+  SHOAL_RETURN_IF_ERROR(Serve(config, cluster, task, options, transport, &service, &server));
+  while (!service->shutdown_requested().WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
+    if (options.stop && options.stop->load()) break;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
+                           const TaskOptions& options, std::FILE* progress_out, TrainReport* report) {
+  const std::vector<TaskId> workers = cluster.TrainingTasks();
+  if (std::find(workers.begin(), workers.end(), task) == workers.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(task.ToString(), " is not a training task (chief or worker)"));
+  }
+  SHOAL_ASSIGN_OR_RETURN(DataSplits data, LoadData(config));
+  GrpcTransport transport(GrpcOptionsFor(config));
+  std::unique_ptr<VariableService> service;
+  std::unique_ptr<ServerHandle> server;
+  SHOAL_RETURN_IF_ERROR(Serve(config, cluster, task, options, transport, &service, &server));
+  SHOAL_ASSIGN_OR_RETURN(auto placement, MakePlacement(config, cluster));
+  SHOAL_ASSIGN_OR_RETURN(auto client, Client::Create(cluster, &transport, placement,
+                                                     ClientOptions{absl::Seconds(config.transport.rpc_timeout_s)}));
+  const int64_t max_steps = MaxSteps(config, data.train.size());
+  WorkerContext context = MakeWorkerContext(config, cluster, task, client.get(), data.train, max_steps);
+  std::unique_ptr<ProgressReporter> progress;
+  if (progress_out && context.is_chief) {
+    progress = std::make_unique<ProgressReporter>(progress_out, max_steps, config.training.batch_size);
+    context.on_step = [&](int64_t step, double loss) { progress->OnStep(step, loss); };
+  }
+  absl::Status status = RunWorkerSession(context, data.test, report);
+  if (progress) progress->Finish();
+  if (context.is_chief) {
+    // The job is over (or failed): the ps tasks have nothing left to serve.
+    for (const TaskId& ps : cluster.Tasks("ps")) client->Shutdown(ps).IgnoreError();
+  }
+  return status;
+}
+
+}  // namespace shoal

@@ -1,0 +1,39 @@
+// One task of a cluster, as `shoal server` and `shoal worker` run it, and the
+// pieces every way of running a job shares.
+#ifndef SHOAL_SESSION_TASK_RUNNER_H_
+#define SHOAL_SESSION_TASK_RUNNER_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "shoal/session/worker_session.h"
+
+namespace shoal {
+
+// The placement of the configured model's variables on `cluster`.
+absl::StatusOr<std::shared_ptr<const Placement>> MakePlacement(const JobConfig& config, const ClusterSpec& cluster);
+
+// A worker's context: its index among the training tasks, chief or not, and
+// its shard of `train`.
+WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
+                                Client* client, const Dataset& train, int64_t max_steps);
+
+struct TaskOptions {
+  std::string bind_address;                  // default: the task's address in the cluster
+  const std::atomic<bool>* stop = nullptr;   // set by a signal handler
+};
+
+// Serves `task`'s variables over gRPC until a Shutdown request or `stop`.
+absl::Status RunServerTask(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
+                           const TaskOptions& options);
+
+// Runs a training task over gRPC: serves its own variables, trains, and on the
+// chief evaluates and then shuts the ps tasks down. `report` is filled on the
+// chief. `progress` may be null.
+absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
+                           const TaskOptions& options, std::FILE* progress, TrainReport* report);
+
+}  // namespace shoal
+
+#endif  // SHOAL_SESSION_TASK_RUNNER_H_

@@ -1,0 +1,57 @@
+#include "shoal/session/worker_session.h"
+
+#include "absl/strings/str_cat.h"
+#include "shoal/core/status.h"
+
+namespace shoal {
+
+int64_t MaxSteps(const JobConfig& config, int64_t train_examples) {
+  if (config.training.max_steps > 0) return config.training.max_steps;
+  const int64_t examples = config.training.epochs * train_examples;
+  return std::max<int64_t>(1, (examples + config.training.batch_size - 1) / config.training.batch_size);
+}
+
+absl::StatusOr<DataSplits> LoadData(const JobConfig& config) {
+  DataSplits splits;
+  SHOAL_ASSIGN_OR_RETURN(splits.train, LoadMnistFormat(config.data.dir, "train"));
+  SHOAL_ASSIGN_OR_RETURN(splits.test, LoadMnistFormat(config.data.dir, "t10k"));
+  auto limit = [](Dataset& d, int64_t n) {
+    if (n > 0 && n < d.size()) d = Dataset{d.images.narrow(0, 0, n), d.labels.narrow(0, 0, n)};
+  };
+  limit(splits.train, config.data.train_examples);
+  limit(splits.test, config.data.test_examples);
+  return splits;
+}
+
+absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, TrainReport* report) {
+  const absl::Time start = absl::Now();
+  SHOAL_ASSIGN_OR_RETURN(auto strategy, MakeStrategy(*context.config));
+  auto worker = strategy->RunWorker(context);
+  if (!worker.ok()) return Annotate(worker.status(), context.task.ToString());
+  SHOAL_RETURN_IF_ERROR(context.client->AddToCounter(kWorkersDone, 1).status());
+  if (!context.is_chief) return absl::OkStatus();
+
+  // The chief evaluates once every worker has pushed its last step.
+  const absl::Time give_up = absl::Now() + absl::Seconds(context.config->transport.rpc_timeout_s);
+  while (true) {
+    SHOAL_ASSIGN_OR_RETURN(int64_t done, context.client->AddToCounter(kWorkersDone, 0));
+    if (done >= context.num_workers) break;
+    if (absl::Now() > give_up) {
+      return absl::DeadlineExceededError(absl::StrCat("the chief waited ", context.config->transport.rpc_timeout_s,
+                                                      " s for the workers to finish; ", done, " of ",
+                                                      context.num_workers, " did"));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  report->seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  SHOAL_ASSIGN_OR_RETURN(report->global_step, context.client->AddToCounter(kGlobalStep, 0));
+  report->examples_per_second = report->global_step * context.config->training.batch_size / report->seconds;
+  report->last_loss = worker->last_loss;
+  Mlp model(context.config->model);
+  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, context.client->Read(model.variable_names()));
+  model.Load(values);
+  report->test_accuracy = Accuracy(test_set, [&](const torch::Tensor& x) { return model.Forward(x); });
+  return absl::OkStatus();
+}
+
+}  // namespace shoal

@@ -1,0 +1,36 @@
+// The life of one training task, whatever the transport: run the strategy,
+// report done, and (on the chief) wait for the other workers, then evaluate
+// the trained variables on the test set.
+#ifndef SHOAL_SESSION_WORKER_SESSION_H_
+#define SHOAL_SESSION_WORKER_SESSION_H_
+
+#include "shoal/strategy/strategy.h"
+
+namespace shoal {
+
+struct TrainReport {
+  double test_accuracy = 0;
+  int64_t global_step = 0;
+  double seconds = 0;
+  double examples_per_second = 0;
+  double last_loss = 0;
+};
+
+// Global steps for `config` over a training set of `train_examples`.
+int64_t MaxSteps(const JobConfig& config, int64_t train_examples);
+
+// Runs `context`'s worker to the end. On the chief, also waits (with the
+// RPC deadline) for every worker to finish and fills `report` with the test
+// accuracy of the final variables; `test_set` is only read on the chief.
+absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, TrainReport* report);
+
+// Train and test sets as the config asks (subsets when limits are set).
+struct DataSplits {
+  Dataset train;
+  Dataset test;
+};
+absl::StatusOr<DataSplits> LoadData(const JobConfig& config);
+
+}  // namespace shoal
+
+#endif  // SHOAL_SESSION_WORKER_SESSION_H_

@@ -1,0 +1,60 @@
+// TrainingStrategy: what a worker does each step. One implementation per
+// training mode (async now; sync, local replicas, populations and the gated
+// ensemble stand beside it), all on the same Client.
+#ifndef SHOAL_STRATEGY_STRATEGY_H_
+#define SHOAL_STRATEGY_STRATEGY_H_
+
+#include <functional>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "shoal/client/client.h"
+#include "shoal/data/dataset.h"
+#include "shoal/model/mlp.h"
+#include "shoal/session/config.h"
+
+namespace shoal {
+
+// Names of the counters every strategy keeps on the counter task.
+inline constexpr char kGlobalStep[] = "global_step";
+inline constexpr char kWorkersDone[] = "workers_done";
+
+// Called after each step a worker finishes (from that worker's thread).
+using StepCallback = std::function<void(int64_t global_step, double loss)>;
+
+// What one worker's training loop works with. Nothing here is owned.
+struct WorkerContext {
+  TaskId task;
+  int worker_index = 0;  // among the training tasks
+  int num_workers = 1;
+  bool is_chief = false;
+  Client* client = nullptr;
+  const JobConfig* config = nullptr;
+  Dataset train_shard;
+  int64_t max_steps = 0;  // global steps to train for
+  StepCallback on_step;   // may be empty
+};
+
+struct WorkerResult {
+  int64_t local_steps = 0;
+  double last_loss = 0;
+};
+
+class TrainingStrategy {
+ public:
+  virtual ~TrainingStrategy() = default;
+  // Runs one worker until the job's global step reaches max_steps.
+  virtual absl::StatusOr<WorkerResult> RunWorker(WorkerContext& context) = 0;
+};
+
+// The strategy for `config.training.mode`.
+absl::StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const JobConfig& config);
+
+// The chief creates the model's variables (initial values from the seeded
+// model); every other worker waits for them, up to the start-up timeout.
+absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model);
+
+}  // namespace shoal
+
+#endif  // SHOAL_STRATEGY_STRATEGY_H_
