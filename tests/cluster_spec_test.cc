@@ -1,0 +1,80 @@
+#include "shoal/cluster/cluster_spec.h"
+
+#include <gtest/gtest.h>
+
+namespace shoal {
+namespace {
+
+TEST(ClusterSpecTest, ParsesClusterFileJson) {
+  auto spec = ClusterSpec::FromJson(R"({"ps": ["a:1", "b:1"], "worker": ["c:1", "d:1", "e:1"]})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->NumTasks("ps"), 2);
+  EXPECT_EQ(spec->NumTasks("worker"), 3);
+  EXPECT_EQ(spec->AddressOf({"worker", 2}).value(), "e:1");
+  EXPECT_EQ(spec->Chief(), (TaskId{"worker", 0}));
+  EXPECT_EQ(spec->TrainingTasks().size(), 3u);
+}
+
+TEST(ClusterSpecTest, ChiefJobMakesItsTaskTheChief) {
+  auto spec = ClusterSpec::FromJson(R"({"cluster": {"chief": ["x:1"], "ps": ["a:1"], "worker": ["c:1"]}})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->Chief(), (TaskId{"chief", 0}));
+  EXPECT_EQ(spec->TrainingTasks().size(), 2u);
+}
+
+TEST(ClusterSpecTest, RefusesInconsistentSpecs) {
+  struct Case {
+    const char* json;
+    const char* says;
+  } cases[] = {
+      {R"({"ps": ["a:1"], "worker": ["a:1"]})", "duplicate address 'a:1'"},
+      {R"({"ps": ["a:1"], "worker": ["b:1"], "evaluator": ["c:1"]})", "unknown job 'evaluator'"},
+      {R"({"worker": ["b:1"]})", "no 'ps' job"},
+      {R"({"ps": [], "worker": ["b:1"]})", "job 'ps' has no tasks"},
+      {R"({"ps": ["a:1"], "worker": ["b:1"], "chief": ["c:1", "d:1"]})", "exactly one task"},
+      {R"({"ps": ["a:1"], "worker": [3]})", "not a string"},
+      {R"({"ps": "a:1", "worker": ["b:1"]})", "as an array"},
+      {R"({"ps": ["a:1"], )", "not valid JSON"},
+  };
+  for (const Case& c : cases) {
+    auto spec = ClusterSpec::FromJson(c.json);
+    ASSERT_FALSE(spec.ok()) << c.json;
+    EXPECT_NE(spec.status().message().find(c.says), std::string::npos) << spec.status() << " for " << c.json;
+  }
+}
+
+TEST(ClusterSpecTest, ParsesTfConfig) {
+  auto config = ParseTfConfig(
+      R"({"cluster": {"ps": ["a:1"], "worker": ["b:1", "c:1"]}, "task": {"type": "worker", "index": 1}})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->task, (TaskId{"worker", 1}));
+  EXPECT_EQ(config->cluster.NumTasks("worker"), 2);
+}
+
+TEST(ClusterSpecTest, TfConfigIndexOutOfRangeIsRefused) {
+  auto config = ParseTfConfig(R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker", "index": 4}})");
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("out of range"), std::string::npos) << config.status();
+  EXPECT_FALSE(ParseTfConfig(R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}})").ok());
+  EXPECT_FALSE(ParseTfConfig(R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "ps"}})").ok());
+}
+
+TEST(ClusterSpecTest, ParsesTaskNames) {
+  EXPECT_EQ(ParseTaskId("ps:1").value(), (TaskId{"ps", 1}));
+  EXPECT_EQ(ParseTaskId("/job:worker/task:3").value(), (TaskId{"worker", 3}));
+  EXPECT_EQ(ParseTaskId("/job:worker/replica:0/task:2").value(), (TaskId{"worker", 2}));
+  EXPECT_FALSE(ParseTaskId("ps").ok());
+  EXPECT_FALSE(ParseTaskId("ps:-1").ok());
+  EXPECT_FALSE(ParseTaskId("gpu:1").ok());
+  EXPECT_EQ(TaskId({"ps", 1}).ToString(), "/job:ps/task:1");
+}
+
+TEST(ClusterSpecTest, JsonRoundTrip) {
+  ClusterSpec spec = ClusterSpec::Local(2, 3, 5000);
+  auto again = ClusterSpec::FromJson(spec.ToJson());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->jobs(), spec.jobs());
+}
+
+}  // namespace
+}  // namespace shoal

@@ -1,0 +1,214 @@
+// The same client/server behaviour over every transport: in-process,
+// in-process through the wire codec, and gRPC on loopback.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <thread>
+
+#include "shoal/client/client.h"
+#include "shoal/transport/grpc/grpc_transport.h"
+#include "shoal/transport/inproc/inproc_transport.h"
+
+namespace shoal {
+namespace {
+
+enum class Kind { kInProc, kInProcSerialized, kGrpc };
+
+constexpr size_t kMaxMessageBytes = 4 << 20;
+
+class TransportConformanceTest : public ::testing::TestWithParam<Kind> {
+ protected:
+  void SetUp() override {
+    switch (GetParam()) {
+      case Kind::kInProc:
+        transport_ = std::make_unique<InProcTransport>(&network_, InProcOptions{false, kMaxMessageBytes});
+        break;
+      case Kind::kInProcSerialized:
+        transport_ = std::make_unique<InProcTransport>(&network_, InProcOptions{true, kMaxMessageBytes});
+        break;
+      case Kind::kGrpc:
+        transport_ = std::make_unique<GrpcTransport>(GrpcOptions{kMaxMessageBytes, 2});
+        break;
+    }
+    std::map<std::string, std::vector<std::string>> jobs;
+    for (const TaskId& task : {TaskId{"ps", 0}, TaskId{"ps", 1}, TaskId{"worker", 0}}) {
+      services_[task] = std::make_unique<VariableService>(VariableServiceOptions{task.ToString(), kMaxMessageBytes});
+      std::string address = GetParam() == Kind::kGrpc ? "127.0.0.1:0" : "inproc:" + task.ToString();
+      auto server = transport_->Serve(address, services_[task].get());
+      ASSERT_TRUE(server.ok()) << server.status();
+      jobs[task.job].push_back((*server)->address());
+      servers_[task] = *std::move(server);
+    }
+    cluster_ = ClusterSpec::Create(jobs).value();
+    PlacementOptions options;
+    options.min_partition_bytes = 1024;  // "big" is partitioned over both ps tasks
+    placement_ = std::make_shared<const Placement>(
+        Placement::Create({{"small", {3}}, {"big", {64, 8}}, {"other", {2, 2}}}, cluster_, options).value());
+    client_ = MakeClient(absl::Seconds(10));
+    wire::OptimizerConfig sgd;
+    sgd.set_kind("sgd");
+    sgd.set_learning_rate(1.0);
+    ASSERT_TRUE(client_
+                    ->CreateVariables({{"small", torch::zeros({3}), sgd, true},
+                                       {"big", torch::arange(512, torch::kFloat32).reshape({64, 8}), sgd, true},
+                                       {"other", torch::ones({2, 2}), sgd, false}})
+                    .ok());
+  }
+
+  std::unique_ptr<Client> MakeClient(absl::Duration timeout) {
+    return Client::Create(cluster_, transport_.get(), placement_, ClientOptions{timeout}).value();
+  }
+
+  torch::Tensor Read(const std::string& name) {
+    auto values = client_->Read({name});
+    EXPECT_TRUE(values.ok()) << values.status();
+    return values.ok() ? (*values)[0].clone() : torch::Tensor();
+  }
+
+  InProcNetwork network_;
+  std::unique_ptr<Transport> transport_;
+  std::map<TaskId, std::unique_ptr<VariableService>> services_;
+  std::map<TaskId, std::unique_ptr<ServerHandle>> servers_;
+  ClusterSpec cluster_ = ClusterSpec::Local(1, 1);
+  std::shared_ptr<const Placement> placement_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_P(TransportConformanceTest, ReadsWhatWasCreated) {
+  EXPECT_TRUE(Read("small").equal(torch::zeros({3})));
+  EXPECT_TRUE(Read("big").equal(torch::arange(512, torch::kFloat32).reshape({64, 8})));
+}
+
+TEST_P(TransportConformanceTest, PartitionedVariableIsSplitAcrossPsTasks) {
+  auto lookup = services_[{"ps", 0}]->store().Lookup({"big/part_0", "big/part_1"});
+  auto lookup1 = services_[{"ps", 1}]->store().Lookup({"big/part_0", "big/part_1"});
+  EXPECT_NE(lookup[0].present, lookup1[0].present);
+  EXPECT_NE(lookup[1].present, lookup1[1].present);
+}
+
+TEST_P(TransportConformanceTest, AppliesAndAssignsAcrossTasks) {
+  auto counters = client_->ApplyGradients({"small", "big"}, {torch::full({3}, -2.0f), torch::ones({64, 8})},
+                                          {{"global_step", 1}});
+  ASSERT_TRUE(counters.ok()) << counters.status();
+  EXPECT_EQ(*counters, std::vector<int64_t>{1});
+  EXPECT_TRUE(Read("small").equal(torch::full({3}, 2.0f)));
+  EXPECT_TRUE(Read("big").equal(torch::arange(512, torch::kFloat32).reshape({64, 8}) - 1));
+  ASSERT_TRUE(client_->Assign({"big"}, {torch::full({64, 8}, 5.0f)}).ok());
+  EXPECT_TRUE(Read("big").equal(torch::full({64, 8}, 5.0f)));
+  EXPECT_EQ(client_->AddToCounter("global_step", 0).value(), 1);
+}
+
+TEST_P(TransportConformanceTest, UnknownVariableIsNotFoundNamingTheTask) {
+  Request request;
+  request.header.mutable_read()->add_names("missing");
+  Response response;
+  auto channel = transport_->Connect({"ps", 1}, cluster_.AddressOf({"ps", 1}).value()).value();
+  absl::Status status = CallAndWait(*channel, request, &response, absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(status.message().find("'missing'"), std::string::npos);
+  EXPECT_NE(status.message().find("/job:ps/task:1"), std::string::npos) << status;
+  EXPECT_EQ(client_->Read({"missing"}).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_P(TransportConformanceTest, ShapeMismatchChangesNothingAndServerKeepsServing) {
+  absl::Status status = client_->ApplyGradients({"small"}, {torch::ones({4})}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("'small'"), std::string::npos) << status;
+  EXPECT_EQ(client_->Assign({"big"}, {torch::ones({8, 64})}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Read("small").equal(torch::zeros({3})));
+  EXPECT_TRUE(Read("big").equal(torch::arange(512, torch::kFloat32).reshape({64, 8})));
+}
+
+TEST_P(TransportConformanceTest, NanGradientIsRefused) {
+  torch::Tensor grad = torch::ones({3});
+  grad[0] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(client_->ApplyGradients({"small"}, {grad}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Read("small").equal(torch::zeros({3})));
+}
+
+TEST_P(TransportConformanceTest, OversizedMessageIsRefusedAndServerKeepsServing) {
+  const int64_t too_many = kMaxMessageBytes / sizeof(float) + 1024;
+  Request request;
+  request.header.mutable_assign()->add_names("small");
+  request.tensors = {torch::zeros({too_many})};
+  Response response;
+  auto channel = transport_->Connect({"ps", 0}, cluster_.AddressOf({"ps", 0}).value()).value();
+  absl::Status status = CallAndWait(*channel, request, &response, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_NE(status.message().find("limit"), std::string::npos) << status;
+  EXPECT_TRUE(Read("small").equal(torch::zeros({3})));
+}
+
+TEST_P(TransportConformanceTest, DeadTaskIsUnavailableNamingTheTask) {
+  servers_.erase({"ps", 1});
+  auto client = MakeClient(absl::Seconds(3));
+  const absl::Time start = absl::Now();
+  absl::Status status = client->Read({"small", "big"}).status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(6));
+  EXPECT_TRUE(absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) << status;
+  EXPECT_NE(status.message().find("/job:ps/task:1"), std::string::npos) << status;
+}
+
+TEST_P(TransportConformanceTest, WaitForVariablesTimesOutNamingWhatIsMissing) {
+  PlacementOptions options;
+  auto placement = std::make_shared<const Placement>(
+      Placement::Create({{"never_created", {1}}}, cluster_, options).value());
+  auto client = Client::Create(cluster_, transport_.get(), placement, ClientOptions{absl::Seconds(2)}).value();
+  absl::Status status = client->WaitForVariables({"never_created"}, absl::Milliseconds(300));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(status.message().find("never_created"), std::string::npos) << status;
+  EXPECT_TRUE(client_->WaitForVariables({"small", "big"}, absl::Seconds(1)).ok());
+}
+
+TEST_P(TransportConformanceTest, ConcurrentClientsApplyEveryUpdateWithLocking) {
+  constexpr int kThreads = 4, kSteps = 25;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      auto client = MakeClient(absl::Seconds(10));
+      for (int i = 0; i < kSteps; ++i) {
+        ASSERT_TRUE(client->ApplyGradients({"small", "big"}, {torch::full({3}, -1.0f), torch::full({64, 8}, -1.0f)},
+                                           {{"global_step", 1}})
+                        .ok());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(Read("small").equal(torch::full({3}, float{kThreads * kSteps})));
+  EXPECT_TRUE(Read("big").equal(torch::arange(512, torch::kFloat32).reshape({64, 8}) + kThreads * kSteps));
+  EXPECT_EQ(client_->AddToCounter("global_step", 0).value(), kThreads * kSteps);
+}
+
+TEST_P(TransportConformanceTest, ShutdownRequestIsDelivered) {
+  ASSERT_TRUE(client_->Shutdown({"ps", 1}).ok());
+  const TaskId ps0{"ps", 0}, ps1{"ps", 1};
+  EXPECT_TRUE(services_[ps1]->shutdown_requested().HasBeenNotified());
+  EXPECT_FALSE(services_[ps0]->shutdown_requested().HasBeenNotified());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransports, TransportConformanceTest,
+                         ::testing::Values(Kind::kInProc, Kind::kInProcSerialized, Kind::kGrpc),
+                         [](const ::testing::TestParamInfo<Kind>& info) {
+                           switch (info.param) {
+                             case Kind::kInProc: return std::string("InProc");
+                             case Kind::kInProcSerialized: return std::string("InProcSerialized");
+                             case Kind::kGrpc: return std::string("GrpcLoopback");
+                           }
+                           return std::string("Unknown");
+                         });
+
+TEST(GrpcTransportTest, UnreachableAddressIsUnavailableWithinTheDeadline) {
+  GrpcTransport transport;
+  auto channel = transport.Connect({"ps", 3}, "127.0.0.1:1").value();
+  Request request;
+  request.header.mutable_lookup()->add_names("x");
+  Response response;
+  const absl::Time start = absl::Now();
+  absl::Status status = CallAndWait(*channel, request, &response, absl::Now() + absl::Seconds(2));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  EXPECT_TRUE(absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) << status;
+  EXPECT_NE(status.message().find("/job:ps/task:3 at 127.0.0.1:1"), std::string::npos) << status;
+}
+
+}  // namespace
+}  // namespace shoal
