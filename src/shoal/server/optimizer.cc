@@ -23,7 +23,7 @@ class SgdOptimizer final : public Optimizer {
       buf.mul_(config().momentum()).add_(d);
       d = config().nesterov() ? d.add(buf, config().momentum()) : buf;
     }
-    value.add_(d, -config().learning_rate());
+    value.add_(d, -LearningRate(slots.step));
     ++slots.step;
   }
 };
@@ -40,7 +40,7 @@ class AdagradOptimizer final : public Optimizer {
     torch::Tensor g = WithWeightDecay(value, grad);
     torch::Tensor& sum = slots.tensors[0];
     sum.addcmul_(g, g, 1.0);
-    value.addcdiv_(g, sum.sqrt().add_(config().epsilon()), -config().learning_rate());
+    value.addcdiv_(g, sum.sqrt().add_(config().epsilon()), -LearningRate(slots.step));
     ++slots.step;
   }
 };
@@ -65,7 +65,7 @@ class AdamOptimizer final : public Optimizer {
     m.mul_(c.beta1()).add_(g, 1 - c.beta1());
     v.mul_(c.beta2()).addcmul_(g, g, 1 - c.beta2());
     torch::Tensor denom = (v.sqrt() / std::sqrt(bias_correction2)).add_(c.epsilon());
-    value.addcdiv_(m, denom, -c.learning_rate() / bias_correction1);
+    value.addcdiv_(m, denom, -LearningRate(slots.step - 1) / bias_correction1);
   }
 };
 
@@ -96,9 +96,9 @@ class RmsPropOptimizer final : public Optimizer {
     if (c.momentum() != 0) {
       torch::Tensor& buf = slots.tensors[1];
       buf.mul_(c.momentum()).addcdiv_(g, avg);
-      value.add_(buf, -c.learning_rate());
+      value.add_(buf, -LearningRate(slots.step - 1));
     } else {
-      value.addcdiv_(g, avg, -c.learning_rate());
+      value.addcdiv_(g, avg, -LearningRate(slots.step - 1));
     }
   }
 };
@@ -120,6 +120,12 @@ absl::Status CheckRange(absl::string_view kind, absl::string_view field, double 
 
 torch::Tensor Optimizer::WithWeightDecay(const torch::Tensor& value, const torch::Tensor& grad) const {
   return config_.weight_decay() != 0 ? grad.add(value, config_.weight_decay()) : grad;
+}
+
+double Optimizer::LearningRate(int64_t applies) const {
+  if (config_.lr_decay_rate() == 0 || config_.lr_decay_steps() == 0) return config_.learning_rate();
+  return config_.learning_rate() *
+         std::pow(config_.lr_decay_rate(), static_cast<double>(applies) / static_cast<double>(config_.lr_decay_steps()));
 }
 
 absl::StatusOr<std::shared_ptr<const Optimizer>> Optimizer::Create(const wire::OptimizerConfig& in) {
@@ -159,6 +165,10 @@ absl::StatusOr<std::shared_ptr<const Optimizer>> Optimizer::Create(const wire::O
   SHOAL_RETURN_IF_ERROR(CheckRange(kind, "initial_accumulator_value", init, 0, 1e6, true));
   SHOAL_RETURN_IF_ERROR(CheckRange(kind, "decay", decay, 0, 1, true));
   SHOAL_RETURN_IF_ERROR(CheckRange(kind, "weight_decay", c.weight_decay(), 0, 1e6, true));
+  SHOAL_RETURN_IF_ERROR(CheckRange(kind, "lr_decay_rate", c.lr_decay_rate(), 0, 1, true));
+  if (c.lr_decay_steps() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer '", kind, "': lr_decay_steps must not be negative"));
+  }
   c.set_learning_rate(lr);
   c.set_momentum(momentum);
   c.set_beta1(beta1);

@@ -13,7 +13,9 @@
 //   adagrad   learning_rate 0.01, initial_accumulator_value 0.1, epsilon 1e-10
 //   adam      learning_rate 0.001, beta1 0.9, beta2 0.999, epsilon 1e-8
 //   rmsprop   learning_rate 0.01, decay 0.99, epsilon 1e-8, momentum 0, centered false
-// weight_decay (L2, added to the gradient) defaults to 0 for all.
+// weight_decay (L2, added to the gradient) defaults to 0 for all, and so does
+// learning-rate decay (lr_decay_rate, lr_decay_steps: exponential, per
+// variable apply count). A field set to 0 takes its default.
 //
 // An Optimizer is immutable and may be shared; per-variable state lives in
 // OptimizerSlots, which the caller guards (or not: Hogwild).
@@ -58,6 +60,8 @@ class Optimizer {
 
  protected:
   torch::Tensor WithWeightDecay(const torch::Tensor& value, const torch::Tensor& grad) const;
+  // The learning rate after `applies` updates, with decay if configured.
+  double LearningRate(int64_t applies) const;
 
  private:
   wire::OptimizerConfig config_;

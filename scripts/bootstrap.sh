@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what shoal needs from Debian's packages (only what is missing),
+# then configures and builds it in ./build.
+#
+#   scripts/bootstrap.sh            # library, CLI, tests and benchmarks
+#   SHOAL_EXTRA_PACKAGES="python3-torch" scripts/bootstrap.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  cmake ninja-build g++ ccache pkg-config
+  libtorch-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  dataset-fashion-mnist
+)
+# shellcheck disable=SC2206
+packages+=(${SHOAL_EXTRA_PACKAGES:-})
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]})); then
+  echo "bootstrap: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "${SHOAL_BUILD_JOBS:-2}"

@@ -1,0 +1,92 @@
+#include "shoal/session/config.h"
+
+#include <gtest/gtest.h>
+
+namespace shoal {
+namespace {
+
+TEST(ConfigTest, DefaultsAreTheMainJob) {
+  JobConfig c = DefaultJobConfig();
+  EXPECT_EQ(c.cluster.ps, 2);
+  EXPECT_EQ(c.cluster.workers, 2);
+  EXPECT_EQ(c.model.layers, (std::vector<int64_t>{784, 256, 128, 10}));
+  EXPECT_EQ(c.training.mode, "async");
+  EXPECT_EQ(c.training.optimizer.kind(), "adam");
+  EXPECT_EQ(c.data.dir, "/usr/share/datasets/fashion-mnist");
+  EXPECT_TRUE(ValidateJobConfig(c).ok());
+}
+
+TEST(ConfigTest, ParsesEverySection) {
+  auto c = ParseJobConfig(R"(
+cluster: {ps: 3, workers: 4, processes: true}
+model: {layers: [784, 64, 10], activation: tanh, seed: 9}
+data: {dir: /tmp/x, train_examples: 1000}
+training:
+  epochs: 2
+  batch_size: 32
+  use_locking: true
+  optimizer: {kind: momentum, learning_rate: 0.05, momentum: 0.8, nesterov: true}
+placement:
+  strategy: greedy
+  min_partition_bytes: 65536
+  scope_rules: ["worker_1/*=/job:worker/task:1"]
+transport: {rpc_timeout_s: 5}
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->cluster.ps, 3);
+  EXPECT_TRUE(c->cluster.processes);
+  EXPECT_EQ(c->model.layers.size(), 3u);
+  EXPECT_EQ(c->model.activation, "tanh");
+  EXPECT_EQ(c->data.train_examples, 1000);
+  EXPECT_EQ(c->training.batch_size, 32);
+  EXPECT_TRUE(c->training.use_locking);
+  EXPECT_EQ(c->training.optimizer.kind(), "momentum");
+  EXPECT_TRUE(c->training.optimizer.nesterov());
+  EXPECT_EQ(c->placement.strategy, "greedy");
+  ASSERT_EQ(c->placement.scope_rules.size(), 1u);
+  EXPECT_EQ(c->placement.scope_rules[0].task, (TaskId{"worker", 1}));
+  EXPECT_EQ(c->transport.rpc_timeout_s, 5);
+}
+
+TEST(ConfigTest, YamlRoundTrip) {
+  auto c = ParseJobConfig("training: {optimizer: {kind: rmsprop, learning_rate: 0.003}, epochs: 3}\n"
+                          "placement: {scope_rules: ['a/*=ps:1']}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto again = ParseJobConfig(JobConfigToYaml(*c));
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << JobConfigToYaml(*c);
+  EXPECT_EQ(JobConfigToYaml(*again), JobConfigToYaml(*c));
+  EXPECT_EQ(again->training.optimizer.kind(), "rmsprop");
+  EXPECT_DOUBLE_EQ(again->training.optimizer.learning_rate(), 0.003);
+}
+
+TEST(ConfigTest, MalformedConfigsNameTheProblem) {
+  struct Case {
+    const char* yaml;
+    const char* says;
+  } cases[] = {
+      {"cluster: {ps: 2, wrkers: 3}", "unknown key 'cluster.wrkers'"},
+      {"trainig: {}", "unknown key 'trainig'"},
+      {"training: {batch_size: many}", "'training.batch_size' has a value of the wrong type"},
+      {"training: {batch_size: 0}", "'training.batch_size' must be positive"},
+      {"training: {mode: telepathy}", "'training.mode' 'telepathy' is unknown"},
+      {"training: {optimizer: {kind: adam, beta1: 2}}", "beta1"},
+      {"model: {layers: [784]}", "model.layers"},
+      {"model: {activation: swish}", "swish"},
+      {"placement: {strategy: random}", "placement.strategy"},
+      {"placement: {scope_rules: [nonsense]}", "scope rule"},
+      {"cluster: [1, 2]", "'cluster' must be a mapping"},
+      {"cluster: {ps: [1", "not valid YAML"},
+  };
+  for (const Case& c : cases) {
+    auto config = ParseJobConfig(c.yaml);
+    ASSERT_FALSE(config.ok()) << c.yaml;
+    EXPECT_NE(config.status().message().find(c.says), std::string::npos) << config.status() << " for " << c.yaml;
+  }
+}
+
+TEST(ConfigTest, MissingFileIsNotFound) {
+  EXPECT_EQ(LoadJobConfig("/nonexistent/shoal.yaml").status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace shoal

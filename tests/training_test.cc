@@ -1,0 +1,68 @@
+// End-to-end training on Fashion-MNIST: in-process, and as real processes
+// talking gRPC on loopback. Subsets keep these quick; the full default job
+// is measured by `shoal train` (see README).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "shoal/session/local_cluster.h"
+
+namespace shoal {
+namespace {
+
+JobConfig QuickJob() {
+  JobConfig config = DefaultJobConfig();
+  config.data.train_examples = 12000;
+  config.data.test_examples = 2000;
+  config.training.epochs = 2;
+  config.transport.startup_timeout_s = 60;
+  return config;
+}
+
+TEST(TrainingTest, AsyncInProcessLearns) {
+  auto report = TrainInProcess(QuickJob(), InProcOptions{}, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GE(report->global_step, 2 * 12000 / 64);
+  EXPECT_GT(report->test_accuracy, 0.75);
+}
+
+TEST(TrainingTest, AsyncInProcessThroughTheCodecLearnsWithPartitionsAndLocking) {
+  JobConfig config = QuickJob();
+  config.placement.min_partition_bytes = 64 * 1024;
+  config.placement.strategy = "greedy";
+  config.training.use_locking = true;
+  config.training.optimizer.set_kind("momentum");
+  config.training.optimizer.set_learning_rate(0.02);
+  auto report = TrainInProcess(config, InProcOptions{true}, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GT(report->test_accuracy, 0.75);
+}
+
+TEST(TrainingTest, TwoPsAndTwoWorkerProcessesOverGrpcLearn) {
+  auto report = TrainInLocalProcesses(QuickJob(), SHOAL_BINARY, /*show_progress=*/false);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GE(report->global_step, 2 * 12000 / 64);
+  EXPECT_GT(report->test_accuracy, 0.75);
+}
+
+TEST(TrainingTest, MissingDataIsAClearError) {
+  JobConfig config = QuickJob();
+  config.data.dir = "/nonexistent/fashion";
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(report.status().message().find("/nonexistent/fashion/train-images-idx3-ubyte"), std::string::npos)
+      << report.status();
+}
+
+TEST(TrainingTest, AWorkerProcessThatFailsFailsTheJobNamingIt) {
+  JobConfig config = QuickJob();
+  config.data.dir = "/nonexistent/fashion";
+  auto report = TrainInLocalProcesses(config, SHOAL_BINARY, false);
+  ASSERT_FALSE(report.ok());
+  EXPECT_NE(report.status().message().find("/job:"), std::string::npos) << report.status();
+}
+
+}  // namespace
+}  // namespace shoal
