@@ -205,3 +205,22 @@ int main(int argc, char** argv) {
   benchmark::Shutdown();
   return 0;
 }
+namespace shoal {
+namespace {
+void BM_GrpcPullOnly(benchmark::State& state) {
+  Setup& setup = GrpcSetup();
+  const std::vector<std::string> names = {VariableName(state.range(0))};
+  for (auto _ : state) benchmark::DoNotOptimize(setup.client->Read(names));
+  state.SetBytesProcessed(state.iterations() * state.range(0));
+}
+void BM_GrpcPushOnly(benchmark::State& state) {
+  Setup& setup = GrpcSetup();
+  const std::vector<std::string> names = {VariableName(state.range(0))};
+  const std::vector<torch::Tensor> values = {setup.payloads[state.range(0)]};
+  for (auto _ : state) benchmark::DoNotOptimize(setup.client->Assign(names, values));
+  state.SetBytesProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_GrpcPullOnly)->Apply(Sizes)->Threads(1)->Threads(4);
+BENCHMARK(BM_GrpcPushOnly)->Apply(Sizes)->Threads(1)->Threads(4);
+}  // namespace
+}  // namespace shoal

@@ -1,0 +1,60 @@
+#!/usr/bin/python3
+"""Turns the raw outputs of bench/run.sh into bench/out/results.json.
+
+Every ratio divides two figures measured in the same run, so the machine's
+noise hits both sides; targets are the ones issue #2 set.
+"""
+import json
+import statistics
+import sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+GB = 1e9
+
+
+def transport():
+    runs = json.loads((out / "transport.json").read_text())["benchmarks"]
+    table = {}
+    for run in runs:
+        name = run["name"].split("/")
+        kind, size = name[0].replace("BM_", ""), int(name[1])
+        threads = next((p.split(":")[1] for p in name if p.startswith("threads:")), "1")
+        table.setdefault(size, {})[f"{kind}_t{threads}" if kind == "GrpcPushPull" else kind] = \
+            run["bytes_per_second"] / GB
+    sizes = {}
+    for size, row in sorted(table.items()):
+        grpc = max(v for k, v in row.items() if k.startswith("GrpcPushPull"))
+        sizes[f"{size // 1024}KiB"] = {
+            "gb_per_s_per_direction": {k: round(v, 3) for k, v in row.items()},
+            "grpc_best_vs_tcp_stream": round(grpc / row["RawTcpStream"], 3),
+            "grpc_best_vs_tcp_echo": round(grpc / row["RawTcpEcho"], 3),
+            "inproc_vs_tcp_stream": round(row["InProcPushPull"] / row["RawTcpStream"], 3),
+        }
+    return sizes
+
+
+def target(value, goal):
+    return {"value": round(value, 3), "target": goal, "met": value >= goal}
+
+
+a = transport()
+b = json.loads((out / "train.json").read_text())
+shoal = [json.loads(l)["examples_per_second"] for l in (out / "shoal_grpc.jsonl").read_text().split("\n") if l]
+ddp = [json.loads(l)["examples_per_second"] for l in (out / "ddp.jsonl").read_text().split("\n") if l]
+c = {
+    "shoal_2_workers_1_ps_grpc_examples_per_second": [round(x, 1) for x in shoal],
+    "pytorch_ddp_gloo_2_workers_examples_per_second": [round(x, 1) for x in ddp],
+    "ratio_medians": round(statistics.median(shoal) / statistics.median(ddp), 3),
+}
+print(json.dumps({
+    "a_transport": a,
+    "b_train_one_worker": b,
+    "c_two_workers_vs_ddp": c,
+    "targets": {
+        "a_grpc_1MiB_push_pull_vs_raw_tcp_stream": target(a["1024KiB"]["grpc_best_vs_tcp_stream"], 0.8),
+        "a_grpc_64KiB_push_pull_vs_raw_tcp_echo": target(a["64KiB"]["grpc_best_vs_tcp_echo"], 1.0),
+        "b_shoal_vs_libtorch_one_worker": target(b["ratio_shoal_vs_libtorch"], 0.9),
+        "c_shoal_grpc_vs_ddp": target(c["ratio_medians"], 1.0),
+    },
+}, indent=2))

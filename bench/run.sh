@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs benchmarks (a), (b) and (c) and writes bench/out/results.json: every
+# figure with the peer it is compared against, measured in the same run.
+#
+#   bench/run.sh            # about 5 minutes on 2 cores
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SHOAL_EXTRA_PACKAGES=python3-torch scripts/bootstrap.sh
+out=bench/out
+mkdir -p "$out"
+
+echo "(a) transport push+pull vs raw loopback TCP" >&2
+build/bench/transport_bench --benchmark_filter='RawTcp|PushPull' \
+  --benchmark_out="$out/transport.json" --benchmark_out_format=json >&2
+
+echo "(b) one worker through shoal vs a plain libtorch loop" >&2
+build/bench/train_bench --steps 600 --repeats 3 > "$out/train.json"
+
+echo "(c) 2 workers + 1 ps over gRPC vs PyTorch DDP (gloo), alternating, 2 rounds" >&2
+: > "$out/shoal_grpc.jsonl"
+: > "$out/ddp.jsonl"
+for round in 1 2; do
+  OPENBLAS_NUM_THREADS=1 build/shoal train --processes --ps 1 --workers 2 --max_steps 1200 \
+    --quiet --result_file "$out/shoal_grpc_$round.json" >&2
+  tr -d '\n' < "$out/shoal_grpc_$round.json" >> "$out/shoal_grpc.jsonl"; echo >> "$out/shoal_grpc.jsonl"
+  OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/ddp_peer.py --workers 2 --batch_size 64 --steps 600 >> "$out/ddp.jsonl"
+done
+
+/usr/bin/python3 bench/report.py "$out" > "$out/results.json"
+cat "$out/results.json"
