@@ -40,6 +40,28 @@ TEST(CodecTest, DecodesAcrossChunkBoundaries) {
   EXPECT_TRUE(decoded.tensors[0].equal(torch::arange(12, torch::kFloat32).reshape({3, 4})));
 }
 
+TEST(CodecTest, WithChunkOwnersLargeTensorsPointIntoTheChunkAndKeepItAlive) {
+  Request request;
+  request.tensors = {torch::arange(4096, torch::kFloat32), torch::ones({3})};
+  EncodedMessage encoded = EncodeRequest(request).value();
+  auto header = std::make_shared<std::string>(encoded.header_frame);
+  auto body = std::make_shared<std::string>(static_cast<const char*>(encoded.bodies[0].data_ptr()), 4096 * 4);
+  auto tail = std::make_shared<std::string>(static_cast<const char*>(encoded.bodies[1].data_ptr()), 3 * 4);
+  std::vector<absl::string_view> chunks = {*header, *body, *tail};
+  std::vector<ChunkOwner> owners = {header, body, tail};
+  Request decoded;
+  ASSERT_TRUE(DecodeRequest(chunks, 1 << 20, &decoded, owners).ok());
+  EXPECT_EQ(decoded.tensors[0].data_ptr(), static_cast<const void*>(body->data()));  // not copied
+  EXPECT_NE(decoded.tensors[1].data_ptr(), static_cast<const void*>(tail->data()));  // small: copied
+  std::weak_ptr<std::string> body_alive = body;
+  owners.clear();
+  body.reset();
+  EXPECT_FALSE(body_alive.expired());  // the tensor holds the chunk
+  EXPECT_TRUE(decoded.tensors[0].equal(torch::arange(4096, torch::kFloat32)));
+  decoded.tensors.clear();
+  EXPECT_TRUE(body_alive.expired());
+}
+
 TEST(CodecTest, EncodesNonContiguousTensorsByValue) {
   Request request;
   request.tensors = {torch::arange(6, torch::kFloat32).reshape({2, 3}).t()};

@@ -197,18 +197,5 @@ INSTANTIATE_TEST_SUITE_P(AllTransports, TransportConformanceTest,
                            return std::string("Unknown");
                          });
 
-TEST(GrpcTransportTest, UnreachableAddressIsUnavailableWithinTheDeadline) {
-  GrpcTransport transport;
-  auto channel = transport.Connect({"ps", 3}, "127.0.0.1:1").value();
-  Request request;
-  request.header.mutable_lookup()->add_names("x");
-  Response response;
-  const absl::Time start = absl::Now();
-  absl::Status status = CallAndWait(*channel, request, &response, absl::Now() + absl::Seconds(2));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
-  EXPECT_TRUE(absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) << status;
-  EXPECT_NE(status.message().find("/job:ps/task:3 at 127.0.0.1:1"), std::string::npos) << status;
-}
-
 }  // namespace
 }  // namespace shoal

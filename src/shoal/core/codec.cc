@@ -9,6 +9,8 @@ namespace shoal {
 namespace {
 
 constexpr size_t kLengthPrefixBytes = 4;
+// Below this a copy is cheaper than the bookkeeping of sharing a chunk.
+constexpr size_t kZeroCopyMinBytes = 4096;
 
 // Reads consecutive bytes out of a list of chunks without joining them.
 class ChunkReader {
@@ -17,6 +19,20 @@ class ChunkReader {
     for (auto c : chunks) remaining_ += c.size();
   }
   size_t remaining() const { return remaining_; }
+
+  // If the next n bytes sit inside one chunk, returns where, and skips them.
+  const char* TakeContiguous(size_t n, size_t* chunk_index) {
+    if (n == 0 || chunk_ >= chunks_.size() || chunks_[chunk_].size() - offset_ < n) return nullptr;
+    const char* p = chunks_[chunk_].data() + offset_;
+    *chunk_index = chunk_;
+    remaining_ -= n;
+    offset_ += n;
+    if (offset_ == chunks_[chunk_].size()) {
+      ++chunk_;
+      offset_ = 0;
+    }
+    return p;
+  }
 
   // Copies the next n bytes to dst; the caller has checked remaining().
   void Read(void* dst, size_t n) {
@@ -77,7 +93,8 @@ absl::StatusOr<EncodedMessage> Encode(Header header, const std::vector<torch::Te
 
 template <typename Header>
 absl::Status Decode(absl::Span<const absl::string_view> chunks, size_t max_bytes,
-                    Header* header, std::vector<torch::Tensor>* tensors) {
+                    Header* header, std::vector<torch::Tensor>* tensors,
+                    absl::Span<const ChunkOwner> owners) {
   ChunkReader reader(chunks);
   if (reader.remaining() > max_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -129,6 +146,17 @@ absl::Status Decode(absl::Span<const absl::string_view> chunks, size_t max_bytes
   tensors->reserve(header->tensors_size());
   for (const wire::TensorMeta& meta : header->tensors()) {
     std::vector<int64_t> shape(meta.shape().begin(), meta.shape().end());
+    if (owners.size() == chunks.size() && meta.byte_size() >= kZeroCopyMinBytes) {
+      ChunkReader peek = reader;
+      size_t chunk = 0;
+      const char* p = peek.TakeContiguous(meta.byte_size(), &chunk);
+      if (p != nullptr && reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
+        reader = peek;
+        ChunkOwner owner = owners[chunk];
+        tensors->push_back(torch::from_blob(const_cast<char*>(p), shape, [owner](void*) {}, torch::kFloat32));
+        continue;
+      }
+    }
     torch::Tensor t = torch::empty(shape, torch::kFloat32);
     reader.Read(t.data_ptr(), meta.byte_size());
     tensors->push_back(std::move(t));
@@ -162,12 +190,12 @@ absl::StatusOr<EncodedMessage> EncodeResponse(const Response& response) {
   return Encode(response.header, response.tensors);
 }
 absl::Status DecodeRequest(absl::Span<const absl::string_view> chunks, size_t max_bytes,
-                           Request* request) {
-  return Decode(chunks, max_bytes, &request->header, &request->tensors);
+                           Request* request, absl::Span<const ChunkOwner> owners) {
+  return Decode(chunks, max_bytes, &request->header, &request->tensors, owners);
 }
 absl::Status DecodeResponse(absl::Span<const absl::string_view> chunks, size_t max_bytes,
-                            Response* response) {
-  return Decode(chunks, max_bytes, &response->header, &response->tensors);
+                            Response* response, absl::Span<const ChunkOwner> owners) {
+  return Decode(chunks, max_bytes, &response->header, &response->tensors, owners);
 }
 
 }  // namespace shoal

@@ -4,7 +4,10 @@
 // Encoding copies nothing of the tensors: it returns the header frame and
 // the (contiguous) tensors whose memory a transport sends as-is. Decoding
 // takes the received bytes as a list of chunks (gRPC slices, or one string)
-// and copies each tensor's bytes exactly once into a fresh tensor.
+// and copies each tensor's bytes at most once into a fresh tensor. When the
+// caller passes an owner for each chunk (a reference that keeps the chunk's
+// memory alive), a tensor lying whole inside one suitably aligned chunk is
+// not copied at all: it points into the chunk and holds its owner.
 //
 // Decoding trusts nothing: a short or garbled frame, an unknown dtype, a
 // negative dimension, a byte size that disagrees with the shape, or a total
@@ -12,6 +15,7 @@
 #ifndef SHOAL_CORE_CODEC_H_
 #define SHOAL_CORE_CODEC_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,10 +38,15 @@ struct EncodedMessage {
 absl::StatusOr<EncodedMessage> EncodeRequest(const Request& request);
 absl::StatusOr<EncodedMessage> EncodeResponse(const Response& response);
 
+// Keeps one received chunk's memory alive while a tensor points into it.
+using ChunkOwner = std::shared_ptr<const void>;
+
 absl::Status DecodeRequest(absl::Span<const absl::string_view> chunks,
-                           size_t max_bytes, Request* request);
+                           size_t max_bytes, Request* request,
+                           absl::Span<const ChunkOwner> owners = {});
 absl::Status DecodeResponse(absl::Span<const absl::string_view> chunks,
-                            size_t max_bytes, Response* response);
+                            size_t max_bytes, Response* response,
+                            absl::Span<const ChunkOwner> owners = {});
 
 }  // namespace shoal
 

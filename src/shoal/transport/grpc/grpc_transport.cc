@@ -53,13 +53,21 @@ grpc::ByteBuffer ToByteBuffer(EncodedMessage encoded) {
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
-// The received bytes as chunk views; `slices` owns the memory.
-absl::Status Chunks(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>* slices,
-                    std::vector<absl::string_view>* chunks) {
-  grpc::Status dumped = buffer.Dump(slices);
+// The received bytes as chunk views, each with an owner (a reference to its
+// slice) so that decoded tensors can point into the slices instead of copying.
+struct ReceivedChunks {
+  std::vector<absl::string_view> views;
+  std::vector<ChunkOwner> owners;
+};
+
+absl::Status Chunks(const grpc::ByteBuffer& buffer, ReceivedChunks* out) {
+  std::vector<grpc::Slice> slices;
+  grpc::Status dumped = buffer.Dump(&slices);
   if (!dumped.ok()) return absl::DataLossError("cannot read the received message");
-  chunks->clear();
-  for (const grpc::Slice& s : *slices) chunks->emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (grpc::Slice& s : slices) {
+    out->views.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
+    out->owners.push_back(std::make_shared<const grpc::Slice>(std::move(s)));
+  }
   return absl::OkStatus();
 }
 
@@ -76,11 +84,10 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
       return;
     }
     Response response;
-    std::vector<grpc::Slice> slices;
-    std::vector<absl::string_view> chunks;
+    ReceivedChunks chunks;
     Request request;
-    absl::Status status = Chunks(request_buffer_, &slices, &chunks);
-    if (status.ok()) status = DecodeRequest(chunks, max_bytes_ + kHeaderSlack, &request);
+    absl::Status status = Chunks(request_buffer_, &chunks);
+    if (status.ok()) status = DecodeRequest(chunks.views, max_bytes_ + kHeaderSlack, &request, chunks.owners);
     if (status.ok()) {
       service_->Handle(request, &response);
     } else {
@@ -216,10 +223,9 @@ class GrpcChannel final : public Channel {
 
   absl::Status Finish(const grpc::Status& status, CallState* state) {
     if (!status.ok()) return FromGrpcStatus(status, where_);
-    std::vector<grpc::Slice> slices;
-    std::vector<absl::string_view> chunks;
-    SHOAL_RETURN_IF_ERROR(Chunks(state->response_buffer, &slices, &chunks));
-    absl::Status decoded = DecodeResponse(chunks, SIZE_MAX, state->response);
+    ReceivedChunks chunks;
+    SHOAL_RETURN_IF_ERROR(Chunks(state->response_buffer, &chunks));
+    absl::Status decoded = DecodeResponse(chunks.views, SIZE_MAX, state->response, chunks.owners);
     if (!decoded.ok()) return Annotate(decoded, absl::StrCat("answer from ", where_));
     return ResponseStatus(state->response->header);
   }
@@ -244,6 +250,9 @@ absl::StatusOr<std::unique_ptr<ServerHandle>> GrpcTransport::Serve(const std::st
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  // Linux would let a second server share the port (SO_REUSEPORT) and split
+  // the traffic between two tasks; a busy address must be an error instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(MessageLimit(options_.max_message_bytes));
   builder.SetMaxSendMessageSize(MessageLimit(options_.max_message_bytes));
   builder.RegisterCallbackGenericService(generic.get());

@@ -29,7 +29,7 @@ absl::Status RoundTrip(const Message& in, Message* out, size_t max_bytes, Encode
   SHOAL_ASSIGN_OR_RETURN(EncodedMessage encoded, encode(in));
   std::string bytes = encoded.Flatten();
   absl::string_view chunk = bytes;
-  return decode(absl::MakeConstSpan(&chunk, 1), max_bytes, out);
+  return decode(absl::MakeConstSpan(&chunk, 1), max_bytes, out, {});
 }
 
 class InProcChannel final : public Channel {

@@ -1,0 +1,128 @@
+// gRPC-specific failures: what the conformance suite cannot express without
+// reaching below the transport (raw bytes, a peer that never answers).
+#include "shoal/transport/grpc/grpc_transport.h"
+
+#include <arpa/inet.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include "absl/synchronization/notification.h"
+#include "shoal/core/codec.h"
+
+namespace shoal {
+namespace {
+
+Request LookupRequest() {
+  Request request;
+  request.header.mutable_lookup()->add_names("x");
+  return request;
+}
+
+TEST(GrpcTransportTest, UnreachableAddressIsUnavailableWithinTheDeadline) {
+  GrpcTransport transport;
+  auto channel = transport.Connect({"ps", 3}, "127.0.0.1:1").value();
+  Response response;
+  const absl::Time start = absl::Now();
+  absl::Status status = CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(2));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  EXPECT_TRUE(absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) << status;
+  EXPECT_NE(status.message().find("/job:ps/task:3 at 127.0.0.1:1"), std::string::npos) << status;
+}
+
+TEST(GrpcTransportTest, APeerThatNeverAnswersIsDeadlineExceededNamingTheTask) {
+  // A socket that listens (the kernel completes the handshake) but never speaks.
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+
+  GrpcTransport transport;
+  auto channel = transport.Connect({"ps", 1}, address).value();
+  Response response;
+  const absl::Time start = absl::Now();
+  absl::Status status = CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(1));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status)) << status;
+  EXPECT_NE(status.message().find("/job:ps/task:1"), std::string::npos) << status;
+  close(listener);
+}
+
+TEST(GrpcTransportTest, GarbledBytesAreAnsweredAsDataLossAndTheServerKeepsServing) {
+  GrpcTransport transport;
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport.Serve("127.0.0.1:0", &service).value();
+
+  auto channel = grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  const std::string garbage = "\x05\x00\x00\x00not a protobuf header at all";
+  grpc::Slice slice(garbage);
+  grpc::ByteBuffer request(&slice, 1), reply;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  absl::Notification done;
+  grpc::Status rpc_status;
+  stub.UnaryCall(&context, "/shoal.VariableService/Call", grpc::StubOptions(), &request, &reply,
+                 [&](grpc::Status s) {
+                   rpc_status = s;
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  ASSERT_TRUE(rpc_status.ok()) << rpc_status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(reply.Dump(&slices).ok());
+  std::vector<absl::string_view> chunks;
+  for (const auto& s : slices) chunks.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
+  Response decoded;
+  ASSERT_TRUE(DecodeResponse(chunks, SIZE_MAX, &decoded).ok());
+  absl::Status verdict = ResponseStatus(decoded.header);
+  EXPECT_EQ(verdict.code(), absl::StatusCode::kDataLoss) << verdict;
+  EXPECT_NE(verdict.message().find("/job:ps/task:0"), std::string::npos) << verdict;
+
+  // A well-formed call still works.
+  auto good = transport.Connect({"ps", 0}, server->address()).value();
+  Response response;
+  EXPECT_TRUE(CallAndWait(*good, LookupRequest(), &response, absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_FALSE(response.header.lookup().present(0));
+}
+
+TEST(GrpcTransportTest, UnknownMethodIsUnimplemented) {
+  GrpcTransport transport;
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport.Serve("127.0.0.1:0", &service).value();
+  auto channel = grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::Slice slice(std::string("x"));
+  grpc::ByteBuffer request(&slice, 1), reply;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  absl::Notification done;
+  grpc::Status rpc_status;
+  stub.UnaryCall(&context, "/other.Service/Call", grpc::StubOptions(), &request, &reply, [&](grpc::Status s) {
+    rpc_status = s;
+    done.Notify();
+  });
+  done.WaitForNotification();
+  EXPECT_EQ(rpc_status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+}
+
+TEST(GrpcTransportTest, BusyAddressIsAClearError) {
+  GrpcTransport transport;
+  VariableService a(VariableServiceOptions{"/job:ps/task:0"}), b(VariableServiceOptions{"/job:ps/task:1"});
+  auto first = transport.Serve("127.0.0.1:0", &a).value();
+  auto second = transport.Serve(first->address(), &b);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("/job:ps/task:1"), std::string::npos) << second.status();
+}
+
+}  // namespace
+}  // namespace shoal
