@@ -78,7 +78,7 @@ void PushPull(benchmark::State& state, Setup& setup) {
   for (auto _ : state) {
     if (!setup.client->Assign(names, values).ok()) state.SkipWithError("assign failed");
     auto read = setup.client->Read(names);
-    if (!read.ok()) state.SkipWithError("read failed");
+    if (!read.ok()) state.SkipWithError(std::string(read.status().ToString()).c_str());
     benchmark::DoNotOptimize(read);
   }
   state.SetBytesProcessed(state.iterations() * bytes);

@@ -65,8 +65,11 @@ absl::Status Chunks(const grpc::ByteBuffer& buffer, ReceivedChunks* out) {
   grpc::Status dumped = buffer.Dump(&slices);
   if (!dumped.ok()) return absl::DataLossError("cannot read the received message");
   for (grpc::Slice& s : slices) {
-    out->views.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
-    out->owners.push_back(std::make_shared<const grpc::Slice>(std::move(s)));
+    // View the slice only once it has its final home: a small slice keeps its
+    // bytes inline, inside the grpc::Slice object itself.
+    auto owner = std::make_shared<const grpc::Slice>(std::move(s));
+    out->views.emplace_back(reinterpret_cast<const char*>(owner->begin()), owner->size());
+    out->owners.push_back(std::move(owner));
   }
   return absl::OkStatus();
 }
