@@ -98,24 +98,22 @@ absl::Status Client::RunAll(TaskCalls& calls) {
 
 absl::Status Client::CreateVariables(const std::vector<VariableInit>& variables) {
   std::vector<std::string> names;
-  for (const auto& v : variables) names.push_back(v.name);
-  SHOAL_ASSIGN_OR_RETURN(auto placements, LocateAll(names));
-  TaskCalls calls;
-  for (size_t i = 0; i < variables.size(); ++i) {
-    const VariableInit& var = variables[i];
-    SHOAL_RETURN_IF_ERROR(CheckPartitionedShape(var.name, placements[i], var.value));
-    for (size_t s = 0; s < placements[i].shards.size(); ++s) {
-      const Shard& shard = placements[i].shards[s];
-      torch::Tensor piece = Slice(var.value, placements[i], shard);
-      TaskCall& call = calls[shard.task];
-      wire::VariableDef* def = call.request.header.mutable_create_variables()->add_variables();
-      def->set_name(shard.stored_name);
-      for (int64_t d : piece.sizes()) def->add_shape(d);
-      *def->mutable_optimizer() = var.optimizer;
-      def->set_use_locking(var.use_locking);
-      call.request.tensors.push_back(piece);
-    }
+  std::vector<torch::Tensor> values;
+  for (const auto& v : variables) {
+    names.push_back(v.name);
+    values.push_back(v.value);
   }
+  TaskCalls calls;
+  SHOAL_RETURN_IF_ERROR(AddPerShard(
+      names, values, "create",
+      [&](wire::RequestHeader& h, const std::string& stored_name, size_t i, const torch::Tensor& piece) {
+        wire::VariableDef* def = h.mutable_create_variables()->add_variables();
+        def->set_name(stored_name);
+        for (int64_t d : piece.sizes()) def->add_shape(d);
+        *def->mutable_optimizer() = variables[i].optimizer;
+        def->set_use_locking(variables[i].use_locking);
+      },
+      &calls));
   return RunAll(calls);
 }
 
@@ -179,39 +177,43 @@ absl::StatusOr<std::vector<torch::Tensor>> Client::Read(const std::vector<std::s
   return values;
 }
 
-absl::Status Client::Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values) {
-  if (names.size() != values.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("assign: ", names.size(), " names but ", values.size(), " values"));
+absl::Status Client::AddPerShard(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
+                                absl::string_view what, const AddName& add_name, TaskCalls* calls) const {
+  if (names.size() != tensors.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", names.size(), " names but ", tensors.size(), " tensors"));
   }
   SHOAL_ASSIGN_OR_RETURN(auto placements, LocateAll(names));
-  TaskCalls calls;
   for (size_t i = 0; i < names.size(); ++i) {
-    SHOAL_RETURN_IF_ERROR(CheckPartitionedShape(names[i], placements[i], values[i]));
+    SHOAL_RETURN_IF_ERROR(CheckPartitionedShape(names[i], placements[i], tensors[i]));
     for (const Shard& shard : placements[i].shards) {
-      TaskCall& call = calls[shard.task];
-      call.request.header.mutable_assign()->add_names(shard.stored_name);
-      call.request.tensors.push_back(Slice(values[i], placements[i], shard));
+      TaskCall& call = (*calls)[shard.task];
+      torch::Tensor piece = Slice(tensors[i], placements[i], shard);
+      add_name(call.request.header, shard.stored_name, i, piece);
+      call.request.tensors.push_back(std::move(piece));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status Client::Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values) {
+  TaskCalls calls;
+  SHOAL_RETURN_IF_ERROR(AddPerShard(names, values, "assign",
+                                    [](wire::RequestHeader& h, const std::string& name, size_t, const torch::Tensor&) {
+                                      h.mutable_assign()->add_names(name);
+                                    },
+                                    &calls));
   return RunAll(calls);
 }
 
 absl::StatusOr<std::vector<int64_t>> Client::ApplyGradients(const std::vector<std::string>& names,
                                                            const std::vector<torch::Tensor>& gradients,
                                                            const std::vector<CounterDelta>& counters) {
-  if (names.size() != gradients.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("apply: ", names.size(), " names but ", gradients.size(), " gradients"));
-  }
-  SHOAL_ASSIGN_OR_RETURN(auto placements, LocateAll(names));
   TaskCalls calls;
-  for (size_t i = 0; i < names.size(); ++i) {
-    SHOAL_RETURN_IF_ERROR(CheckPartitionedShape(names[i], placements[i], gradients[i]));
-    for (const Shard& shard : placements[i].shards) {
-      TaskCall& call = calls[shard.task];
-      call.request.header.mutable_apply_gradients()->add_names(shard.stored_name);
-      call.request.tensors.push_back(Slice(gradients[i], placements[i], shard));
-    }
-  }
+  SHOAL_RETURN_IF_ERROR(AddPerShard(names, gradients, "apply",
+                                    [](wire::RequestHeader& h, const std::string& name, size_t, const torch::Tensor&) {
+                                      h.mutable_apply_gradients()->add_names(name);
+                                    },
+                                    &calls));
   // The counters ride with the gradients to the counter task.
   if (!counters.empty()) {
     auto* apply = calls[placement_->counter_task()].request.header.mutable_apply_gradients();

@@ -14,6 +14,7 @@
 #ifndef SHOAL_CLIENT_CLIENT_H_
 #define SHOAL_CLIENT_CLIENT_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -92,6 +93,12 @@ class Client {
   // Sends every call in parallel and waits for all; returns the first error.
   absl::Status RunAll(TaskCalls& calls);
   absl::StatusOr<Channel*> ChannelFor(const TaskId& task) const;
+  // Adds each variable's tensor, sliced per shard, to the call for the
+  // shard's task; `add_name` records the shard in that call's header, given
+  // the stored name, the variable's index and the slice.
+  using AddName = std::function<void(wire::RequestHeader&, const std::string&, size_t, const torch::Tensor&)>;
+  absl::Status AddPerShard(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
+                           absl::string_view what, const AddName& add_name, TaskCalls* calls) const;
 
   std::map<TaskId, std::shared_ptr<Channel>> channels_;
   std::shared_ptr<const Placement> placement_;

@@ -148,39 +148,36 @@ absl::Status VariableStore::Read(const std::vector<std::string>& names, std::vec
   return absl::OkStatus();
 }
 
-absl::Status VariableStore::Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values,
-                                   std::vector<int64_t>* versions) {
+absl::Status VariableStore::Update(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
+                                   absl::string_view what, std::vector<int64_t>* versions,
+                                   const std::function<void(Variable&, const torch::Tensor&)>& update) {
   std::vector<std::shared_ptr<Variable>> vars;
   SHOAL_RETURN_IF_ERROR(Find(names, &vars));
-  SHOAL_RETURN_IF_ERROR(CheckTensors(vars, values, "assign", /*require_finite=*/true));
+  SHOAL_RETURN_IF_ERROR(CheckTensors(vars, tensors, what, /*require_finite=*/true));
   torch::NoGradGuard no_grad;
   versions->clear();
   for (size_t i = 0; i < vars.size(); ++i) {
     Variable& var = *vars[i];
     std::unique_lock<std::mutex> lock(var.update_mu, std::defer_lock);
     if (var.def.use_locking()) lock.lock();
-    var.value.copy_(values[i]);
+    update(var, tensors[i]);
     versions->push_back(var.version.fetch_add(1) + 1);
   }
   return absl::OkStatus();
 }
 
+absl::Status VariableStore::Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values,
+                                   std::vector<int64_t>* versions) {
+  return Update(names, values, "assign", versions,
+                [](Variable& var, const torch::Tensor& value) { var.value.copy_(value); });
+}
+
 absl::Status VariableStore::ApplyGradients(const std::vector<std::string>& names,
                                            const std::vector<torch::Tensor>& gradients,
                                            std::vector<int64_t>* versions) {
-  std::vector<std::shared_ptr<Variable>> vars;
-  SHOAL_RETURN_IF_ERROR(Find(names, &vars));
-  SHOAL_RETURN_IF_ERROR(CheckTensors(vars, gradients, "gradient", /*require_finite=*/true));
-  torch::NoGradGuard no_grad;
-  versions->clear();
-  for (size_t i = 0; i < vars.size(); ++i) {
-    Variable& var = *vars[i];
-    std::unique_lock<std::mutex> lock(var.update_mu, std::defer_lock);
-    if (var.def.use_locking()) lock.lock();
-    var.optimizer->Apply(var.value, gradients[i], var.slots);
-    versions->push_back(var.version.fetch_add(1) + 1);
-  }
-  return absl::OkStatus();
+  return Update(names, gradients, "gradient", versions, [](Variable& var, const torch::Tensor& gradient) {
+    var.optimizer->Apply(var.value, gradient, var.slots);
+  });
 }
 
 int64_t VariableStore::AddToCounter(const std::string& name, int64_t delta) {

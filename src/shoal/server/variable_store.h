@@ -16,6 +16,7 @@
 #include <torch/types.h>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -83,6 +84,11 @@ class VariableStore {
   // Resolves every name or returns NotFound naming the first unknown one.
   absl::Status Find(const std::vector<std::string>& names,
                     std::vector<std::shared_ptr<Variable>>* found) const;
+  // Validates the whole request, then runs `update` on each variable in turn
+  // (under its lock when use_locking) and bumps its version.
+  absl::Status Update(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
+                      absl::string_view what, std::vector<int64_t>* versions,
+                      const std::function<void(Variable&, const torch::Tensor&)>& update);
   absl::Status CheckTensors(const std::vector<std::shared_ptr<Variable>>& vars,
                             const std::vector<torch::Tensor>& tensors, absl::string_view what,
                             bool require_finite) const;
