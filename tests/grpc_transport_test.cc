@@ -26,6 +26,25 @@ Request LookupRequest() {
   return request;
 }
 
+// Calls `method` on `address` with raw bytes, below shoal's transport.
+grpc::Status RawCall(const std::string& address, const std::string& method, const std::string& bytes,
+                     grpc::ByteBuffer* reply) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  absl::Notification done;
+  grpc::Status rpc_status;
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, reply, [&](grpc::Status s) {
+    rpc_status = s;
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return rpc_status;
+}
+
 TEST(GrpcTransportTest, UnreachableAddressIsUnavailableWithinTheDeadline) {
   GrpcTransport transport;
   auto channel = transport.Connect({"ps", 3}, "127.0.0.1:1").value();
@@ -65,21 +84,9 @@ TEST(GrpcTransportTest, GarbledBytesAreAnsweredAsDataLossAndTheServerKeepsServin
   VariableService service(VariableServiceOptions{"/job:ps/task:0"});
   auto server = transport.Serve("127.0.0.1:0", &service).value();
 
-  auto channel = grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
   const std::string garbage = "\x05\x00\x00\x00not a protobuf header at all";
-  grpc::Slice slice(garbage);
-  grpc::ByteBuffer request(&slice, 1), reply;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  absl::Notification done;
-  grpc::Status rpc_status;
-  stub.UnaryCall(&context, "/shoal.VariableService/Call", grpc::StubOptions(), &request, &reply,
-                 [&](grpc::Status s) {
-                   rpc_status = s;
-                   done.Notify();
-                 });
-  done.WaitForNotification();
+  grpc::ByteBuffer reply;
+  grpc::Status rpc_status = RawCall(server->address(), "/shoal.VariableService/Call", garbage, &reply);
   ASSERT_TRUE(rpc_status.ok()) << rpc_status.error_message();
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(reply.Dump(&slices).ok());
@@ -138,19 +145,8 @@ TEST(GrpcTransportTest, UnknownMethodIsUnimplemented) {
   GrpcTransport transport;
   VariableService service(VariableServiceOptions{"/job:ps/task:0"});
   auto server = transport.Serve("127.0.0.1:0", &service).value();
-  auto channel = grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  grpc::Slice slice(std::string("x"));
-  grpc::ByteBuffer request(&slice, 1), reply;
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  absl::Notification done;
-  grpc::Status rpc_status;
-  stub.UnaryCall(&context, "/other.Service/Call", grpc::StubOptions(), &request, &reply, [&](grpc::Status s) {
-    rpc_status = s;
-    done.Notify();
-  });
-  done.WaitForNotification();
+  grpc::ByteBuffer reply;
+  grpc::Status rpc_status = RawCall(server->address(), "/other.Service/Call", "x", &reply);
   EXPECT_EQ(rpc_status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
 }
 

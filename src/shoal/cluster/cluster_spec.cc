@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
+#include "shoal/core/file.h"
 #include "shoal/core/status.h"
 
 namespace shoal {
@@ -113,11 +114,8 @@ absl::StatusOr<ClusterSpec> ClusterSpec::FromJson(const std::string& json_text) 
 }
 
 absl::StatusOr<ClusterSpec> ClusterSpec::FromJsonFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open cluster file '", path, "'"));
-  std::stringstream text;
-  text << in.rdbuf();
-  auto spec = FromJson(text.str());
+  SHOAL_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path, "cluster file"));
+  auto spec = FromJson(text);
   if (!spec.ok()) return Annotate(spec.status(), absl::StrCat("cluster file '", path, "'"));
   return spec;
 }

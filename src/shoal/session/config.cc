@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "shoal/core/file.h"
 #include "shoal/core/status.h"
 #include "shoal/data/dataset.h"
 #include "shoal/server/optimizer.h"
@@ -222,11 +223,8 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text) {
 }
 
 absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file '", path, "'"));
-  std::stringstream text;
-  text << in.rdbuf();
-  auto config = ParseJobConfig(text.str());
+  SHOAL_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path, "config file"));
+  auto config = ParseJobConfig(text);
   if (!config.ok()) return Annotate(config.status(), absl::StrCat("config file '", path, "'"));
   return config;
 }

@@ -1,0 +1,18 @@
+#include "shoal/core/file.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace shoal {
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& path, const std::string& what) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", what, " '", path, "'"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace shoal
