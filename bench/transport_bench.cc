@@ -13,6 +13,8 @@
 #include <benchmark/benchmark.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -31,6 +33,35 @@ const std::vector<int64_t> kSizes = {1 << 10, 64 << 10, 1 << 20, 16 << 20};
 
 std::string VariableName(int64_t bytes) { return absl::StrCat("x_", bytes); }
 
+// Starts a ps server in a child process (before this process uses gRPC,
+// which does not survive fork) and returns its address. The child ends with
+// this process.
+std::string ForkGrpcServer() {
+  int fds[2];
+  if (pipe(fds) != 0) std::abort();
+  pid_t pid = fork();
+  if (pid < 0) std::abort();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(fds[0]);
+    GrpcTransport transport;
+    VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+    auto server = transport.Serve("127.0.0.1:0", &service);
+    std::string address = server.ok() ? (*server)->address() : "";
+    address.push_back('\n');
+    if (::write(fds[1], address.data(), address.size()) < 0) _exit(1);
+    service.shutdown_requested().WaitForNotification();
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string address;
+  char c;
+  while (::read(fds[0], &c, 1) == 1 && c != '\n') address.push_back(c);
+  close(fds[0]);
+  if (address.empty()) std::abort();
+  return address;
+}
+
 // One ps task serving a variable of each size, and a client for it.
 struct Setup {
   InProcNetwork network;
@@ -41,14 +72,19 @@ struct Setup {
   std::map<int64_t, torch::Tensor> payloads;
 
   explicit Setup(bool grpc) {
+    std::string address;
     if (grpc) {
+      // The ps runs in its own process, as in a real job: in one process the
+      // client's and the server's gRPC threads would share one pool.
+      address = ForkGrpcServer();
       transport = std::make_unique<GrpcTransport>();
     } else {
       transport = std::make_unique<InProcTransport>(&network);
+      service = std::make_unique<VariableService>(VariableServiceOptions{"/job:ps/task:0"});
+      server = transport->Serve("inproc:ps:0", service.get()).value();
+      address = server->address();
     }
-    service = std::make_unique<VariableService>(VariableServiceOptions{"/job:ps/task:0"});
-    server = transport->Serve(grpc ? "127.0.0.1:0" : "inproc:ps:0", service.get()).value();
-    auto cluster = ClusterSpec::Create({{"ps", {server->address()}}, {"worker", {"unused:1"}}}).value();
+    auto cluster = ClusterSpec::Create({{"ps", {address}}, {"worker", {"unused:1"}}}).value();
     std::vector<VariableSpec> specs;
     std::vector<VariableInit> inits;
     for (int64_t bytes : kSizes) {
@@ -193,7 +229,7 @@ void Sizes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_RawTcpStream)->Apply(Sizes);
 BENCHMARK(BM_RawTcpEcho)->Apply(Sizes);
 BENCHMARK(BM_InProcPushPull)->Apply(Sizes);
-BENCHMARK(BM_GrpcPushPull)->Apply(Sizes)->Threads(1)->Threads(4);
+BENCHMARK(BM_GrpcPushPull)->Apply(Sizes)->Threads(1)->Threads(2)->Threads(4)->Threads(8);
 
 }  // namespace
 }  // namespace shoal
