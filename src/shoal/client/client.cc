@@ -238,6 +238,80 @@ absl::StatusOr<int64_t> Client::AddToCounter(const std::string& name, int64_t de
   return calls.begin()->second.response.header.counter().value();
 }
 
+absl::StatusOr<int64_t> Client::PollCounter(const std::string& name, int64_t at_least, absl::Duration wait) {
+  TaskCalls calls;
+  auto* request = calls[placement_->counter_task()].request.header.mutable_counter();
+  request->mutable_counter()->set_name(name);
+  request->set_wait_until_at_least(at_least);
+  request->set_wait_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(wait)));
+  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  return calls.begin()->second.response.header.counter().value();
+}
+
+absl::StatusOr<int> Client::Accumulate(const std::vector<std::string>& names,
+                                       const std::vector<torch::Tensor>& gradients, int64_t local_step,
+                                       const std::string& worker) {
+  TaskCalls calls;
+  SHOAL_RETURN_IF_ERROR(AddPerShard(names, gradients, "accumulate",
+                                    [&](wire::RequestHeader& h, const std::string& name, size_t, const torch::Tensor&) {
+                                      auto* accumulate = h.mutable_accumulate();
+                                      accumulate->add_names(name);
+                                      accumulate->set_local_step(local_step);
+                                      accumulate->set_worker(worker);
+                                    },
+                                    &calls));
+  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  int dropped = 0;
+  for (auto& [task, call] : calls) {
+    for (bool accepted : call.response.header.accumulate().accepted()) dropped += accepted ? 0 : 1;
+  }
+  return dropped;
+}
+
+absl::Status Client::ApplyAccumulated(const std::vector<std::string>& names, int replicas_to_aggregate,
+                                      int64_t new_step, absl::Duration timeout,
+                                      const std::vector<std::string>& workers) {
+  SHOAL_ASSIGN_OR_RETURN(auto placements, LocateAll(names));
+  std::map<TaskId, std::vector<std::string>> pending;  // task -> stored names not yet applied
+  for (const auto& vp : placements) {
+    for (const Shard& shard : vp.shards) pending[shard.task].push_back(shard.stored_name);
+  }
+  const absl::Time give_up = absl::Now() + timeout;
+  std::vector<std::string> heard_from;
+  int fewest = replicas_to_aggregate;
+  while (!pending.empty()) {
+    TaskCalls calls;
+    for (const auto& [task, stored] : pending) {
+      auto* apply = calls[task].request.header.mutable_apply_accumulated();
+      for (const auto& name : stored) apply->add_names(name);
+      apply->set_replicas_to_aggregate(replicas_to_aggregate);
+      apply->set_new_step(new_step);
+      apply->set_wait_ms(50);
+    }
+    SHOAL_RETURN_IF_ERROR(RunAll(calls));
+    for (auto& [task, call] : calls) {
+      const auto& answer = call.response.header.apply_accumulated();
+      if (answer.applied()) {
+        pending.erase(task);
+        continue;
+      }
+      heard_from.assign(answer.contributors().begin(), answer.contributors().end());
+      for (int count : answer.counts()) fewest = std::min(fewest, count);
+    }
+    if (!pending.empty() && absl::Now() > give_up) {
+      std::vector<std::string> missing;
+      for (const auto& w : workers) {
+        if (std::find(heard_from.begin(), heard_from.end(), w) == heard_from.end()) missing.push_back(w);
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "synchronous step ", new_step, ": only ", fewest, " of ", replicas_to_aggregate,
+          " gradients arrived within ", absl::FormatDuration(timeout), "; missing ",
+          missing.empty() ? "(unknown)" : absl::StrJoin(missing, ", ")));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Client::Shutdown(const TaskId& task) {
   TaskCalls calls;
   calls[task].request.header.mutable_shutdown();

@@ -78,6 +78,22 @@ class Client {
   // Adds `delta` to a counter on the counter task; returns the new value.
   absl::StatusOr<int64_t> AddToCounter(const std::string& name, int64_t delta);
 
+  // One long poll (at most `wait`, capped by the server) for a counter to
+  // reach `at_least`; returns its value, which may still be lower.
+  absl::StatusOr<int64_t> PollCounter(const std::string& name, int64_t at_least, absl::Duration wait);
+
+  // Synchronous training: sends this worker's gradients for `local_step` to
+  // the variables' accumulators. Returns how many were dropped as stale.
+  absl::StatusOr<int> Accumulate(const std::vector<std::string>& names, const std::vector<torch::Tensor>& gradients,
+                                 int64_t local_step, const std::string& worker);
+
+  // The chief's side of a synchronous step: on every task, waits for
+  // `replicas_to_aggregate` gradients per variable, applies their average and
+  // moves the accumulators to `new_step`. After `timeout`, DeadlineExceeded
+  // naming the workers heard from and those missing (of `workers`).
+  absl::Status ApplyAccumulated(const std::vector<std::string>& names, int replicas_to_aggregate, int64_t new_step,
+                                absl::Duration timeout, const std::vector<std::string>& workers);
+
   // Asks `task`'s server to shut down.
   absl::Status Shutdown(const TaskId& task);
 

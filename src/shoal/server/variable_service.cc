@@ -1,10 +1,15 @@
 #include "shoal/server/variable_service.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "shoal/core/status.h"
 
 namespace shoal {
 namespace {
+
+// Long polls hold a server thread; keep each short and let callers repeat.
+constexpr int64_t kMaxWaitMs = 200;
 
 std::vector<std::string> Names(const google::protobuf::RepeatedPtrField<std::string>& names) {
   return {names.begin(), names.end()};
@@ -79,7 +84,31 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       if (counter.name().empty()) {
         return absl::InvalidArgumentError(absl::StrCat("counter request to ", options_.task_name, " has no name"));
       }
-      response->header.mutable_counter()->set_value(store_.AddToCounter(counter.name(), counter.delta()));
+      int64_t value = store_.AddToCounter(counter.name(), counter.delta());
+      if (h.counter().wait_ms() > 0 && value < h.counter().wait_until_at_least()) {
+        value = store_.WaitForCounter(counter.name(), h.counter().wait_until_at_least(),
+                                      absl::Milliseconds(std::min<int64_t>(h.counter().wait_ms(), kMaxWaitMs)));
+      }
+      response->header.mutable_counter()->set_value(value);
+      return absl::OkStatus();
+    }
+    case wire::RequestHeader::kAccumulate: {
+      const auto& accumulate = h.accumulate();
+      std::vector<bool> accepted;
+      SHOAL_RETURN_IF_ERROR(store_.Accumulate(Names(accumulate.names()), request.tensors, accumulate.local_step(),
+                                              accumulate.worker(), &accepted));
+      for (bool a : accepted) response->header.mutable_accumulate()->add_accepted(a);
+      return absl::OkStatus();
+    }
+    case wire::RequestHeader::kApplyAccumulated: {
+      const auto& apply = h.apply_accumulated();
+      SHOAL_ASSIGN_OR_RETURN(
+          auto result, store_.ApplyAccumulated(Names(apply.names()), apply.replicas_to_aggregate(), apply.new_step(),
+                                               absl::Milliseconds(std::clamp<int64_t>(apply.wait_ms(), 0, kMaxWaitMs))));
+      auto* out = response->header.mutable_apply_accumulated();
+      out->set_applied(result.applied);
+      for (int c : result.counts) out->add_counts(c);
+      for (const auto& w : result.contributors) out->add_contributors(w);
       return absl::OkStatus();
     }
     case wire::RequestHeader::kLookup: {

@@ -1,5 +1,6 @@
 #include "shoal/server/variable_store.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -182,7 +183,85 @@ absl::Status VariableStore::ApplyGradients(const std::vector<std::string>& names
 
 int64_t VariableStore::AddToCounter(const std::string& name, int64_t delta) {
   std::lock_guard lock(counter_mu_);
-  return counters_[name] += delta;
+  int64_t value = counters_[name] += delta;
+  if (delta != 0) counter_changed_.notify_all();
+  return value;
+}
+
+int64_t VariableStore::WaitForCounter(const std::string& name, int64_t at_least, absl::Duration wait) {
+  std::unique_lock lock(counter_mu_);
+  counter_changed_.wait_for(lock, absl::ToChronoNanoseconds(wait), [&] { return counters_[name] >= at_least; });
+  return counters_[name];
+}
+
+absl::Status VariableStore::Accumulate(const std::vector<std::string>& names,
+                                       const std::vector<torch::Tensor>& gradients, int64_t local_step,
+                                       const std::string& worker, std::vector<bool>* accepted) {
+  std::vector<std::shared_ptr<Variable>> vars;
+  SHOAL_RETURN_IF_ERROR(Find(names, &vars));
+  SHOAL_RETURN_IF_ERROR(CheckTensors(vars, gradients, "gradient", /*require_finite=*/true));
+  torch::NoGradGuard no_grad;
+  accepted->assign(vars.size(), false);
+  {
+    std::lock_guard lock(accumulate_mu_);
+    for (size_t i = 0; i < vars.size(); ++i) {
+      Variable& var = *vars[i];
+      if (local_step < var.accumulator_step) continue;  // stale: dropped
+      if (!var.gradient_sum.defined()) var.gradient_sum = torch::zeros_like(var.value);
+      var.gradient_sum.add_(gradients[i]);
+      ++var.accumulated;
+      if (std::find(var.contributors.begin(), var.contributors.end(), worker) == var.contributors.end()) {
+        var.contributors.push_back(worker);
+      }
+      (*accepted)[i] = true;
+    }
+  }
+  accumulated_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<VariableStore::ApplyAccumulatedResult> VariableStore::ApplyAccumulated(
+    const std::vector<std::string>& names, int replicas_to_aggregate, int64_t new_step, absl::Duration wait) {
+  if (replicas_to_aggregate < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("apply_accumulated on ", task_name_,
+                                                   ": replicas_to_aggregate must be at least 1"));
+  }
+  std::vector<std::shared_ptr<Variable>> vars;
+  SHOAL_RETURN_IF_ERROR(Find(names, &vars));
+  auto done = [&] {
+    return std::all_of(vars.begin(), vars.end(), [&](const auto& v) { return v->accumulator_step >= new_step; });
+  };
+  auto ready = [&] {
+    return std::all_of(vars.begin(), vars.end(), [&](const auto& v) {
+      return v->accumulator_step >= new_step || v->accumulated >= replicas_to_aggregate;
+    });
+  };
+  ApplyAccumulatedResult result;
+  std::unique_lock lock(accumulate_mu_);
+  accumulated_.wait_for(lock, absl::ToChronoNanoseconds(wait), ready);
+  if (!vars.empty()) result.contributors = vars[0]->contributors;
+  if (!done() && !ready()) {
+    for (const auto& v : vars) result.counts.push_back(v->accumulated);
+    return result;
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& v : vars) {
+    Variable& var = *v;
+    result.counts.push_back(var.accumulated);
+    if (var.accumulator_step >= new_step) continue;  // this step was applied before
+    {
+      std::unique_lock<std::mutex> update(var.update_mu, std::defer_lock);
+      if (var.def.use_locking()) update.lock();
+      var.optimizer->Apply(var.value, var.gradient_sum.div(var.accumulated), var.slots);
+      var.version.fetch_add(1);
+    }
+    var.gradient_sum.zero_();
+    var.accumulated = 0;
+    var.contributors.clear();
+    var.accumulator_step = new_step;
+  }
+  result.applied = true;
+  return result;
 }
 
 std::vector<VariableStore::VariableInfo> VariableStore::Lookup(const std::vector<std::string>& names) const {

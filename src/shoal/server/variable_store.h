@@ -16,6 +16,7 @@
 #include <torch/types.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "shoal/server/optimizer.h"
 #include "shoal/wire.pb.h"
 
@@ -60,6 +62,26 @@ class VariableStore {
 
   // Adds `delta` to counter `name` (created at 0) and returns the new value.
   int64_t AddToCounter(const std::string& name, int64_t delta);
+  // Waits at most `wait` for counter `name` to reach `at_least`; returns its value then.
+  int64_t WaitForCounter(const std::string& name, int64_t at_least, absl::Duration wait);
+
+  // Synchronous training. Adds each gradient to its variable's accumulator
+  // unless it is stale (local_step older than the accumulator's step);
+  // `accepted` says which were taken. Validated like ApplyGradients.
+  absl::Status Accumulate(const std::vector<std::string>& names, const std::vector<torch::Tensor>& gradients,
+                          int64_t local_step, const std::string& worker, std::vector<bool>* accepted);
+
+  struct ApplyAccumulatedResult {
+    bool applied = false;
+    std::vector<int> counts;
+    std::vector<std::string> contributors;  // of the first variable's current step
+  };
+  // Waits at most `wait` until each accumulator holds `replicas_to_aggregate`
+  // gradients, then applies each average with the optimizer and moves the
+  // accumulators to `new_step`. Idempotent for a step already applied.
+  absl::StatusOr<ApplyAccumulatedResult> ApplyAccumulated(const std::vector<std::string>& names,
+                                                          int replicas_to_aggregate, int64_t new_step,
+                                                          absl::Duration wait);
 
   // For each name: its definition and version, or nullopt-like absence.
   struct VariableInfo {
@@ -79,6 +101,11 @@ class VariableStore {
     OptimizerSlots slots;
     std::atomic<int64_t> version{0};
     std::mutex update_mu;  // taken by apply/assign when def.use_locking()
+    // The SyncReplicas accumulator, guarded by accumulate_mu_.
+    torch::Tensor gradient_sum;
+    int accumulated = 0;
+    int64_t accumulator_step = 0;
+    std::vector<std::string> contributors;
   };
 
   // Resolves every name or returns NotFound naming the first unknown one.
@@ -97,7 +124,10 @@ class VariableStore {
   mutable std::shared_mutex map_mu_;
   std::map<std::string, std::shared_ptr<Variable>> variables_;  // never erased
   std::mutex counter_mu_;
+  std::condition_variable counter_changed_;
   std::map<std::string, int64_t> counters_;
+  std::mutex accumulate_mu_;
+  std::condition_variable accumulated_;
 };
 
 // Throws nothing: true when every element of `t` (float32) is finite.

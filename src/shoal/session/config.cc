@@ -136,6 +136,8 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(training.Get("batch_size", &c->training.batch_size));
   SHOAL_RETURN_IF_ERROR(training.Get("use_locking", &c->training.use_locking));
   SHOAL_RETURN_IF_ERROR(training.Get("seed", &c->training.seed));
+  SHOAL_RETURN_IF_ERROR(training.Get("replicas_to_aggregate", &c->training.replicas_to_aggregate));
+  SHOAL_RETURN_IF_ERROR(training.Get("sync_timeout_s", &c->training.sync_timeout_s));
   SHOAL_RETURN_IF_ERROR(ParseOptimizer(training.Child("optimizer"), &c->training.optimizer));
   SHOAL_RETURN_IF_ERROR(training.CheckNoUnknownKeys());
 
@@ -190,10 +192,20 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   if (c.data.train_examples < 0 || c.data.test_examples < 0) {
     return absl::InvalidArgumentError("config: 'data.train_examples' and 'data.test_examples' must not be negative");
   }
-  if (c.training.mode != "async") {
+  if (c.training.mode != "async" && c.training.mode != "sync") {
     return absl::InvalidArgumentError(absl::StrCat("config: 'training.mode' '", c.training.mode,
-                                                   "' is unknown; known: async"));
+                                                   "' is unknown; known: async, sync"));
   }
+  if (c.training.replicas_to_aggregate < 0) {
+    return absl::InvalidArgumentError("config: 'training.replicas_to_aggregate' must not be negative");
+  }
+  if (c.cluster.cluster_file.empty() && c.training.replicas_to_aggregate > c.cluster.workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: 'training.replicas_to_aggregate' (", c.training.replicas_to_aggregate,
+        ") exceeds the number of workers (", c.cluster.workers,
+        "); shoal does not let one worker contribute several gradients to a step"));
+  }
+  SHOAL_RETURN_IF_ERROR(Positive("training.sync_timeout_s", c.training.sync_timeout_s));
   SHOAL_RETURN_IF_ERROR(Positive("training.epochs", c.training.epochs));
   SHOAL_RETURN_IF_ERROR(Positive("training.batch_size", static_cast<double>(c.training.batch_size)));
   if (c.training.max_steps < 0) return absl::InvalidArgumentError("config: 'training.max_steps' must not be negative");
@@ -246,7 +258,8 @@ std::string JobConfigToYaml(const JobConfig& c) {
       << c.training.mode << YAML::Key << "epochs" << YAML::Value << c.training.epochs << YAML::Key << "max_steps"
       << YAML::Value << c.training.max_steps << YAML::Key << "batch_size" << YAML::Value << c.training.batch_size
       << YAML::Key << "use_locking" << YAML::Value << c.training.use_locking << YAML::Key << "seed" << YAML::Value
-      << c.training.seed;
+      << c.training.seed << YAML::Key << "replicas_to_aggregate" << YAML::Value << c.training.replicas_to_aggregate
+      << YAML::Key << "sync_timeout_s" << YAML::Value << c.training.sync_timeout_s;
   out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap << YAML::Key << "kind" << YAML::Value << o.kind()
       << YAML::Key << "learning_rate" << YAML::Value << o.learning_rate() << YAML::Key << "momentum" << YAML::Value
       << o.momentum() << YAML::Key << "nesterov" << YAML::Value << o.nesterov() << YAML::Key << "beta1" << YAML::Value

@@ -32,13 +32,18 @@ struct DataConfig {
 };
 
 struct TrainingConfig {
-  std::string mode = "async";
+  std::string mode = "async";  // async | sync
   int epochs = 5;
   int64_t max_steps = 0;  // 0: epochs * train_examples / batch_size
   int64_t batch_size = 64;
   wire::OptimizerConfig optimizer;  // default adam, learning_rate 0.001
   bool use_locking = false;
   uint64_t seed = 1;
+  // sync (SyncReplicas): gradients averaged per step; 0 = every worker. Fewer
+  // than the workers leaves the rest as backups, whose late gradients are
+  // dropped. More than the workers is refused.
+  int replicas_to_aggregate = 0;
+  double sync_timeout_s = 60;  // a step that cannot complete in this time fails, naming who is missing
 };
 
 struct TransportConfig {

@@ -40,9 +40,10 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
   SHOAL_ASSIGN_OR_RETURN(auto placement, MakePlacement(config, cluster));
 
   const std::vector<TaskId> workers = cluster.TrainingTasks();
-  const int64_t max_steps = MaxSteps(config, data.train.size());
+  const int64_t max_steps = MaxSteps(config, data.train.size(), static_cast<int>(cluster.TrainingTasks().size()));
   std::unique_ptr<ProgressReporter> progress;
-  if (progress_out) progress = std::make_unique<ProgressReporter>(progress_out, max_steps, config.training.batch_size);
+  if (progress_out) progress = std::make_unique<ProgressReporter>(
+        progress_out, max_steps, ExamplesPerStep(config, static_cast<int>(cluster.TrainingTasks().size())));
 
   std::vector<absl::Status> statuses(workers.size());
   TrainReport report;

@@ -18,8 +18,8 @@ namespace shoal {
 
 class ProgressReporter {
  public:
-  // Writes to `out` (not owned); `total_steps` global steps, `batch_size` examples each.
-  ProgressReporter(std::FILE* out, int64_t total_steps, int64_t batch_size);
+  // Writes to `out` (not owned); `total_steps` global steps, `examples_per_step` each.
+  ProgressReporter(std::FILE* out, int64_t total_steps, int64_t examples_per_step);
 
   void OnStep(int64_t global_step, double loss);
   // Prints the final line (always) and ends the redrawn line.

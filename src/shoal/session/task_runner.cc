@@ -42,6 +42,7 @@ WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& clus
   context.task = task;
   context.worker_index = static_cast<int>(std::find(workers.begin(), workers.end(), task) - workers.begin());
   context.num_workers = static_cast<int>(workers.size());
+  context.workers = workers;
   context.is_chief = cluster.IsChief(task);
   context.client = client;
   context.config = &config;
@@ -76,11 +77,12 @@ absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, 
   SHOAL_ASSIGN_OR_RETURN(auto placement, MakePlacement(config, cluster));
   SHOAL_ASSIGN_OR_RETURN(auto client, Client::Create(cluster, &transport, placement,
                                                      ClientOptions{absl::Seconds(config.transport.rpc_timeout_s)}));
-  const int64_t max_steps = MaxSteps(config, data.train.size());
+  const int64_t max_steps = MaxSteps(config, data.train.size(), static_cast<int>(cluster.TrainingTasks().size()));
   WorkerContext context = MakeWorkerContext(config, cluster, task, client.get(), data.train, max_steps);
   std::unique_ptr<ProgressReporter> progress;
   if (progress_out && context.is_chief) {
-    progress = std::make_unique<ProgressReporter>(progress_out, max_steps, config.training.batch_size);
+    progress = std::make_unique<ProgressReporter>(
+        progress_out, max_steps, ExamplesPerStep(config, static_cast<int>(cluster.TrainingTasks().size())));
     context.on_step = [&](int64_t step, double loss) { progress->OnStep(step, loss); };
   }
   absl::Status status = RunWorkerSession(context, data.test, report);

@@ -5,12 +5,6 @@
 
 namespace shoal {
 
-int64_t MaxSteps(const JobConfig& config, int64_t train_examples) {
-  if (config.training.max_steps > 0) return config.training.max_steps;
-  const int64_t examples = config.training.epochs * train_examples;
-  return std::max<int64_t>(1, (examples + config.training.batch_size - 1) / config.training.batch_size);
-}
-
 absl::StatusOr<DataSplits> LoadData(const JobConfig& config) {
   DataSplits splits;
   SHOAL_ASSIGN_OR_RETURN(splits.train, LoadMnistFormat(config.data.dir, "train"));
@@ -45,7 +39,9 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   }
   report->seconds = absl::ToDoubleSeconds(absl::Now() - start);
   SHOAL_ASSIGN_OR_RETURN(report->global_step, context.client->AddToCounter(kGlobalStep, 0));
-  report->examples_per_second = report->global_step * context.config->training.batch_size / report->seconds;
+  SHOAL_ASSIGN_OR_RETURN(report->stale_gradients_dropped, context.client->AddToCounter(kStaleGradients, 0));
+  report->examples_per_second =
+      report->global_step * ExamplesPerStep(*context.config, context.num_workers) / report->seconds;
   report->last_loss = worker->last_loss;
   Mlp model(context.config->model);
   SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, context.client->Read(model.variable_names()));

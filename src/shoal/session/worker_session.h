@@ -14,10 +14,8 @@ struct TrainReport {
   double seconds = 0;
   double examples_per_second = 0;
   double last_loss = 0;
+  int64_t stale_gradients_dropped = 0;  // sync: late gradients left out of a step
 };
-
-// Global steps for `config` over a training set of `train_examples`.
-int64_t MaxSteps(const JobConfig& config, int64_t train_examples);
 
 // Runs `context`'s worker to the end. On the chief, also waits (with the
 // RPC deadline) for every worker to finish and fills `report` with the test

@@ -2,12 +2,29 @@
 
 #include "absl/strings/str_cat.h"
 #include "shoal/strategy/async_strategy.h"
+#include "shoal/strategy/sync_strategy.h"
 
 namespace shoal {
 
 absl::StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const JobConfig& config) {
   if (config.training.mode == "async") return std::unique_ptr<TrainingStrategy>(new AsyncStrategy());
+  if (config.training.mode == "sync") return std::unique_ptr<TrainingStrategy>(new SyncStrategy());
   return absl::InvalidArgumentError(absl::StrCat("unknown training mode '", config.training.mode, "'"));
+}
+
+int ReplicasToAggregate(const JobConfig& config, int num_workers) {
+  return config.training.replicas_to_aggregate > 0 ? config.training.replicas_to_aggregate : num_workers;
+}
+
+int64_t ExamplesPerStep(const JobConfig& config, int num_workers) {
+  return config.training.batch_size * (config.training.mode == "sync" ? ReplicasToAggregate(config, num_workers) : 1);
+}
+
+int64_t MaxSteps(const JobConfig& config, int64_t train_examples, int num_workers) {
+  if (config.training.max_steps > 0) return config.training.max_steps;
+  const int64_t per_step = ExamplesPerStep(config, num_workers);
+  const int64_t examples = config.training.epochs * train_examples;
+  return std::max<int64_t>(1, (examples + per_step - 1) / per_step);
 }
 
 absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model) {

@@ -19,6 +19,8 @@ namespace shoal {
 // Names of the counters every strategy keeps on the counter task.
 inline constexpr char kGlobalStep[] = "global_step";
 inline constexpr char kWorkersDone[] = "workers_done";
+inline constexpr char kStaleGradients[] = "stale_gradients_dropped";
+inline constexpr char kJobAborted[] = "job_aborted";
 
 // Called after each step a worker finishes (from that worker's thread).
 using StepCallback = std::function<void(int64_t global_step, double loss)>;
@@ -28,6 +30,7 @@ struct WorkerContext {
   TaskId task;
   int worker_index = 0;  // among the training tasks
   int num_workers = 1;
+  std::vector<TaskId> workers;  // every training task, by worker index
   bool is_chief = false;
   Client* client = nullptr;
   const JobConfig* config = nullptr;
@@ -50,6 +53,17 @@ class TrainingStrategy {
 
 // The strategy for `config.training.mode`.
 absl::StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const JobConfig& config);
+
+// Gradients averaged per synchronous step: the configured number, or all workers.
+int ReplicasToAggregate(const JobConfig& config, int num_workers);
+
+// Examples one global step consumes: a batch, or one from each aggregated replica.
+int64_t ExamplesPerStep(const JobConfig& config, int num_workers);
+
+// Global steps for `config` over a training set of `train_examples`: one
+// batch per step when asynchronous, one batch from each aggregated replica
+// per step when synchronous.
+int64_t MaxSteps(const JobConfig& config, int64_t train_examples, int num_workers);
 
 // The chief creates the model's variables (initial values from the seeded
 // model); every other worker waits for them, up to the start-up timeout.

@@ -1,0 +1,206 @@
+// Synchronous training: the exact cases of TensorFlow's SyncReplicasOptimizer
+// tests on the accumulator primitives, the N-workers == one-big-batch
+// equivalence, and end-to-end runs.
+#include "shoal/strategy/sync_strategy.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <thread>
+
+#include "shoal/session/local_cluster.h"
+#include "shoal/transport/inproc/inproc_transport.h"
+
+namespace shoal {
+namespace {
+
+// One ps task in-process with var_0 = [0] and var_1 = [1] under SGD(2.0), as
+// in TensorFlow's sync_replicas_optimizer_test.
+class SyncReplicasTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = transport_.Serve("inproc:ps:0", &service_).value();
+    cluster_ = ClusterSpec::Local(1, 3);
+    auto placement = std::make_shared<const Placement>(
+        Placement::Create({{"var_0", {1}}, {"var_1", {1}}}, cluster_, {}).value());
+    client_ = Client::Create(cluster_, &transport_, placement, ClientOptions{absl::Seconds(5)}).value();
+    wire::OptimizerConfig sgd;
+    sgd.set_kind("sgd");
+    sgd.set_learning_rate(2.0);
+    ASSERT_TRUE(client_->CreateVariables({{"var_0", torch::zeros({1}), sgd}, {"var_1", torch::ones({1}), sgd}}).ok());
+  }
+
+  // Worker w's gradients, as in the TensorFlow test: 0.1 + 0.2 w and 0.9 + 0.2 w.
+  absl::StatusOr<int> Push(int w, int64_t local_step) {
+    return client_->Accumulate(names_, {torch::full({1}, 0.1f + 0.2f * w), torch::full({1}, 0.9f + 0.2f * w)},
+                               local_step, Worker(w));
+  }
+  static std::string Worker(int w) { return TaskId{"worker", w}.ToString(); }
+  absl::Status Apply(int replicas, int64_t new_step, absl::Duration timeout = absl::Seconds(2)) {
+    return client_->ApplyAccumulated(names_, replicas, new_step, timeout, {Worker(0), Worker(1), Worker(2)});
+  }
+  float Value(const std::string& name) { return client_->Read({name}).value()[0].item<float>(); }
+
+  InProcNetwork network_;
+  InProcTransport transport_{&network_};
+  VariableService service_{VariableServiceOptions{"/job:ps/task:0"}};
+  std::unique_ptr<ServerHandle> server_;
+  ClusterSpec cluster_ = ClusterSpec::Local(1, 1);
+  std::unique_ptr<Client> client_;
+  const std::vector<std::string> names_ = {"var_0", "var_1"};
+};
+
+TEST_F(SyncReplicasTest, TwoWorkersAverageTheirGradients) {
+  ASSERT_EQ(Push(0, 0).value(), 0);
+  ASSERT_EQ(Push(1, 0).value(), 0);
+  ASSERT_TRUE(Apply(2, 1).ok());
+  EXPECT_FLOAT_EQ(Value("var_0"), 0.0f - (0.1f + 0.3f) / 2 * 2.0f);
+  EXPECT_FLOAT_EQ(Value("var_1"), 1.0f - (0.9f + 1.1f) / 2 * 2.0f);
+  ASSERT_EQ(Push(0, 1).value(), 0);
+  ASSERT_EQ(Push(1, 1).value(), 0);
+  ASSERT_TRUE(Apply(2, 2).ok());
+  EXPECT_FLOAT_EQ(Value("var_0"), -0.4f - (0.1f + 0.3f) / 2 * 2.0f);
+  EXPECT_FLOAT_EQ(Value("var_1"), -1.0f - (0.9f + 1.1f) / 2 * 2.0f);
+}
+
+TEST_F(SyncReplicasTest, ThreeWorkersWithOneBackupDropTheLateGradient) {
+  ASSERT_EQ(Push(0, 0).value(), 0);
+  ASSERT_EQ(Push(1, 0).value(), 0);
+  ASSERT_TRUE(Apply(2, 1).ok());
+  EXPECT_FLOAT_EQ(Value("var_0"), -0.4f);
+  EXPECT_FLOAT_EQ(Value("var_1"), -1.0f);
+  // Worker 2 is late: its step-0 gradients are stale and dropped.
+  EXPECT_EQ(Push(2, 0).value(), 2);
+  // The next step is made by workers 1 and 2.
+  ASSERT_EQ(Push(1, 1).value(), 0);
+  ASSERT_EQ(Push(2, 1).value(), 0);
+  ASSERT_TRUE(Apply(2, 2).ok());
+  EXPECT_FLOAT_EQ(Value("var_0"), -0.4f - (0.3f + 0.5f) / 2 * 2.0f);
+  EXPECT_FLOAT_EQ(Value("var_1"), -1.0f - (1.1f + 1.3f) / 2 * 2.0f);
+}
+
+TEST_F(SyncReplicasTest, ApplyingAStepTwiceChangesNothing) {
+  ASSERT_TRUE(Push(0, 0).ok());
+  ASSERT_TRUE(Push(1, 0).ok());
+  ASSERT_TRUE(Apply(2, 1).ok());
+  ASSERT_TRUE(Apply(2, 1).ok());
+  EXPECT_FLOAT_EQ(Value("var_0"), -0.4f);
+}
+
+TEST_F(SyncReplicasTest, AMissingWorkerIsNamedAfterTheDeadline) {
+  ASSERT_TRUE(Push(0, 0).ok());
+  const absl::Time start = absl::Now();
+  absl::Status status = Apply(2, 1, absl::Milliseconds(300));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(status.message().find("only 1 of 2"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("/job:worker/task:1"), std::string::npos) << status;
+  EXPECT_EQ(status.message().find("/job:worker/task:0"), std::string::npos) << status;
+  EXPECT_FLOAT_EQ(Value("var_0"), 0.0f);  // nothing applied
+}
+
+TEST_F(SyncReplicasTest, NanGradientIsRefusedAndNotAccumulated) {
+  torch::Tensor nan = torch::full({1}, std::numeric_limits<float>::quiet_NaN());
+  EXPECT_EQ(client_->Accumulate(names_, {nan, torch::ones({1})}, 0, Worker(0)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(Push(0, 0).ok());
+  ASSERT_TRUE(Push(1, 0).ok());
+  ASSERT_TRUE(Apply(2, 1).ok());
+  EXPECT_FLOAT_EQ(Value("var_0"), -0.4f);
+}
+
+// N workers with batch b, aggregated synchronously, take the same steps as
+// one worker with batch N*b: the mean of per-worker mean gradients is the
+// mean gradient of the whole batch.
+TEST(SyncEquivalenceTest, TwoWorkersMatchOneWorkerWithTheCombinedBatch) {
+  constexpr int kWorkers = 2, kBatch = 8, kSteps = 5;
+  MlpConfig model_config;
+  model_config.layers = {20, 16, 3};
+  torch::manual_seed(3);
+  std::vector<torch::Tensor> inputs, labels;
+  for (int step = 0; step < kSteps; ++step) {
+    inputs.push_back(torch::randn({kWorkers * kBatch, 20}));
+    labels.push_back(torch::randint(0, 3, {kWorkers * kBatch}, torch::kInt64));
+  }
+
+  // One worker, plain libtorch SGD on the whole batch.
+  Mlp single(model_config);
+  torch::optim::SGD sgd(single.variables(), torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < kSteps; ++step) {
+    sgd.zero_grad();
+    CrossEntropyLoss(single.Forward(inputs[step]), labels[step]).backward();
+    sgd.step();
+  }
+
+  // Two workers through shoal's accumulators, each on its half.
+  InProcNetwork network;
+  InProcTransport transport(&network);
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport.Serve("inproc:ps:0", &service).value();
+  ClusterSpec cluster = ClusterSpec::Local(1, kWorkers);
+  Mlp init(model_config);
+  auto placement = std::make_shared<const Placement>(Placement::Create(init.VariableSpecs(), cluster, {}).value());
+  auto client = Client::Create(cluster, &transport, placement).value();
+  wire::OptimizerConfig optimizer;
+  optimizer.set_kind("sgd");
+  optimizer.set_learning_rate(0.1);
+  std::vector<VariableInit> inits;
+  for (size_t i = 0; i < init.variables().size(); ++i) {
+    inits.push_back({init.variable_names()[i], init.variables()[i].detach(), optimizer});
+  }
+  ASSERT_TRUE(client->CreateVariables(inits).ok());
+  const auto& names = init.variable_names();
+  for (int step = 0; step < kSteps; ++step) {
+    for (int w = 0; w < kWorkers; ++w) {
+      Mlp replica(model_config);
+      replica.Load(client->Read(names).value());
+      CrossEntropyLoss(replica.Forward(inputs[step].narrow(0, w * kBatch, kBatch)),
+                       labels[step].narrow(0, w * kBatch, kBatch))
+          .backward();
+      ASSERT_EQ(client->Accumulate(names, replica.Gradients(), step, TaskId{"worker", w}.ToString()).value(), 0);
+    }
+    ASSERT_TRUE(client->ApplyAccumulated(names, kWorkers, step + 1, absl::Seconds(2), {}).ok());
+  }
+  auto values = client->Read(names).value();
+  for (size_t i = 0; i < values.size(); ++i) {
+    EXPECT_TRUE(values[i].allclose(single.variables()[i].detach(), 1e-5, 1e-5)) << names[i];
+  }
+}
+
+JobConfig QuickSyncJob() {
+  JobConfig config = DefaultJobConfig();
+  config.training.mode = "sync";
+  config.data.train_examples = 12000;
+  config.data.test_examples = 2000;
+  config.training.epochs = 2;
+  config.training.sync_timeout_s = 30;
+  return config;
+}
+
+TEST(SyncTrainingTest, TwoWorkersInProcessLearn) {
+  auto report = TrainInProcess(QuickSyncJob(), InProcOptions{}, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->global_step, 2 * 12000 / (64 * 2) + 1);
+  EXPECT_EQ(report->stale_gradients_dropped, 0);
+  EXPECT_GT(report->test_accuracy, 0.75);
+}
+
+TEST(SyncTrainingTest, ThreeWorkersWithABackupLearn) {
+  JobConfig config = QuickSyncJob();
+  config.cluster.workers = 3;
+  config.training.replicas_to_aggregate = 2;
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GT(report->test_accuracy, 0.75);
+}
+
+TEST(SyncTrainingTest, MoreReplicasThanWorkersIsRefused) {
+  JobConfig config = QuickSyncJob();
+  config.training.replicas_to_aggregate = 3;
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(report.status().message().find("replicas_to_aggregate"), std::string::npos) << report.status();
+}
+
+}  // namespace
+}  // namespace shoal
