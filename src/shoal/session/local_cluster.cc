@@ -68,8 +68,9 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
 
 namespace {
 
-// Asks the kernel for a free loopback port.
-absl::StatusOr<int> FreePort() {
+}  // namespace
+
+absl::StatusOr<int> FreeLoopbackPort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return absl::InternalError("socket() failed");
   sockaddr_in addr{};
@@ -85,6 +86,8 @@ absl::StatusOr<int> FreePort() {
   if (port <= 0) return absl::InternalError("cannot find a free loopback port");
   return port;
 }
+
+namespace {
 
 struct Child {
   TaskId task;
@@ -143,7 +146,7 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
   config.cluster.processes = false;  // the children are the processes
   std::map<std::string, std::vector<std::string>> jobs;
   for (int i = 0; i < config.cluster.ps + config.cluster.workers; ++i) {
-    SHOAL_ASSIGN_OR_RETURN(int port, FreePort());
+    SHOAL_ASSIGN_OR_RETURN(int port, FreeLoopbackPort());
     jobs[i < config.cluster.ps ? "ps" : "worker"].push_back(absl::StrCat("127.0.0.1:", port));
   }
   SHOAL_ASSIGN_OR_RETURN(ClusterSpec cluster, ClusterSpec::Create(jobs));

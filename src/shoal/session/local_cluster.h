@@ -28,6 +28,9 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
 absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config, const std::string& shoal_binary,
                                                   bool show_progress);
 
+// Asks the kernel for a loopback port that is free now.
+absl::StatusOr<int> FreeLoopbackPort();
+
 }  // namespace shoal
 
 #endif  // SHOAL_SESSION_LOCAL_CLUSTER_H_
