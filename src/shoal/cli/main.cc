@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "shoal/core/status.h"
 #include "shoal/session/local_cluster.h"
 #include "shoal/session/task_runner.h"
@@ -160,6 +161,12 @@ absl::Status ClusterAndTask(Flags& flags, const JobConfig& config, ClusterSpec* 
 void PrintReport(const TrainReport& report) {
   absl::PrintF("trained %d steps in %.1f s (%.0f examples/s); test accuracy %.2f%%\n", report.global_step,
                report.seconds, report.examples_per_second, 100 * report.test_accuracy);
+  if (report.stale_gradients_dropped > 0) {
+    absl::PrintF("stale gradients dropped (late backup workers): %d\n", report.stale_gradients_dropped);
+  }
+  if (!report.ssp_gap_histogram.empty()) {
+    absl::PrintF("steps by clock gap to the slowest worker: [%s]\n", absl::StrJoin(report.ssp_gap_histogram, ", "));
+  }
 }
 
 absl::Status WriteResult(const std::string& path, const TrainReport& report) {
@@ -167,7 +174,9 @@ absl::Status WriteResult(const std::string& path, const TrainReport& report) {
                            {"global_step", report.global_step},
                            {"seconds", report.seconds},
                            {"examples_per_second", report.examples_per_second},
-                           {"last_loss", report.last_loss}};
+                           {"last_loss", report.last_loss},
+                           {"stale_gradients_dropped", report.stale_gradients_dropped},
+                           {"ssp_gap_histogram", report.ssp_gap_histogram}};
   std::ofstream out(path);
   out << result.dump(2) << "\n";
   if (!out) return absl::InternalError(absl::StrCat("cannot write result file '", path, "'"));

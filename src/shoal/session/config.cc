@@ -138,6 +138,7 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(training.Get("seed", &c->training.seed));
   SHOAL_RETURN_IF_ERROR(training.Get("replicas_to_aggregate", &c->training.replicas_to_aggregate));
   SHOAL_RETURN_IF_ERROR(training.Get("sync_timeout_s", &c->training.sync_timeout_s));
+  SHOAL_RETURN_IF_ERROR(training.Get("staleness", &c->training.staleness));
   SHOAL_RETURN_IF_ERROR(ParseOptimizer(training.Child("optimizer"), &c->training.optimizer));
   SHOAL_RETURN_IF_ERROR(training.CheckNoUnknownKeys());
 
@@ -192,9 +193,9 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   if (c.data.train_examples < 0 || c.data.test_examples < 0) {
     return absl::InvalidArgumentError("config: 'data.train_examples' and 'data.test_examples' must not be negative");
   }
-  if (c.training.mode != "async" && c.training.mode != "sync") {
+  if (c.training.mode != "async" && c.training.mode != "sync" && c.training.mode != "ssp") {
     return absl::InvalidArgumentError(absl::StrCat("config: 'training.mode' '", c.training.mode,
-                                                   "' is unknown; known: async, sync"));
+                                                   "' is unknown; known: async, sync, ssp"));
   }
   if (c.training.replicas_to_aggregate < 0) {
     return absl::InvalidArgumentError("config: 'training.replicas_to_aggregate' must not be negative");
@@ -259,7 +260,8 @@ std::string JobConfigToYaml(const JobConfig& c) {
       << YAML::Value << c.training.max_steps << YAML::Key << "batch_size" << YAML::Value << c.training.batch_size
       << YAML::Key << "use_locking" << YAML::Value << c.training.use_locking << YAML::Key << "seed" << YAML::Value
       << c.training.seed << YAML::Key << "replicas_to_aggregate" << YAML::Value << c.training.replicas_to_aggregate
-      << YAML::Key << "sync_timeout_s" << YAML::Value << c.training.sync_timeout_s;
+      << YAML::Key << "sync_timeout_s" << YAML::Value << c.training.sync_timeout_s << YAML::Key << "staleness"
+      << YAML::Value << c.training.staleness;
   out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap << YAML::Key << "kind" << YAML::Value << o.kind()
       << YAML::Key << "learning_rate" << YAML::Value << o.learning_rate() << YAML::Key << "momentum" << YAML::Value
       << o.momentum() << YAML::Key << "nesterov" << YAML::Value << o.nesterov() << YAML::Key << "beta1" << YAML::Value

@@ -32,7 +32,7 @@ struct DataConfig {
 };
 
 struct TrainingConfig {
-  std::string mode = "async";  // async | sync
+  std::string mode = "async";  // async | sync | ssp
   int epochs = 5;
   int64_t max_steps = 0;  // 0: epochs * train_examples / batch_size
   int64_t batch_size = 64;
@@ -44,6 +44,9 @@ struct TrainingConfig {
   // dropped. More than the workers is refused.
   int replicas_to_aggregate = 0;
   double sync_timeout_s = 60;  // a step that cannot complete in this time fails, naming who is missing
+  // ssp (stale synchronous parallel): a worker runs at most `staleness` steps
+  // ahead of the slowest; 0 is bulk-synchronous, negative is unbounded (async).
+  int staleness = 2;
 };
 
 struct TransportConfig {

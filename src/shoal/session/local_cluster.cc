@@ -20,7 +20,8 @@
 namespace shoal {
 
 absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProcOptions& transport_options,
-                                           std::FILE* progress_out) {
+                                           std::FILE* progress_out,
+                                           const std::function<void(WorkerContext&)>& customize) {
   SHOAL_RETURN_IF_ERROR(ValidateJobConfig(config));
   SHOAL_ASSIGN_OR_RETURN(DataSplits data, LoadData(config));
   const ClusterSpec cluster = ClusterSpec::Local(config.cluster.ps, config.cluster.workers);
@@ -57,6 +58,7 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
       }
       WorkerContext context = MakeWorkerContext(config, cluster, workers[i], client->get(), data.train, max_steps);
       if (progress) context.on_step = [&](int64_t step, double loss) { progress->OnStep(step, loss); };
+      if (customize) customize(context);
       statuses[i] = RunWorkerSession(context, data.test, &report);
     });
   }

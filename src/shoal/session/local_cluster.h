@@ -20,9 +20,11 @@
 
 namespace shoal {
 
-// `progress` may be null.
+// `progress` may be null. `customize`, if given, may adjust each worker's
+// context before it starts (hooks; tests slow a worker down with it).
 absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProcOptions& transport_options,
-                                           std::FILE* progress);
+                                           std::FILE* progress,
+                                           const std::function<void(WorkerContext&)>& customize = nullptr);
 
 // `shoal_binary` is the path of the shoal executable to start the tasks with.
 absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config, const std::string& shoal_binary,

@@ -40,6 +40,17 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   report->seconds = absl::ToDoubleSeconds(absl::Now() - start);
   SHOAL_ASSIGN_OR_RETURN(report->global_step, context.client->AddToCounter(kGlobalStep, 0));
   SHOAL_ASSIGN_OR_RETURN(report->stale_gradients_dropped, context.client->AddToCounter(kStaleGradients, 0));
+  if (context.config->training.mode == "ssp") {
+    // Read the histogram well past the bound, so that a violation would show.
+    const int64_t limit = std::max<int64_t>(context.config->training.staleness, 0) + 16;
+    for (int64_t gap = 0; gap <= limit; ++gap) {
+      SHOAL_ASSIGN_OR_RETURN(int64_t steps, context.client->AddToCounter(SspGapCounter(gap), 0));
+      report->ssp_gap_histogram.push_back(steps);
+    }
+    while (!report->ssp_gap_histogram.empty() && report->ssp_gap_histogram.back() == 0) {
+      report->ssp_gap_histogram.pop_back();
+    }
+  }
   report->examples_per_second =
       report->global_step * ExamplesPerStep(*context.config, context.num_workers) / report->seconds;
   report->last_loss = worker->last_loss;

@@ -15,6 +15,7 @@ struct TrainReport {
   double examples_per_second = 0;
   double last_loss = 0;
   int64_t stale_gradients_dropped = 0;  // sync: late gradients left out of a step
+  std::vector<int64_t> ssp_gap_histogram;  // ssp: steps that began g steps ahead of the slowest, by g
 };
 
 // Runs `context`'s worker to the end. On the chief, also waits (with the

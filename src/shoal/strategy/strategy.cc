@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "shoal/strategy/async_strategy.h"
+#include "shoal/strategy/ssp_strategy.h"
 #include "shoal/strategy/sync_strategy.h"
 
 namespace shoal {
@@ -9,8 +10,11 @@ namespace shoal {
 absl::StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const JobConfig& config) {
   if (config.training.mode == "async") return std::unique_ptr<TrainingStrategy>(new AsyncStrategy());
   if (config.training.mode == "sync") return std::unique_ptr<TrainingStrategy>(new SyncStrategy());
+  if (config.training.mode == "ssp") return std::unique_ptr<TrainingStrategy>(new SspStrategy());
   return absl::InvalidArgumentError(absl::StrCat("unknown training mode '", config.training.mode, "'"));
 }
+
+std::string SspGapCounter(int64_t gap) { return absl::StrCat("ssp_gap/", gap); }
 
 int ReplicasToAggregate(const JobConfig& config, int num_workers) {
   return config.training.replicas_to_aggregate > 0 ? config.training.replicas_to_aggregate : num_workers;

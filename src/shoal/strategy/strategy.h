@@ -37,12 +37,19 @@ struct WorkerContext {
   Dataset train_shard;
   int64_t max_steps = 0;  // global steps to train for
   StepCallback on_step;   // may be empty
+  // Runs before each local step (may be empty): a place for hooks, and for
+  // tests that slow one worker down.
+  std::function<void(int64_t local_step)> before_step;
 };
 
 struct WorkerResult {
   int64_t local_steps = 0;
   double last_loss = 0;
 };
+
+// Counters of the SSP clock gaps seen: "ssp_gap/<g>" counts steps that began
+// g steps ahead of the slowest worker.
+std::string SspGapCounter(int64_t gap);
 
 class TrainingStrategy {
  public:
