@@ -47,14 +47,22 @@ c = {
     "pytorch_ddp_gloo_2_workers_examples_per_second": [round(x, 1) for x in ddp],
     "ratio_medians": round(statistics.median(shoal) / statistics.median(ddp), 3),
 }
+sync = [json.loads(l)["examples_per_second"] for l in (out / "shoal_sync_grpc.jsonl").read_text().split("\n") if l]
+d = {
+    "shoal_sync_2_workers_1_ps_grpc_examples_per_second": [round(x, 1) for x in sync],
+    "pytorch_ddp_gloo_2_workers_examples_per_second": [round(x, 1) for x in ddp],
+    "ratio_medians": round(statistics.median(sync) / statistics.median(ddp), 3),
+}
 print(json.dumps({
     "a_transport": a,
     "b_train_one_worker": b,
     "c_two_workers_vs_ddp": c,
+    "d_sync_two_workers_vs_ddp": d,
     "targets": {
         "a_grpc_1MiB_push_pull_vs_raw_tcp_stream": target(a["1024KiB"]["grpc_best_vs_tcp_stream"], 0.8),
         "a_grpc_64KiB_push_pull_vs_raw_tcp_echo": target(a["64KiB"]["grpc_best_vs_tcp_echo"], 1.0),
         "b_shoal_vs_libtorch_one_worker": target(b["ratio_shoal_vs_libtorch"], 0.9),
         "c_shoal_grpc_vs_ddp": target(c["ratio_medians"], 1.0),
+        "d_shoal_sync_grpc_vs_ddp": target(d["ratio_medians"], 1.0),
     },
 }, indent=2))

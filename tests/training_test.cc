@@ -66,3 +66,29 @@ TEST(TrainingTest, AWorkerProcessThatFailsFailsTheJobNamingIt) {
 
 }  // namespace
 }  // namespace shoal
+
+namespace shoal {
+namespace {
+
+TEST(TrainingTest, SynchronousTrainingAsProcessesOverGrpcLearns) {
+  JobConfig config = QuickJob();
+  config.training.mode = "sync";
+  auto report = TrainInLocalProcesses(config, SHOAL_BINARY, false);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->global_step, (2 * 12000 + 127) / 128);
+  EXPECT_GT(report->test_accuracy, 0.75);
+}
+
+TEST(TrainingTest, SspAsProcessesOverGrpcKeepsItsBound) {
+  JobConfig config = QuickJob();
+  config.training.mode = "ssp";
+  config.training.staleness = 1;
+  config.training.epochs = 1;
+  auto report = TrainInLocalProcesses(config, SHOAL_BINARY, false);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_LE(report->ssp_gap_histogram.size(), 2u);
+  EXPECT_GT(report->test_accuracy, 0.7);
+}
+
+}  // namespace
+}  // namespace shoal
