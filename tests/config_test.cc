@@ -90,3 +90,26 @@ TEST(ConfigTest, MissingFileIsNotFound) {
 
 }  // namespace
 }  // namespace shoal
+
+namespace shoal {
+namespace {
+
+TEST(ConfigTest, ParsesSyncAndSspKeys) {
+  auto sync = ParseJobConfig("cluster: {workers: 3}\ntraining: {mode: sync, replicas_to_aggregate: 2, sync_timeout_s: 5}");
+  ASSERT_TRUE(sync.ok()) << sync.status();
+  EXPECT_EQ(sync->training.replicas_to_aggregate, 2);
+  EXPECT_EQ(sync->training.sync_timeout_s, 5);
+  auto ssp = ParseJobConfig("training: {mode: ssp, staleness: 0}");
+  ASSERT_TRUE(ssp.ok()) << ssp.status();
+  EXPECT_EQ(ssp->training.staleness, 0);
+}
+
+TEST(ConfigTest, MoreReplicasThanWorkersIsRefusedWithTheReason) {
+  auto config = ParseJobConfig("cluster: {workers: 2}\ntraining: {mode: sync, replicas_to_aggregate: 3}");
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("exceeds the number of workers (2)"), std::string::npos) << config.status();
+  EXPECT_FALSE(ParseJobConfig("training: {mode: sync, sync_timeout_s: 0}").ok());
+}
+
+}  // namespace
+}  // namespace shoal

@@ -61,15 +61,18 @@ absl::StatusOr<WorkerResult> SyncStrategy::RunWorker(WorkerContext& context) {
     loss.backward();
     SHOAL_ASSIGN_OR_RETURN(int dropped, client.Accumulate(names, model.Gradients(), local_step, me));
     if (dropped > 0) SHOAL_RETURN_IF_ERROR(client.AddToCounter(kStaleGradients, 1).status());
+    int64_t step = 0;
     if (context.is_chief) {
       absl::Status applied = client.ApplyAccumulated(names, replicas, local_step + 1, timeout, worker_names);
       if (!applied.ok()) {
         client.AddToCounter(kJobAborted, 1).IgnoreError();  // release the others
         return applied;
       }
-      SHOAL_RETURN_IF_ERROR(client.AddToCounter(kGlobalStep, 1).status());
+      // The chief advances global_step itself, so it need not wait for it.
+      SHOAL_ASSIGN_OR_RETURN(step, client.AddToCounter(kGlobalStep, 1));
+    } else {
+      SHOAL_ASSIGN_OR_RETURN(step, WaitForNextStep(client, context, local_step, timeout));
     }
-    SHOAL_ASSIGN_OR_RETURN(int64_t step, WaitForNextStep(client, context, local_step, timeout));
     ++result.local_steps;
     result.last_loss = loss.item<double>();
     if (context.on_step) context.on_step(step, result.last_loss);
