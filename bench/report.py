@@ -40,14 +40,16 @@ def target(value, goal):
 
 a = transport()
 b = json.loads((out / "train.json").read_text())
-shoal = [json.loads(l)["examples_per_second"] for l in (out / "shoal_grpc.jsonl").read_text().split("\n") if l]
+# shoal's steady rate leaves out the first 50 global steps, as the DDP peer
+# leaves out 50 warm-up steps.
+shoal = [json.loads(l)["steady_examples_per_second"] for l in (out / "shoal_grpc.jsonl").read_text().split("\n") if l]
 ddp = [json.loads(l)["examples_per_second"] for l in (out / "ddp.jsonl").read_text().split("\n") if l]
 c = {
     "shoal_2_workers_1_ps_grpc_examples_per_second": [round(x, 1) for x in shoal],
     "pytorch_ddp_gloo_2_workers_examples_per_second": [round(x, 1) for x in ddp],
     "ratio_medians": round(statistics.median(shoal) / statistics.median(ddp), 3),
 }
-sync = [json.loads(l)["examples_per_second"] for l in (out / "shoal_sync_grpc.jsonl").read_text().split("\n") if l]
+sync = [json.loads(l)["steady_examples_per_second"] for l in (out / "shoal_sync_grpc.jsonl").read_text().split("\n") if l]
 d = {
     "shoal_sync_2_workers_1_ps_grpc_examples_per_second": [round(x, 1) for x in sync],
     "pytorch_ddp_gloo_2_workers_examples_per_second": [round(x, 1) for x in ddp],

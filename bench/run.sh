@@ -20,7 +20,7 @@ echo "(c) 2 workers + 1 ps over gRPC vs PyTorch DDP (gloo), alternating, 2 round
 : > "$out/shoal_grpc.jsonl"
 : > "$out/ddp.jsonl"
 for round in 1 2; do
-  OPENBLAS_NUM_THREADS=1 build/shoal train --processes --ps 1 --workers 2 --max_steps 1200 \
+  OPENBLAS_NUM_THREADS=1 build/shoal train --processes --ps 1 --workers 2 --max_steps 1300 \
     --quiet --result_file "$out/shoal_grpc_$round.json" >&2
   tr -d '\n' < "$out/shoal_grpc_$round.json" >> "$out/shoal_grpc.jsonl"; echo >> "$out/shoal_grpc.jsonl"
   OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/ddp_peer.py --workers 2 --batch_size 64 --steps 600 >> "$out/ddp.jsonl"
@@ -30,7 +30,7 @@ echo "(d) synchronous training, 2 workers + 1 ps over gRPC vs PyTorch DDP (gloo)
 : > "$out/shoal_sync_grpc.jsonl"
 for round in 1 2; do
   OPENBLAS_NUM_THREADS=1 build/shoal train --config configs/sync.yaml --processes --ps 1 --workers 2 \
-    --max_steps 600 --quiet --result_file "$out/shoal_sync_$round.json" >&2
+    --max_steps 650 --quiet --result_file "$out/shoal_sync_$round.json" >&2
   tr -d '\n' < "$out/shoal_sync_$round.json" >> "$out/shoal_sync_grpc.jsonl"; echo >> "$out/shoal_sync_grpc.jsonl"
   OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/ddp_peer.py --workers 2 --batch_size 64 --steps 600 >> "$out/ddp.jsonl"
 done

@@ -174,6 +174,7 @@ absl::Status WriteResult(const std::string& path, const TrainReport& report) {
                            {"global_step", report.global_step},
                            {"seconds", report.seconds},
                            {"examples_per_second", report.examples_per_second},
+                           {"steady_examples_per_second", report.steady_examples_per_second},
                            {"last_loss", report.last_loss},
                            {"stale_gradients_dropped", report.stale_gradients_dropped},
                            {"ssp_gap_histogram", report.ssp_gap_histogram}};

@@ -20,7 +20,21 @@ absl::StatusOr<DataSplits> LoadData(const JobConfig& config) {
 absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, TrainReport* report) {
   const absl::Time start = absl::Now();
   SHOAL_ASSIGN_OR_RETURN(auto strategy, MakeStrategy(*context.config));
+  // The chief notes when the job is past its warm-up, for the steady rate.
+  int64_t warm_step = -1;
+  absl::Time warm_time;
+  if (context.is_chief) {
+    StepCallback report_step = context.on_step;
+    context.on_step = [&, report_step](int64_t step, double loss) {
+      if (warm_step < 0 && step >= kWarmupSteps) {
+        warm_step = step;
+        warm_time = absl::Now();
+      }
+      if (report_step) report_step(step, loss);
+    };
+  }
   auto worker = strategy->RunWorker(context);
+  const absl::Time trained = absl::Now();
   if (!worker.ok()) return Annotate(worker.status(), context.task.ToString());
   SHOAL_RETURN_IF_ERROR(context.client->AddToCounter(kWorkersDone, 1).status());
   if (!context.is_chief) return absl::OkStatus();
@@ -51,8 +65,13 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
       report->ssp_gap_histogram.pop_back();
     }
   }
-  report->examples_per_second =
-      report->global_step * ExamplesPerStep(*context.config, context.num_workers) / report->seconds;
+  const int64_t examples_per_step = ExamplesPerStep(*context.config, context.num_workers);
+  report->examples_per_second = report->global_step * examples_per_step / report->seconds;
+  report->steady_examples_per_second = report->examples_per_second;
+  if (warm_step >= 0 && trained > warm_time && report->global_step > warm_step) {
+    report->steady_examples_per_second =
+        (report->global_step - warm_step) * examples_per_step / absl::ToDoubleSeconds(trained - warm_time);
+  }
   report->last_loss = worker->last_loss;
   Mlp model(context.config->model);
   SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, context.client->Read(model.variable_names()));

@@ -12,11 +12,16 @@ struct TrainReport {
   double test_accuracy = 0;
   int64_t global_step = 0;
   double seconds = 0;
-  double examples_per_second = 0;
+  double examples_per_second = 0;         // over the whole session, start-up included
+  double steady_examples_per_second = 0;  // after the first kWarmupSteps global steps (benchmarks)
   double last_loss = 0;
   int64_t stale_gradients_dropped = 0;  // sync: late gradients left out of a step
   std::vector<int64_t> ssp_gap_histogram;  // ssp: steps that began g steps ahead of the slowest, by g
 };
+
+// Global steps left out of steady_examples_per_second, as benchmark peers
+// leave out their warm-up.
+inline constexpr int64_t kWarmupSteps = 50;
 
 // Runs `context`'s worker to the end. On the chief, also waits (with the
 // RPC deadline) for every worker to finish and fills `report` with the test
