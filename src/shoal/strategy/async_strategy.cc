@@ -13,18 +13,12 @@ absl::StatusOr<WorkerResult> AsyncStrategy::RunWorker(WorkerContext& context) {
   BatchIterator batches(context.train_shard, config.training.batch_size,
                         config.training.seed * 1000003 + context.worker_index);
   WorkerResult result;
-  torch::Tensor images, labels;
   while (true) {
-    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, context.client->Read(names));
-    model.Load(values);
-    batches.Next(&images, &labels);
-    for (const auto& p : model.variables()) p.mutable_grad().reset();
-    torch::Tensor loss = CrossEntropyLoss(model.Forward(images), labels);
-    loss.backward();
+    SHOAL_ASSIGN_OR_RETURN(double loss, PullAndComputeGradients(*context.client, model, batches));
     SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> counters,
                            context.client->ApplyGradients(names, model.Gradients(), {{kGlobalStep, 1}}));
     ++result.local_steps;
-    result.last_loss = loss.item<double>();
+    result.last_loss = loss;
     if (context.on_step) context.on_step(counters[0], result.last_loss);
     if (counters[0] >= context.max_steps) break;
   }

@@ -39,7 +39,6 @@ absl::StatusOr<WorkerResult> SspStrategy::RunWorker(WorkerContext& context) {
   BatchIterator batches(context.train_shard, config.training.batch_size,
                         config.training.seed * 1000003 + context.worker_index);
   WorkerResult result;
-  torch::Tensor images, labels;
   for (int64_t step = 0; step < local_steps; ++step) {
     if (context.before_step) context.before_step(step);
     if (staleness >= 0 && step > staleness) {
@@ -53,18 +52,13 @@ absl::StatusOr<WorkerResult> SspStrategy::RunWorker(WorkerContext& context) {
     }
     SHOAL_RETURN_IF_ERROR(client.AddToCounter(SspGapCounter(step - slowest), 1).status());
 
-    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(names));
-    model.Load(values);
-    batches.Next(&images, &labels);
-    for (const auto& p : model.variables()) p.mutable_grad().reset();
-    torch::Tensor loss = CrossEntropyLoss(model.Forward(images), labels);
-    loss.backward();
+    SHOAL_ASSIGN_OR_RETURN(double loss, PullAndComputeGradients(client, model, batches));
     SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> counters,
                            client.ApplyGradients(names, model.Gradients(), {{kGlobalStep, 1}}));
     SHOAL_RETURN_IF_ERROR(client.AddToCounter(ClockCounter(context.worker_index), 1).status());
     SHOAL_RETURN_IF_ERROR(client.AddToCounter(StepDoneCounter(step), 1).status());
     ++result.local_steps;
-    result.last_loss = loss.item<double>();
+    result.last_loss = loss;
     if (context.on_step) context.on_step(counters[0], result.last_loss);
   }
   return result;

@@ -1,6 +1,7 @@
 #include "shoal/strategy/strategy.h"
 
 #include "absl/strings/str_cat.h"
+#include "shoal/core/status.h"
 #include "shoal/strategy/async_strategy.h"
 #include "shoal/strategy/ssp_strategy.h"
 #include "shoal/strategy/sync_strategy.h"
@@ -29,6 +30,17 @@ int64_t MaxSteps(const JobConfig& config, int64_t train_examples, int num_worker
   const int64_t per_step = ExamplesPerStep(config, num_workers);
   const int64_t examples = config.training.epochs * train_examples;
   return std::max<int64_t>(1, (examples + per_step - 1) / per_step);
+}
+
+absl::StatusOr<double> PullAndComputeGradients(Client& client, Mlp& model, BatchIterator& batches) {
+  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(model.variable_names()));
+  model.Load(values);
+  torch::Tensor images, labels;
+  batches.Next(&images, &labels);
+  for (const auto& p : model.variables()) p.mutable_grad().reset();
+  torch::Tensor loss = CrossEntropyLoss(model.Forward(images), labels);
+  loss.backward();
+  return loss.item<double>();
 }
 
 absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model) {

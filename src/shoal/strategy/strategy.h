@@ -72,6 +72,11 @@ int64_t ExamplesPerStep(const JobConfig& config, int num_workers);
 // per step when synchronous.
 int64_t MaxSteps(const JobConfig& config, int64_t train_examples, int num_workers);
 
+// One worker step's local half: pulls `model`'s variables into it and runs
+// forward and backward on the next batch. Returns the loss; the gradients are
+// then in model.Gradients().
+absl::StatusOr<double> PullAndComputeGradients(Client& client, Mlp& model, BatchIterator& batches);
+
 // The chief creates the model's variables (initial values from the seeded
 // model); every other worker waits for them, up to the start-up timeout.
 absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model);

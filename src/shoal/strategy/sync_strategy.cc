@@ -51,14 +51,8 @@ absl::StatusOr<WorkerResult> SyncStrategy::RunWorker(WorkerContext& context) {
 
   WorkerResult result;
   SHOAL_ASSIGN_OR_RETURN(int64_t local_step, client.AddToCounter(kGlobalStep, 0));
-  torch::Tensor images, labels;
   while (local_step < context.max_steps) {
-    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(names));
-    model.Load(values);
-    batches.Next(&images, &labels);
-    for (const auto& p : model.variables()) p.mutable_grad().reset();
-    torch::Tensor loss = CrossEntropyLoss(model.Forward(images), labels);
-    loss.backward();
+    SHOAL_ASSIGN_OR_RETURN(double loss, PullAndComputeGradients(client, model, batches));
     SHOAL_ASSIGN_OR_RETURN(int dropped, client.Accumulate(names, model.Gradients(), local_step, me));
     if (dropped > 0) SHOAL_RETURN_IF_ERROR(client.AddToCounter(kStaleGradients, 1).status());
     int64_t step = 0;
@@ -74,7 +68,7 @@ absl::StatusOr<WorkerResult> SyncStrategy::RunWorker(WorkerContext& context) {
       SHOAL_ASSIGN_OR_RETURN(step, WaitForNextStep(client, context, local_step, timeout));
     }
     ++result.local_steps;
-    result.last_loss = loss.item<double>();
+    result.last_loss = loss;
     if (context.on_step) context.on_step(step, result.last_loss);
     local_step = step;
   }
