@@ -5,18 +5,15 @@
 #include <numeric>
 
 #include "shoal/session/local_cluster.h"
+#include "quick_job.h"
 
 namespace shoal {
 namespace {
 
 JobConfig QuickSspJob(int staleness) {
-  JobConfig config = DefaultJobConfig();
-  config.training.mode = "ssp";
+  JobConfig config = QuickJob("ssp");
   config.training.staleness = staleness;
   config.data.train_examples = 6000;
-  config.data.test_examples = 2000;
-  config.training.epochs = 2;
-  config.training.sync_timeout_s = 30;
   return config;
 }
 

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "shoal/session/local_cluster.h"
+#include "quick_job.h"
 #include "shoal/transport/inproc/inproc_transport.h"
 
 namespace shoal {
@@ -173,18 +174,8 @@ TEST(SyncEquivalenceTest, TwoWorkersMatchOneWorkerWithTheCombinedBatch) {
   }
 }
 
-JobConfig QuickSyncJob() {
-  JobConfig config = DefaultJobConfig();
-  config.training.mode = "sync";
-  config.data.train_examples = 12000;
-  config.data.test_examples = 2000;
-  config.training.epochs = 2;
-  config.training.sync_timeout_s = 30;
-  return config;
-}
-
 TEST(SyncTrainingTest, TwoWorkersInProcessLearn) {
-  auto report = TrainInProcess(QuickSyncJob(), InProcOptions{}, nullptr);
+  auto report = TrainInProcess(QuickJob("sync"), InProcOptions{}, nullptr);
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->global_step, 2 * 12000 / (64 * 2) + 1);
   EXPECT_EQ(report->stale_gradients_dropped, 0);
@@ -192,7 +183,7 @@ TEST(SyncTrainingTest, TwoWorkersInProcessLearn) {
 }
 
 TEST(SyncTrainingTest, ThreeWorkersWithABackupLearn) {
-  JobConfig config = QuickSyncJob();
+  JobConfig config = QuickJob("sync");
   config.cluster.workers = 3;
   config.training.replicas_to_aggregate = 2;
   auto report = TrainInProcess(config, InProcOptions{}, nullptr);
@@ -201,7 +192,7 @@ TEST(SyncTrainingTest, ThreeWorkersWithABackupLearn) {
 }
 
 TEST(SyncTrainingTest, MoreReplicasThanWorkersIsRefused) {
-  JobConfig config = QuickSyncJob();
+  JobConfig config = QuickJob("sync");
   config.training.replicas_to_aggregate = 3;
   auto report = TrainInProcess(config, InProcOptions{}, nullptr);
   EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument);
@@ -246,7 +237,7 @@ TEST(SyncTrainingTest, AKilledWorkerProcessFailsTheStepNamingItInsteadOfHanging)
   for (const char* job : {"ps", "worker", "worker"}) jobs[job].push_back("127.0.0.1:" + std::to_string(FreeLoopbackPort().value()));
   const ClusterSpec cluster = ClusterSpec::Create(jobs).value();
   std::ofstream(dir / "cluster.json") << cluster.ToJson();
-  JobConfig config = QuickSyncJob();
+  JobConfig config = QuickJob("sync");
   config.training.epochs = 100;  // far more than the test lets it run
   config.training.sync_timeout_s = 3;
   std::ofstream(dir / "config.yaml") << JobConfigToYaml(config);

@@ -8,18 +8,10 @@
 #include <fstream>
 
 #include "shoal/session/local_cluster.h"
+#include "quick_job.h"
 
 namespace shoal {
 namespace {
-
-JobConfig QuickJob() {
-  JobConfig config = DefaultJobConfig();
-  config.data.train_examples = 12000;
-  config.data.test_examples = 2000;
-  config.training.epochs = 2;
-  config.transport.startup_timeout_s = 60;
-  return config;
-}
 
 TEST(TrainingTest, AsyncInProcessLearns) {
   auto report = TrainInProcess(QuickJob(), InProcOptions{}, nullptr);

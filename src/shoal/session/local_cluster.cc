@@ -32,8 +32,7 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
   std::vector<std::unique_ptr<VariableService>> services;
   std::vector<std::unique_ptr<ServerHandle>> servers;
   for (const TaskId& task : cluster.AllTasks()) {
-    services.push_back(std::make_unique<VariableService>(
-        VariableServiceOptions{task.ToString(), static_cast<size_t>(config.transport.max_message_mb) << 20}));
+    services.push_back(MakeVariableService(config, task));
     SHOAL_ASSIGN_OR_RETURN(std::string address, cluster.AddressOf(task));
     SHOAL_ASSIGN_OR_RETURN(auto server, transport.Serve(address, services.back().get()));
     servers.push_back(std::move(server));

@@ -21,13 +21,17 @@ absl::Status Serve(const JobConfig& config, const ClusterSpec& cluster, const Ta
                    std::unique_ptr<ServerHandle>* server) {
   SHOAL_ASSIGN_OR_RETURN(std::string address, cluster.AddressOf(task));
   if (!options.bind_address.empty()) address = options.bind_address;
-  *service = std::make_unique<VariableService>(
-      VariableServiceOptions{task.ToString(), static_cast<size_t>(config.transport.max_message_mb) << 20});
+  *service = MakeVariableService(config, task);
   SHOAL_ASSIGN_OR_RETURN(*server, transport.Serve(address, service->get()));
   return absl::OkStatus();
 }
 
 }  // namespace
+
+std::unique_ptr<VariableService> MakeVariableService(const JobConfig& config, const TaskId& task) {
+  return std::make_unique<VariableService>(
+      VariableServiceOptions{task.ToString(), static_cast<size_t>(config.transport.max_message_mb) << 20});
+}
 
 absl::StatusOr<std::shared_ptr<const Placement>> MakePlacement(const JobConfig& config, const ClusterSpec& cluster) {
   Mlp model(config.model);
