@@ -14,9 +14,13 @@ namespace shoal {
 namespace {
 
 TEST(TrainingTest, AsyncInProcessLearns) {
-  auto report = TrainInProcess(QuickJob(), InProcOptions{}, nullptr);
+  // Three epochs, not two: one CI run under load ended a 2-epoch Hogwild run
+  // at 65.9% (typical: 82-83%); see the closing note of 2026-11-30.
+  JobConfig config = QuickJob();
+  config.training.epochs = 3;
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr);
   ASSERT_TRUE(report.ok()) << report.status();
-  EXPECT_GE(report->global_step, 2 * 12000 / 64);
+  EXPECT_GE(report->global_step, 3 * 12000 / 64);
   EXPECT_GT(report->test_accuracy, 0.75);
 }
 
