@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 packages=(
   cmake ninja-build g++ ccache pkg-config
   libtorch-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev
+  libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev libcairo2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
 )

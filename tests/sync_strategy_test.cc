@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "shoal/session/local_cluster.h"
+#include "process_helpers.h"
 #include "quick_job.h"
 #include "shoal/transport/inproc/inproc_transport.h"
 
@@ -205,49 +206,14 @@ TEST(SyncTrainingTest, MoreReplicasThanWorkersIsRefused) {
 namespace shoal {
 namespace {
 
-pid_t SpawnShoal(const std::vector<std::string>& args, const std::string& stderr_path) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    if (!stderr_path.empty() && std::freopen(stderr_path.c_str(), "w", stderr) == nullptr) _exit(126);
-    std::vector<char*> argv = {const_cast<char*>(SHOAL_BINARY)};
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    execv(SHOAL_BINARY, argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-// Waits up to `timeout` for `pid`; returns its wait status, or -1 on timeout.
-int WaitFor(pid_t pid, absl::Duration timeout) {
-  const absl::Time give_up = absl::Now() + timeout;
-  int status = 0;
-  while (absl::Now() < give_up) {
-    if (waitpid(pid, &status, WNOHANG) == pid) return status;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return -1;
-}
-
 TEST(SyncTrainingTest, AKilledWorkerProcessFailsTheStepNamingItInsteadOfHanging) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("shoal_kill_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  std::map<std::string, std::vector<std::string>> jobs;
-  for (const char* job : {"ps", "worker", "worker"}) jobs[job].push_back("127.0.0.1:" + std::to_string(FreeLoopbackPort().value()));
-  const ClusterSpec cluster = ClusterSpec::Create(jobs).value();
-  std::ofstream(dir / "cluster.json") << cluster.ToJson();
   JobConfig config = QuickJob("sync");
   config.training.epochs = 100;  // far more than the test lets it run
   config.training.sync_timeout_s = 3;
-  std::ofstream(dir / "config.yaml") << JobConfigToYaml(config);
-  auto args = [&](const std::string& command, const std::string& task) {
-    return std::vector<std::string>{command, "--cluster", dir / "cluster.json", "--task", task,
-                                    "--config", dir / "config.yaml", "--quiet"};
-  };
-  pid_t ps = SpawnShoal(args("server", "ps:0"), "");
-  pid_t chief = SpawnShoal(args("worker", "worker:0"), dir / "chief.err");
-  pid_t worker = SpawnShoal(args("worker", "worker:1"), "");
+  ProcessCluster cluster("shoal_kill", 1, 2, config);
+  pid_t ps = cluster.Start("server", "ps:0");
+  pid_t chief = cluster.Start("worker", "worker:0", "chief.err");
+  pid_t worker = cluster.Start("worker", "worker:1");
   absl::SleepFor(absl::Seconds(4));  // start-up and some synchronous steps
   kill(worker, SIGKILL);
   waitpid(worker, nullptr, 0);
@@ -260,10 +226,8 @@ TEST(SyncTrainingTest, AKilledWorkerProcessFailsTheStepNamingItInsteadOfHanging)
   ASSERT_NE(status, -1) << "the chief hung after a worker died";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0);
   EXPECT_LT(took, absl::Seconds(15));
-  std::ifstream err(dir / "chief.err");
-  std::string message((std::istreambuf_iterator<char>(err)), {});
+  const std::string message = cluster.ReadFile("chief.err");
   EXPECT_NE(message.find("missing /job:worker/task:1"), std::string::npos) << message;
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

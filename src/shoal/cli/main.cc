@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -24,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "shoal/core/status.h"
+#include "shoal/report/metrics_plot.h"
 #include "shoal/session/local_cluster.h"
 #include "shoal/session/task_runner.h"
 #include "shoal/transport/grpc/grpc_transport.h"
@@ -34,16 +36,21 @@ namespace {
 constexpr char kUsage[] = R"(shoal: parameter-server training in C++
 
 usage:
-  shoal train  [--config FILE] [--processes] [--ps N] [--workers N] [--epochs N]
-               [--batch_size N] [--max_steps N] [--data_dir DIR] [--quiet]
+  shoal train  [--config FILE] [--mode MODE] [--processes] [--ps N] [--workers N]
+               [--epochs N] [--batch_size N] [--max_steps N] [--data_dir DIR]
+               [--metrics_dir DIR] [--result_file FILE] [--quiet]
       Runs a job on a local cluster (default: 2 ps, 2 workers, async, the
       784-256-128-10 MLP on Fashion-MNIST for 5 epochs). --processes runs each
-      task as its own process talking gRPC on loopback.
+      task as its own process talking gRPC on loopback. MODE: async, sync,
+      ssp, downpour, model_average, easgd.
   shoal server --task ps:0 [--cluster FILE] [--config FILE] [--bind ADDR]
       Serves one task of a real cluster until the chief shuts it down.
   shoal worker --task worker:1 [--cluster FILE] [--config FILE] [--bind ADDR]
                [--result_file FILE] [--quiet]
       Trains as one worker of a real cluster.
+  shoal plot   --metrics_dir DIR [--out FILE.png]
+      Draws the loss and batch-accuracy curves of every task's metrics file
+      (hooks.metrics_dir) into one PNG.
   Without --cluster/--task, server and worker read TF_CONFIG
   ({"cluster": {...}, "task": {"type": "worker", "index": 1}}); WORKER_ID
   overrides a worker's index.
@@ -116,6 +123,12 @@ absl::StatusOr<JobConfig> ConfigFromFlags(Flags& flags) {
     *field = static_cast<std::remove_pointer_t<decltype(field)>>(value);
     return absl::OkStatus();
   };
+  if (flags.Has("mode")) {
+    config.training.mode = flags.Get("mode");
+    // Without a config file the mode's own default optimizer applies.
+    if (!flags.Has("config")) config.training.optimizer = DefaultOptimizer(config.training.mode);
+  }
+  if (flags.Has("metrics_dir")) config.hooks.metrics_dir = flags.Get("metrics_dir");
   SHOAL_RETURN_IF_ERROR(override_int("ps", &config.cluster.ps));
   SHOAL_RETURN_IF_ERROR(override_int("workers", &config.cluster.workers));
   SHOAL_RETURN_IF_ERROR(override_int("epochs", &config.training.epochs));
@@ -167,6 +180,11 @@ void PrintReport(const TrainReport& report) {
   if (!report.ssp_gap_histogram.empty()) {
     absl::PrintF("steps by clock gap to the slowest worker: [%s]\n", absl::StrJoin(report.ssp_gap_histogram, ", "));
   }
+  if (report.epochs_trained > 0) {
+    absl::PrintF("workers sent %.1f MB and received %.1f MB per epoch\n", report.bytes_sent / 1e6 / report.epochs_trained,
+                 report.bytes_received / 1e6 / report.epochs_trained);
+  }
+  if (!report.stop_reason.empty()) absl::PrintF("stopped early: %s\n", report.stop_reason);
 }
 
 absl::Status WriteResult(const std::string& path, const TrainReport& report) {
@@ -177,7 +195,11 @@ absl::Status WriteResult(const std::string& path, const TrainReport& report) {
                            {"steady_examples_per_second", report.steady_examples_per_second},
                            {"last_loss", report.last_loss},
                            {"stale_gradients_dropped", report.stale_gradients_dropped},
-                           {"ssp_gap_histogram", report.ssp_gap_histogram}};
+                           {"ssp_gap_histogram", report.ssp_gap_histogram},
+                           {"bytes_sent", report.bytes_sent},
+                           {"bytes_received", report.bytes_received},
+                           {"epochs_trained", report.epochs_trained},
+                           {"stop_reason", report.stop_reason}};
   std::ofstream out(path);
   out << result.dump(2) << "\n";
   if (!out) return absl::InternalError(absl::StrCat("cannot write result file '", path, "'"));
@@ -203,6 +225,17 @@ absl::Status Train(Flags& flags) {
   }
   PrintReport(report);
   if (!result_file.empty()) SHOAL_RETURN_IF_ERROR(WriteResult(result_file, report));
+  return absl::OkStatus();
+}
+
+absl::Status Plot(Flags& flags) {
+  if (!flags.Has("metrics_dir")) return absl::InvalidArgumentError("--metrics_dir is required");
+  const std::string dir = flags.Get("metrics_dir");
+  const std::string out = flags.Get("out", (std::filesystem::path(dir) / "curves.png").string());
+  SHOAL_RETURN_IF_ERROR(flags.CheckAllUsed());
+  SHOAL_ASSIGN_OR_RETURN(std::vector<MetricsSeries> series, ReadMetricsDir(dir));
+  SHOAL_RETURN_IF_ERROR(PlotMetrics(series, out));
+  absl::PrintF("wrote %s (%d tasks)\n", out, static_cast<int>(series.size()));
   return absl::OkStatus();
 }
 
@@ -246,6 +279,8 @@ int Main(int argc, char** argv) {
       status = RunTask(*flags, /*server=*/true);
     } else if (command == "worker") {
       status = RunTask(*flags, /*server=*/false);
+    } else if (command == "plot") {
+      status = Plot(*flags);
     } else {
       status = absl::InvalidArgumentError(absl::StrCat("unknown command '", command, "'; see shoal --help"));
     }

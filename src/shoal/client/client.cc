@@ -39,6 +39,12 @@ absl::Status CheckPartitionedShape(const std::string& name, const VariablePlacem
   return absl::OkStatus();
 }
 
+// The size of a message on the wire (frame length, header, tensor bytes),
+// counted the same way whatever the transport.
+int64_t MessageBytes(const google::protobuf::Message& header, const std::vector<torch::Tensor>& tensors) {
+  return static_cast<int64_t>(sizeof(uint32_t) + header.ByteSizeLong() + TensorBytes(tensors));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClusterSpec& cluster, Transport* transport,
@@ -93,6 +99,10 @@ absl::Status Client::RunAll(TaskCalls& calls) {
     });
   }
   pending.Wait();  // each transport enforces `deadline`
+  for (const auto& [task, call] : calls) {
+    bytes_sent_.fetch_add(MessageBytes(call.request.header, call.request.tensors), std::memory_order_relaxed);
+    bytes_received_.fetch_add(MessageBytes(call.response.header, call.response.tensors), std::memory_order_relaxed);
+  }
   return first_error;
 }
 
@@ -208,10 +218,24 @@ absl::Status Client::Assign(const std::vector<std::string>& names, const std::ve
 absl::StatusOr<std::vector<int64_t>> Client::ApplyGradients(const std::vector<std::string>& names,
                                                            const std::vector<torch::Tensor>& gradients,
                                                            const std::vector<CounterDelta>& counters) {
+  return Update(wire::UPDATE_OPTIMIZER, names, gradients, counters);
+}
+
+absl::StatusOr<std::vector<int64_t>> Client::AddToVariables(const std::vector<std::string>& names,
+                                                           const std::vector<torch::Tensor>& deltas,
+                                                           const std::vector<CounterDelta>& counters) {
+  return Update(wire::UPDATE_ADD, names, deltas, counters);
+}
+
+absl::StatusOr<std::vector<int64_t>> Client::Update(wire::UpdateRule rule, const std::vector<std::string>& names,
+                                                   const std::vector<torch::Tensor>& updates,
+                                                   const std::vector<CounterDelta>& counters) {
   TaskCalls calls;
-  SHOAL_RETURN_IF_ERROR(AddPerShard(names, gradients, "apply",
-                                    [](wire::RequestHeader& h, const std::string& name, size_t, const torch::Tensor&) {
+  SHOAL_RETURN_IF_ERROR(AddPerShard(names, updates, "apply",
+                                    [rule](wire::RequestHeader& h, const std::string& name, size_t,
+                                           const torch::Tensor&) {
                                       h.mutable_apply_gradients()->add_names(name);
+                                      h.mutable_apply_gradients()->set_rule(rule);
                                     },
                                     &calls));
   // The counters ride with the gradients to the counter task.
@@ -270,7 +294,7 @@ absl::StatusOr<int> Client::Accumulate(const std::vector<std::string>& names,
 
 absl::Status Client::ApplyAccumulated(const std::vector<std::string>& names, int replicas_to_aggregate,
                                       int64_t new_step, absl::Duration timeout,
-                                      const std::vector<std::string>& workers) {
+                                      const std::vector<std::string>& workers, wire::AccumulatedRule rule) {
   SHOAL_ASSIGN_OR_RETURN(auto placements, LocateAll(names));
   std::map<TaskId, std::vector<std::string>> pending;  // task -> stored names not yet applied
   for (const auto& vp : placements) {
@@ -286,7 +310,8 @@ absl::Status Client::ApplyAccumulated(const std::vector<std::string>& names, int
       for (const auto& name : stored) apply->add_names(name);
       apply->set_replicas_to_aggregate(replicas_to_aggregate);
       apply->set_new_step(new_step);
-      apply->set_wait_ms(50);
+      apply->set_wait_ms(200);
+      apply->set_rule(rule);
     }
     SHOAL_RETURN_IF_ERROR(RunAll(calls));
     for (auto& [task, call] : calls) {

@@ -14,6 +14,7 @@
 #ifndef SHOAL_CLIENT_CLIENT_H_
 #define SHOAL_CLIENT_CLIENT_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -75,6 +76,12 @@ class Client {
                                                       const std::vector<torch::Tensor>& gradients,
                                                       const std::vector<CounterDelta>& counters = {});
 
+  // Adds each delta to its variable's value (no optimizer; TensorFlow's
+  // assign_add), then bumps `counters` as ApplyGradients does.
+  absl::StatusOr<std::vector<int64_t>> AddToVariables(const std::vector<std::string>& names,
+                                                      const std::vector<torch::Tensor>& deltas,
+                                                      const std::vector<CounterDelta>& counters = {});
+
   // Adds `delta` to a counter on the counter task; returns the new value.
   absl::StatusOr<int64_t> AddToCounter(const std::string& name, int64_t delta);
 
@@ -88,16 +95,24 @@ class Client {
                                  int64_t local_step, const std::string& worker);
 
   // The chief's side of a synchronous step: on every task, waits for
-  // `replicas_to_aggregate` gradients per variable, applies their average and
-  // moves the accumulators to `new_step`. After `timeout`, DeadlineExceeded
-  // naming the workers heard from and those missing (of `workers`).
+  // `replicas_to_aggregate` tensors per variable, uses their mean as `rule`
+  // says (wire.proto: a gradient step, or for model averaging the new value)
+  // and moves the accumulators to `new_step`. After `timeout`,
+  // DeadlineExceeded naming the workers heard from and those missing (of
+  // `workers`).
   absl::Status ApplyAccumulated(const std::vector<std::string>& names, int replicas_to_aggregate, int64_t new_step,
-                                absl::Duration timeout, const std::vector<std::string>& workers);
+                                absl::Duration timeout, const std::vector<std::string>& workers,
+                                wire::AccumulatedRule rule = wire::MEAN_GRADIENT);
 
   // Asks `task`'s server to shut down.
   absl::Status Shutdown(const TaskId& task);
 
   const Placement& placement() const { return *placement_; }
+
+  // Bytes this client has sent and received (frames: header and tensors),
+  // counted alike over every transport.
+  int64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
+  int64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
 
  private:
   struct TaskCall;  // one request to one task
@@ -109,6 +124,9 @@ class Client {
   // Sends every call in parallel and waits for all; returns the first error.
   absl::Status RunAll(TaskCalls& calls);
   absl::StatusOr<Channel*> ChannelFor(const TaskId& task) const;
+  absl::StatusOr<std::vector<int64_t>> Update(wire::UpdateRule rule, const std::vector<std::string>& names,
+                                              const std::vector<torch::Tensor>& updates,
+                                              const std::vector<CounterDelta>& counters);
   // Adds each variable's tensor, sliced per shard, to the call for the
   // shard's task; `add_name` records the shard in that call's header, given
   // the stored name, the variable's index and the slice.
@@ -119,6 +137,8 @@ class Client {
   std::map<TaskId, std::shared_ptr<Channel>> channels_;
   std::shared_ptr<const Placement> placement_;
   ClientOptions options_;
+  std::atomic<int64_t> bytes_sent_{0};
+  std::atomic<int64_t> bytes_received_{0};
 };
 
 }  // namespace shoal

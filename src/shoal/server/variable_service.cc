@@ -71,7 +71,10 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
     case wire::RequestHeader::kApplyGradients: {
       std::vector<int64_t> versions;
       const auto& apply = h.apply_gradients();
-      SHOAL_RETURN_IF_ERROR(store_.ApplyGradients(Names(apply.names()), request.tensors, &versions));
+      if (!wire::UpdateRule_IsValid(apply.rule())) {
+        return absl::InvalidArgumentError(absl::StrCat("unknown update rule ", apply.rule(), " sent to ", options_.task_name));
+      }
+      SHOAL_RETURN_IF_ERROR(store_.ApplyGradients(Names(apply.names()), request.tensors, &versions, apply.rule()));
       auto* out = response->header.mutable_apply_gradients();
       CopyInts(versions, out->mutable_versions());
       for (const auto& counter : apply.counters()) {
@@ -102,9 +105,13 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
     }
     case wire::RequestHeader::kApplyAccumulated: {
       const auto& apply = h.apply_accumulated();
+      if (!wire::AccumulatedRule_IsValid(apply.rule())) {
+        return absl::InvalidArgumentError(absl::StrCat("unknown accumulated rule ", apply.rule(), " sent to ", options_.task_name));
+      }
       SHOAL_ASSIGN_OR_RETURN(
           auto result, store_.ApplyAccumulated(Names(apply.names()), apply.replicas_to_aggregate(), apply.new_step(),
-                                               absl::Milliseconds(std::clamp<int64_t>(apply.wait_ms(), 0, kMaxWaitMs))));
+                                               absl::Milliseconds(std::clamp<int64_t>(apply.wait_ms(), 0, kMaxWaitMs)),
+                                               apply.rule()));
       auto* out = response->header.mutable_apply_accumulated();
       out->set_applied(result.applied);
       for (int c : result.counts) out->add_counts(c);

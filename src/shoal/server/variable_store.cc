@@ -175,7 +175,11 @@ absl::Status VariableStore::Assign(const std::vector<std::string>& names, const 
 
 absl::Status VariableStore::ApplyGradients(const std::vector<std::string>& names,
                                            const std::vector<torch::Tensor>& gradients,
-                                           std::vector<int64_t>* versions) {
+                                           std::vector<int64_t>* versions, wire::UpdateRule rule) {
+  if (rule == wire::UPDATE_ADD) {
+    return Update(names, gradients, "delta", versions,
+                  [](Variable& var, const torch::Tensor& delta) { var.value.add_(delta); });
+  }
   return Update(names, gradients, "gradient", versions, [](Variable& var, const torch::Tensor& gradient) {
     var.optimizer->Apply(var.value, gradient, var.slots);
   });
@@ -221,7 +225,8 @@ absl::Status VariableStore::Accumulate(const std::vector<std::string>& names,
 }
 
 absl::StatusOr<VariableStore::ApplyAccumulatedResult> VariableStore::ApplyAccumulated(
-    const std::vector<std::string>& names, int replicas_to_aggregate, int64_t new_step, absl::Duration wait) {
+    const std::vector<std::string>& names, int replicas_to_aggregate, int64_t new_step, absl::Duration wait,
+    wire::AccumulatedRule rule) {
   if (replicas_to_aggregate < 1) {
     return absl::InvalidArgumentError(absl::StrCat("apply_accumulated on ", task_name_,
                                                    ": replicas_to_aggregate must be at least 1"));
@@ -252,7 +257,17 @@ absl::StatusOr<VariableStore::ApplyAccumulatedResult> VariableStore::ApplyAccumu
     {
       std::unique_lock<std::mutex> update(var.update_mu, std::defer_lock);
       if (var.def.use_locking()) update.lock();
-      var.optimizer->Apply(var.value, var.gradient_sum.div(var.accumulated), var.slots);
+      torch::Tensor mean = var.gradient_sum.div(var.accumulated);
+      switch (rule) {
+        case wire::ASSIGN_MEAN:
+          var.value.copy_(mean);
+          break;
+        case wire::BLOCK_MOMENTUM:
+          var.optimizer->Apply(var.value, var.value - mean, var.slots);
+          break;
+        default:
+          var.optimizer->Apply(var.value, mean, var.slots);
+      }
       var.version.fetch_add(1);
     }
     var.gradient_sum.zero_();

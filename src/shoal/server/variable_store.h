@@ -54,11 +54,13 @@ class VariableStore {
   absl::Status Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values,
                       std::vector<int64_t>* versions);
 
-  // Applies each gradient with its variable's optimizer. Gradients must match
-  // the variable's shape and be finite.
+  // Applies each update by `rule`: a gradient through its variable's
+  // optimizer, or a delta added to the value. Updates must match the
+  // variable's shape and be finite.
   absl::Status ApplyGradients(const std::vector<std::string>& names,
                               const std::vector<torch::Tensor>& gradients,
-                              std::vector<int64_t>* versions);
+                              std::vector<int64_t>* versions,
+                              wire::UpdateRule rule = wire::UPDATE_OPTIMIZER);
 
   // Adds `delta` to counter `name` (created at 0) and returns the new value.
   int64_t AddToCounter(const std::string& name, int64_t delta);
@@ -77,11 +79,12 @@ class VariableStore {
     std::vector<std::string> contributors;  // of the first variable's current step
   };
   // Waits at most `wait` until each accumulator holds `replicas_to_aggregate`
-  // gradients, then applies each average with the optimizer and moves the
-  // accumulators to `new_step`. Idempotent for a step already applied.
+  // tensors, then uses each mean as `rule` says (see wire.proto) and moves
+  // the accumulators to `new_step`. Idempotent for a step already applied.
   absl::StatusOr<ApplyAccumulatedResult> ApplyAccumulated(const std::vector<std::string>& names,
                                                           int replicas_to_aggregate, int64_t new_step,
-                                                          absl::Duration wait);
+                                                          absl::Duration wait,
+                                                          wire::AccumulatedRule rule = wire::MEAN_GRADIENT);
 
   // For each name: its definition and version, or nullopt-like absence.
   struct VariableInfo {

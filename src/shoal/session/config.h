@@ -32,7 +32,8 @@ struct DataConfig {
 };
 
 struct TrainingConfig {
-  std::string mode = "async";  // async | sync | ssp
+  // async | sync | ssp, or a local-replica mode: downpour | model_average | easgd
+  std::string mode = "async";
   int epochs = 5;
   int64_t max_steps = 0;  // 0: epochs * train_examples / batch_size
   int64_t batch_size = 64;
@@ -49,6 +50,40 @@ struct TrainingConfig {
   int staleness = 2;
 };
 
+// Local replicas (DistBelief): each worker trains its own copy of the model
+// with `optimizer` and exchanges with the ps only now and then.
+struct LocalReplicaConfig {
+  wire::OptimizerConfig optimizer;  // trains the local copy; default: adam 0.001
+  // downpour: fetch the global values every n_fetch steps; push the summed
+  // gradients every n_push steps (the ps applies training.optimizer, adagrad
+  // unless the config names one).
+  int n_fetch = 4;
+  int n_push = 4;
+  // model_average: after warmup_steps (averaged every step), average the
+  // local copies every interval_steps at a barrier. block_momentum > 0 turns
+  // on BMUF: bg = m*bg + block_learning_rate*(global - average); global -= bg.
+  int interval_steps = 8;
+  int warmup_steps = 0;
+  double block_momentum = 0;
+  double block_learning_rate = 1;
+  // easgd: every tau steps, d = alpha*(x - centre); x -= d; centre += d.
+  // alpha 0 means 0.9 / workers. rho > 0 adds rho*(x - centre) to each local
+  // gradient (the elastic penalty, with the last centre read).
+  int tau = 8;
+  double alpha = 0;
+  double rho = 0;
+};
+
+// Hooks every worker runs (session/hooks.h).
+struct HooksConfig {
+  int64_t log_every_steps = 0;      // a log line per worker every N local steps; 0: off
+  std::string nan_guard = "fail";   // non-finite loss or update: fail | stop | off
+  int64_t stop_at_step = 0;         // the chief stops the job at this global step; 0: none
+  std::string metrics_dir;          // per-task metrics files here; empty: none
+  std::string metrics_format = "jsonl";  // jsonl | csv
+  int64_t metrics_every_steps = 10;
+};
+
 struct TransportConfig {
   double rpc_timeout_s = 60;
   double startup_timeout_s = 120;  // how long tasks wait for each other at start
@@ -61,6 +96,8 @@ struct JobConfig {
   MlpConfig model;
   DataConfig data;
   TrainingConfig training;
+  LocalReplicaConfig local;
+  HooksConfig hooks;
   PlacementOptions placement;
   TransportConfig transport;
 };
@@ -70,6 +107,12 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text);
 absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
 // Checks cross-field consistency (also done by the parsers).
 absl::Status ValidateJobConfig(const JobConfig& config);
+// True for the modes where workers train local replicas.
+bool IsLocalReplicaMode(const std::string& mode);
+// The optimizer a mode's ps applies when the config names none (downpour:
+// adagrad, as DistBelief; otherwise adam with decay).
+wire::OptimizerConfig DefaultOptimizer(const std::string& mode);
+
 // YAML that ParseJobConfig reads back to the same config.
 std::string JobConfigToYaml(const JobConfig& config);
 

@@ -51,6 +51,7 @@ WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& clus
   context.client = client;
   context.config = &config;
   context.train_shard = train.Shard(context.worker_index, context.num_workers);
+  context.train_examples = train.size();
   context.max_steps = max_steps;
   return context;
 }

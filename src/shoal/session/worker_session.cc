@@ -1,9 +1,18 @@
 #include "shoal/session/worker_session.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "shoal/core/status.h"
+#include "shoal/hooks/standard_hooks.h"
 
 namespace shoal {
+namespace {
+
+// Job-wide sums each worker adds to when it is done.
+constexpr char kBytesSent[] = "bytes_sent";
+constexpr char kBytesReceived[] = "bytes_received";
+
+}  // namespace
 
 absl::StatusOr<DataSplits> LoadData(const JobConfig& config) {
   DataSplits splits;
@@ -33,10 +42,24 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
       if (report_step) report_step(step, loss);
     };
   }
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<HookList> hooks,
+                         MakeStandardHooks(context.config->hooks, context.task.job, context.task.index,
+                                           context.is_chief));
+  for (const auto& hook : context.extra_hooks) hooks->Add(hook);
+  context.hooks = hooks.get();
   auto worker = strategy->RunWorker(context);
+  hooks->End(worker.status());
+  context.hooks = nullptr;
   const absl::Time trained = absl::Now();
   if (!worker.ok()) return Annotate(worker.status(), context.task.ToString());
-  SHOAL_RETURN_IF_ERROR(context.client->AddToCounter(kWorkersDone, 1).status());
+  if (!worker->stop_reason.empty()) {
+    absl::FPrintF(stderr, "%s stopped the job: %s\n", context.task.ToString(), worker->stop_reason);
+  }
+  Client& client = *context.client;
+  SHOAL_RETURN_IF_ERROR(client.AddToCounter(kBytesSent, client.bytes_sent() - context.startup_bytes_sent).status());
+  SHOAL_RETURN_IF_ERROR(
+      client.AddToCounter(kBytesReceived, client.bytes_received() - context.startup_bytes_received).status());
+  SHOAL_RETURN_IF_ERROR(client.AddToCounter(kWorkersDone, 1).status());
   if (!context.is_chief) return absl::OkStatus();
 
   // The chief evaluates once every worker has pushed its last step.
@@ -54,6 +77,12 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   report->seconds = absl::ToDoubleSeconds(absl::Now() - start);
   SHOAL_ASSIGN_OR_RETURN(report->global_step, context.client->AddToCounter(kGlobalStep, 0));
   SHOAL_ASSIGN_OR_RETURN(report->stale_gradients_dropped, context.client->AddToCounter(kStaleGradients, 0));
+  SHOAL_ASSIGN_OR_RETURN(report->bytes_sent, context.client->AddToCounter(kBytesSent, 0));
+  SHOAL_ASSIGN_OR_RETURN(report->bytes_received, context.client->AddToCounter(kBytesReceived, 0));
+  SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(*context.client));
+  if (stopped) {
+    report->stop_reason = worker->stop_reason.empty() ? "a worker's hook stopped the job" : worker->stop_reason;
+  }
   if (context.config->training.mode == "ssp") {
     // Read the histogram well past the bound, so that a violation would show.
     const int64_t limit = std::max<int64_t>(context.config->training.staleness, 0) + 16;
@@ -67,6 +96,9 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   }
   const int64_t examples_per_step = ExamplesPerStep(*context.config, context.num_workers);
   report->examples_per_second = report->global_step * examples_per_step / report->seconds;
+  if (context.train_examples > 0) {
+    report->epochs_trained = static_cast<double>(report->global_step * examples_per_step) / context.train_examples;
+  }
   report->steady_examples_per_second = report->examples_per_second;
   if (warm_step >= 0 && trained > warm_time && report->global_step > warm_step) {
     report->steady_examples_per_second =

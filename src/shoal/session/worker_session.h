@@ -16,6 +16,13 @@ struct TrainReport {
   double steady_examples_per_second = 0;  // after the first kWarmupSteps global steps (benchmarks)
   double last_loss = 0;
   int64_t stale_gradients_dropped = 0;  // sync: late gradients left out of a step
+  std::string stop_reason;              // why a hook stopped the job early; empty if it ran to the end
+  // What the workers' clients sent and received during training (frames:
+  // headers and tensors; start-up left out), all workers together, and the
+  // epochs trained, for rates per epoch.
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  double epochs_trained = 0;
   std::vector<int64_t> ssp_gap_histogram;  // ssp: steps that began g steps ahead of the slowest, by g
 };
 
@@ -23,8 +30,9 @@ struct TrainReport {
 // leave out their warm-up.
 inline constexpr int64_t kWarmupSteps = 50;
 
-// Runs `context`'s worker to the end. On the chief, also waits (with the
-// RPC deadline) for every worker to finish and fills `report` with the test
+// Runs `context`'s worker to the end, with the hooks the config asks for
+// (plus context.extra_hooks). On the chief, also waits (with the RPC
+// deadline) for every worker to finish and fills `report` with the test
 // accuracy of the final variables; `test_set` is only read on the chief.
 absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, TrainReport* report);
 

@@ -13,14 +13,18 @@ absl::StatusOr<WorkerResult> AsyncStrategy::RunWorker(WorkerContext& context) {
   BatchIterator batches(context.train_shard, config.training.batch_size,
                         config.training.seed * 1000003 + context.worker_index);
   WorkerResult result;
+  int64_t global_step = 0;
   while (true) {
-    SHOAL_ASSIGN_OR_RETURN(double loss, PullAndComputeGradients(*context.client, model, batches));
+    SHOAL_ASSIGN_OR_RETURN(BatchResult batch, PullAndComputeGradients(*context.client, model, batches));
+    StepInfo step = MakeStepInfo(result.local_steps + 1, global_step, batch, model);
+    const std::vector<torch::Tensor> gradients = model.Gradients();
+    SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, gradients, step, &result));
+    if (!send) break;
     SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> counters,
-                           context.client->ApplyGradients(names, model.Gradients(), {{kGlobalStep, 1}}));
-    ++result.local_steps;
-    result.last_loss = loss;
-    if (context.on_step) context.on_step(counters[0], result.last_loss);
-    if (counters[0] >= context.max_steps) break;
+                           context.client->ApplyGradients(names, gradients, {{kGlobalStep, 1}, {kStopRequested, 0}}));
+    step.global_step = global_step = counters[0];
+    SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, step, &result));
+    if (!go_on || counters[1] > 0 || global_step >= context.max_steps) break;
   }
   return result;
 }

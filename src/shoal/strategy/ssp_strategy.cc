@@ -9,13 +9,17 @@ namespace {
 std::string StepDoneCounter(int64_t step) { return absl::StrCat("ssp_done/", step); }
 std::string ClockCounter(int worker) { return absl::StrCat("ssp_clock/", worker); }
 
-// Waits until all `workers` have finished `step`, up to `timeout`.
-absl::Status WaitForStepDone(Client& client, const WorkerContext& context, int64_t step, absl::Duration timeout) {
+// Waits until all `workers` have finished `step`, up to `timeout`. Returns
+// false if the job was stopped meanwhile.
+absl::StatusOr<bool> WaitForStepDone(Client& client, const WorkerContext& context, int64_t step,
+                                     absl::Duration timeout) {
   const absl::Time give_up = absl::Now() + timeout;
   while (true) {
     SHOAL_ASSIGN_OR_RETURN(int64_t done, client.PollCounter(StepDoneCounter(step), context.num_workers,
                                                             absl::Milliseconds(100)));
-    if (done >= context.num_workers) return absl::OkStatus();
+    if (done >= context.num_workers) return true;
+    SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(client));
+    if (stopped) return false;
     if (absl::Now() > give_up) {
       return absl::DeadlineExceededError(absl::StrCat(context.task.ToString(), " waited ",
                                                       absl::FormatDuration(timeout), " at the staleness bound: only ",
@@ -42,7 +46,8 @@ absl::StatusOr<WorkerResult> SspStrategy::RunWorker(WorkerContext& context) {
   for (int64_t step = 0; step < local_steps; ++step) {
     if (context.before_step) context.before_step(step);
     if (staleness >= 0 && step > staleness) {
-      SHOAL_RETURN_IF_ERROR(WaitForStepDone(client, context, step - staleness - 1, timeout));
+      SHOAL_ASSIGN_OR_RETURN(bool go_on, WaitForStepDone(client, context, step - staleness - 1, timeout));
+      if (!go_on) break;
     }
     // Measure the gap from the workers' own clocks, not from the wait above.
     int64_t slowest = step;
@@ -52,14 +57,18 @@ absl::StatusOr<WorkerResult> SspStrategy::RunWorker(WorkerContext& context) {
     }
     SHOAL_RETURN_IF_ERROR(client.AddToCounter(SspGapCounter(step - slowest), 1).status());
 
-    SHOAL_ASSIGN_OR_RETURN(double loss, PullAndComputeGradients(client, model, batches));
+    SHOAL_ASSIGN_OR_RETURN(BatchResult batch, PullAndComputeGradients(client, model, batches));
+    StepInfo info = MakeStepInfo(step + 1, 0, batch, model);
+    const std::vector<torch::Tensor> gradients = model.Gradients();
+    SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, gradients, info, &result));
+    if (!send) break;
     SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> counters,
-                           client.ApplyGradients(names, model.Gradients(), {{kGlobalStep, 1}}));
+                           client.ApplyGradients(names, gradients, {{kGlobalStep, 1}, {kStopRequested, 0}}));
     SHOAL_RETURN_IF_ERROR(client.AddToCounter(ClockCounter(context.worker_index), 1).status());
     SHOAL_RETURN_IF_ERROR(client.AddToCounter(StepDoneCounter(step), 1).status());
-    ++result.local_steps;
-    result.last_loss = loss;
-    if (context.on_step) context.on_step(counters[0], result.last_loss);
+    info.global_step = counters[0];
+    SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
+    if (!go_on || counters[1] > 0) break;
   }
   return result;
 }

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "shoal/core/status.h"
 #include "shoal/strategy/async_strategy.h"
+#include "shoal/strategy/local_replica.h"
 #include "shoal/strategy/ssp_strategy.h"
 #include "shoal/strategy/sync_strategy.h"
 
@@ -12,6 +13,9 @@ absl::StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const JobConfig& 
   if (config.training.mode == "async") return std::unique_ptr<TrainingStrategy>(new AsyncStrategy());
   if (config.training.mode == "sync") return std::unique_ptr<TrainingStrategy>(new SyncStrategy());
   if (config.training.mode == "ssp") return std::unique_ptr<TrainingStrategy>(new SspStrategy());
+  if (config.training.mode == "downpour") return std::unique_ptr<TrainingStrategy>(new DownpourStrategy());
+  if (config.training.mode == "model_average") return std::unique_ptr<TrainingStrategy>(new ModelAverageStrategy());
+  if (config.training.mode == "easgd") return std::unique_ptr<TrainingStrategy>(new ElasticAverageStrategy());
   return absl::InvalidArgumentError(absl::StrCat("unknown training mode '", config.training.mode, "'"));
 }
 
@@ -32,28 +36,139 @@ int64_t MaxSteps(const JobConfig& config, int64_t train_examples, int num_worker
   return std::max<int64_t>(1, (examples + per_step - 1) / per_step);
 }
 
-absl::StatusOr<double> PullAndComputeGradients(Client& client, Mlp& model, BatchIterator& batches) {
-  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(model.variable_names()));
-  model.Load(values);
+BatchResult ComputeGradients(Mlp& model, BatchIterator& batches) {
   torch::Tensor images, labels;
   batches.Next(&images, &labels);
   for (const auto& p : model.variables()) p.mutable_grad().reset();
-  torch::Tensor loss = CrossEntropyLoss(model.Forward(images), labels);
+  torch::Tensor logits = model.Forward(images);
+  torch::Tensor loss = CrossEntropyLoss(logits, labels);
   loss.backward();
-  return loss.item<double>();
+  BatchResult result;
+  result.loss = loss.item<double>();
+  result.accuracy = logits.detach().argmax(1).eq(labels).to(torch::kFloat64).mean().item<double>();
+  result.examples = labels.size(0);
+  return result;
 }
 
-absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model) {
+absl::StatusOr<BatchResult> PullAndComputeGradients(Client& client, Mlp& model, BatchIterator& batches) {
+  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(model.variable_names()));
+  model.Load(values);
+  return ComputeGradients(model, batches);
+}
+
+StepInfo MakeStepInfo(int64_t local_step, int64_t global_step, const BatchResult& batch, const Mlp& model) {
+  StepInfo info;
+  info.local_step = local_step;
+  info.global_step = global_step;
+  info.loss = batch.loss;
+  info.accuracy = batch.accuracy;
+  info.examples = batch.examples;
+  info.model = &model;
+  return info;
+}
+
+namespace {
+
+// A hook asked to stop: tell every worker through the stop counter.
+absl::Status StopJob(WorkerContext& context, const StopRequest& stop, WorkerResult* result) {
+  result->stop_reason = stop.reason;
+  return context.client->AddToCounter(kStopRequested, 1).status();
+}
+
+}  // namespace
+
+absl::StatusOr<bool> CheckUpdate(WorkerContext& context, const std::vector<std::string>& names,
+                                 const std::vector<torch::Tensor>& update, const StepInfo& step,
+                                 WorkerResult* result) {
+  if (context.hooks == nullptr) return true;
+  StopRequest stop;
+  SHOAL_RETURN_IF_ERROR(context.hooks->BeforeUpdate(names, update, step, &stop));
+  if (!stop.requested) return true;
+  SHOAL_RETURN_IF_ERROR(StopJob(context, stop, result));
+  return false;
+}
+
+absl::StatusOr<bool> FinishStep(WorkerContext& context, StepInfo& step, WorkerResult* result) {
+  ++result->local_steps;
+  result->last_loss = step.loss;
+  if (context.on_step) context.on_step(step.global_step, step.loss);
+  if (context.hooks == nullptr) return true;
+  StopRequest stop;
+  SHOAL_RETURN_IF_ERROR(context.hooks->AfterStep(step, &stop));
+  if (!stop.requested) return true;
+  SHOAL_RETURN_IF_ERROR(StopJob(context, stop, result));
+  return false;
+}
+
+absl::StatusOr<int64_t> WaitForCounter(WorkerContext& context, const std::string& name, int64_t target,
+                                       absl::Duration timeout, const std::string& what) {
+  Client& client = *context.client;
+  const absl::Time give_up = absl::Now() + timeout;
+  while (true) {
+    // Long polls of the server's longest (200 ms); a wait costs a few small
+    // calls a second, which keeps the barrier's traffic negligible.
+    SHOAL_ASSIGN_OR_RETURN(int64_t value, client.PollCounter(name, target, absl::Milliseconds(200)));
+    if (value >= target) return value;
+    SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(client));
+    if (stopped) return 0;
+    SHOAL_ASSIGN_OR_RETURN(int64_t aborted, client.AddToCounter(kJobAborted, 0));
+    if (aborted > 0) {
+      return absl::AbortedError(absl::StrCat(context.task.ToString(), ": the chief ended the job during ", what,
+                                             " (a synchronous exchange could not complete)"));
+    }
+    if (absl::Now() > give_up) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(context.task.ToString(), " waited ", absl::FormatDuration(timeout), " for ", what,
+                       "; the chief ", context.workers.empty() ? "" : context.workers[0].ToString(),
+                       " did not complete it"));
+    }
+  }
+}
+
+absl::StatusOr<bool> ApplyAccumulatedOrStop(WorkerContext& context, const std::vector<std::string>& names,
+                                            int replicas, int64_t new_step, wire::AccumulatedRule rule) {
+  std::vector<std::string> workers;
+  for (const TaskId& w : context.workers) workers.push_back(w.ToString());
+  const absl::Duration timeout = absl::Seconds(context.config->training.sync_timeout_s);
+  const absl::Time give_up = absl::Now() + timeout;
+  while (true) {
+    // Short tries, so that a stop asked meanwhile is seen within a second.
+    const absl::Duration slice = std::min(absl::Seconds(1), std::max(give_up - absl::Now(), absl::Milliseconds(1)));
+    absl::Status applied = context.client->ApplyAccumulated(names, replicas, new_step, slice, workers, rule);
+    if (applied.ok()) return true;
+    if (absl::IsDeadlineExceeded(applied)) {
+      SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(*context.client));
+      if (stopped) return false;
+      if (absl::Now() < give_up) continue;
+      applied = absl::DeadlineExceededError(
+          absl::StrCat("after ", absl::FormatDuration(timeout), ": ", applied.message()));
+    }
+    context.client->AddToCounter(kJobAborted, 1).IgnoreError();  // release the others
+    return applied;
+  }
+}
+
+absl::StatusOr<bool> JobStopRequested(Client& client) {
+  SHOAL_ASSIGN_OR_RETURN(int64_t stops, client.AddToCounter(kStopRequested, 0));
+  return stops > 0;
+}
+
+absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model, const wire::OptimizerConfig* optimizer) {
+  if (optimizer == nullptr) optimizer = &context.config->training.optimizer;
   if (context.is_chief) {
     std::vector<VariableInit> inits;
     for (size_t i = 0; i < model.variables().size(); ++i) {
-      inits.push_back({model.variable_names()[i], model.variables()[i].detach(), context.config->training.optimizer,
+      inits.push_back({model.variable_names()[i], model.variables()[i].detach(), *optimizer,
                        context.config->training.use_locking});
     }
-    return context.client->CreateVariables(inits);
+    SHOAL_RETURN_IF_ERROR(context.client->CreateVariables(inits));
+  } else {
+    SHOAL_RETURN_IF_ERROR(context.client->WaitForVariables(
+        model.variable_names(), absl::Seconds(context.config->transport.startup_timeout_s)));
   }
-  return context.client->WaitForVariables(model.variable_names(),
-                                          absl::Seconds(context.config->transport.startup_timeout_s));
+  context.startup_bytes_sent = context.client->bytes_sent();
+  context.startup_bytes_received = context.client->bytes_received();
+  return absl::OkStatus();
 }
 
 }  // namespace shoal

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "shoal/client/client.h"
 #include "shoal/data/dataset.h"
+#include "shoal/hooks/hook.h"
 #include "shoal/model/mlp.h"
 #include "shoal/session/config.h"
 
@@ -21,6 +22,9 @@ inline constexpr char kGlobalStep[] = "global_step";
 inline constexpr char kWorkersDone[] = "workers_done";
 inline constexpr char kStaleGradients[] = "stale_gradients_dropped";
 inline constexpr char kJobAborted[] = "job_aborted";
+// Above 0 once a hook on any worker stopped the job: every worker ends cleanly
+// at its next exchange with the ps.
+inline constexpr char kStopRequested[] = "stop_requested";
 
 // Called after each step a worker finishes (from that worker's thread).
 using StepCallback = std::function<void(int64_t global_step, double loss)>;
@@ -35,16 +39,24 @@ struct WorkerContext {
   Client* client = nullptr;
   const JobConfig* config = nullptr;
   Dataset train_shard;
-  int64_t max_steps = 0;  // global steps to train for
+  int64_t train_examples = 0;  // in the whole training set (for epochs)
+  int64_t max_steps = 0;       // global steps to train for
   StepCallback on_step;   // may be empty
-  // Runs before each local step (may be empty): a place for hooks, and for
-  // tests that slow one worker down.
+  // Runs before each local step (may be empty): tests slow a worker down with it.
   std::function<void(int64_t local_step)> before_step;
+  HookList* hooks = nullptr;  // set by the session from the config; may be null
+  // The client's traffic when start-up (creating or waiting for the
+  // variables) was over, so that reports count training traffic only.
+  int64_t startup_bytes_sent = 0;
+  int64_t startup_bytes_received = 0;
+  // Hooks run after the configured ones (tests, programs embedding shoal).
+  std::vector<std::shared_ptr<TrainingHook>> extra_hooks;
 };
 
 struct WorkerResult {
   int64_t local_steps = 0;
   double last_loss = 0;
+  std::string stop_reason;  // set when a hook of this worker stopped the job
 };
 
 // Counters of the SSP clock gaps seen: "ssp_gap/<g>" counts steps that began
@@ -72,14 +84,55 @@ int64_t ExamplesPerStep(const JobConfig& config, int num_workers);
 // per step when synchronous.
 int64_t MaxSteps(const JobConfig& config, int64_t train_examples, int num_workers);
 
-// One worker step's local half: pulls `model`'s variables into it and runs
-// forward and backward on the next batch. Returns the loss; the gradients are
-// then in model.Gradients().
-absl::StatusOr<double> PullAndComputeGradients(Client& client, Mlp& model, BatchIterator& batches);
+// What forward and backward on one batch gave.
+struct BatchResult {
+  double loss = 0;
+  double accuracy = 0;
+  int64_t examples = 0;
+};
+
+// Forward and backward on the next batch; the gradients are then in
+// model.Gradients().
+BatchResult ComputeGradients(Mlp& model, BatchIterator& batches);
+
+// One worker step's local half: pulls `model`'s variables into it, then
+// ComputeGradients.
+absl::StatusOr<BatchResult> PullAndComputeGradients(Client& client, Mlp& model, BatchIterator& batches);
+
+// A StepInfo for the hooks.
+StepInfo MakeStepInfo(int64_t local_step, int64_t global_step, const BatchResult& batch, const Mlp& model);
+
+// Runs the worker's hooks on `update` before it is sent. Returns false when a
+// hook stopped training: the caller must not send it, and should return.
+// (The job has been told to stop; the reason is in `result`.)
+absl::StatusOr<bool> CheckUpdate(WorkerContext& context, const std::vector<std::string>& names,
+                                 const std::vector<torch::Tensor>& update, const StepInfo& step,
+                                 WorkerResult* result);
+
+// After a local step: counts it in `result`, reports progress and runs the
+// hooks. Returns false when a hook stopped training (the job has been told).
+absl::StatusOr<bool> FinishStep(WorkerContext& context, StepInfo& step, WorkerResult* result);
+
+// Whether some worker has stopped the job.
+absl::StatusOr<bool> JobStopRequested(Client& client);
 
 // The chief creates the model's variables (initial values from the seeded
-// model); every other worker waits for them, up to the start-up timeout.
-absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model);
+// model), trained on the ps by `optimizer` (default: training.optimizer);
+// every other worker waits for them, up to the start-up timeout.
+absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model,
+                              const wire::OptimizerConfig* optimizer = nullptr);
+
+// Waits until counter `name` reaches `target`, polling, or the job is stopped
+// or aborted, or `timeout` runs out; `what` names the wait in errors. Returns
+// the counter's value, or 0 when the job was stopped.
+absl::StatusOr<int64_t> WaitForCounter(WorkerContext& context, const std::string& name, int64_t target,
+                                       absl::Duration timeout, const std::string& what);
+
+// The chief's side of a synchronous exchange (Client::ApplyAccumulated with
+// every worker named), which gives up early when the job is stopped: returns
+// false then. On failure it aborts the job so the other workers do not wait.
+absl::StatusOr<bool> ApplyAccumulatedOrStop(WorkerContext& context, const std::vector<std::string>& names,
+                                            int replicas, int64_t new_step, wire::AccumulatedRule rule);
 
 }  // namespace shoal
 

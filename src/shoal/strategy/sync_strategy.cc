@@ -4,31 +4,6 @@
 #include "shoal/core/status.h"
 
 namespace shoal {
-namespace {
-
-// The barrier: waits until global_step passes `local_step`, or the job is
-// aborted, or `timeout` runs out. Returns the new global step.
-absl::StatusOr<int64_t> WaitForNextStep(Client& client, const WorkerContext& context, int64_t local_step,
-                                        absl::Duration timeout) {
-  const absl::Time give_up = absl::Now() + timeout;
-  while (true) {
-    SHOAL_ASSIGN_OR_RETURN(int64_t step, client.PollCounter(kGlobalStep, local_step + 1, absl::Milliseconds(100)));
-    if (step > local_step) return step;
-    SHOAL_ASSIGN_OR_RETURN(int64_t aborted, client.AddToCounter(kJobAborted, 0));
-    if (aborted > 0) {
-      return absl::AbortedError(absl::StrCat(context.task.ToString(), ": the chief ended the job at step ",
-                                             local_step + 1, " (a synchronous step could not complete)"));
-    }
-    if (absl::Now() > give_up) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(context.task.ToString(), " waited ", absl::FormatDuration(timeout), " for step ",
-                       local_step + 1, "; the chief ", context.workers.empty() ? "" : context.workers[0].ToString(),
-                       " did not complete it"));
-    }
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<WorkerResult> SyncStrategy::RunWorker(WorkerContext& context) {
   const JobConfig& config = *context.config;
@@ -42,8 +17,6 @@ absl::StatusOr<WorkerResult> SyncStrategy::RunWorker(WorkerContext& context) {
   Mlp model(config.model);
   SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, model));
   const std::vector<std::string>& names = model.variable_names();
-  std::vector<std::string> worker_names;
-  for (const TaskId& w : context.workers) worker_names.push_back(w.ToString());
   const std::string me = context.task.ToString();
   const absl::Duration timeout = absl::Seconds(config.training.sync_timeout_s);
   BatchIterator batches(context.train_shard, config.training.batch_size,
@@ -52,24 +25,29 @@ absl::StatusOr<WorkerResult> SyncStrategy::RunWorker(WorkerContext& context) {
   WorkerResult result;
   SHOAL_ASSIGN_OR_RETURN(int64_t local_step, client.AddToCounter(kGlobalStep, 0));
   while (local_step < context.max_steps) {
-    SHOAL_ASSIGN_OR_RETURN(double loss, PullAndComputeGradients(client, model, batches));
-    SHOAL_ASSIGN_OR_RETURN(int dropped, client.Accumulate(names, model.Gradients(), local_step, me));
+    SHOAL_ASSIGN_OR_RETURN(BatchResult batch, PullAndComputeGradients(client, model, batches));
+    StepInfo info = MakeStepInfo(result.local_steps + 1, local_step, batch, model);
+    const std::vector<torch::Tensor> gradients = model.Gradients();
+    SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, gradients, info, &result));
+    if (!send) break;
+    SHOAL_ASSIGN_OR_RETURN(int dropped, client.Accumulate(names, gradients, local_step, me));
     if (dropped > 0) SHOAL_RETURN_IF_ERROR(client.AddToCounter(kStaleGradients, 1).status());
     int64_t step = 0;
     if (context.is_chief) {
-      absl::Status applied = client.ApplyAccumulated(names, replicas, local_step + 1, timeout, worker_names);
-      if (!applied.ok()) {
-        client.AddToCounter(kJobAborted, 1).IgnoreError();  // release the others
-        return applied;
-      }
+      SHOAL_ASSIGN_OR_RETURN(bool applied,
+                             ApplyAccumulatedOrStop(context, names, replicas, local_step + 1, wire::MEAN_GRADIENT));
+      if (!applied) break;  // stopped
       // The chief advances global_step itself, so it need not wait for it.
       SHOAL_ASSIGN_OR_RETURN(step, client.AddToCounter(kGlobalStep, 1));
     } else {
-      SHOAL_ASSIGN_OR_RETURN(step, WaitForNextStep(client, context, local_step, timeout));
+      // The barrier: the next step begins once the chief has applied this one.
+      SHOAL_ASSIGN_OR_RETURN(step, WaitForCounter(context, kGlobalStep, local_step + 1, timeout,
+                                                  absl::StrCat("step ", local_step + 1)));
+      if (step == 0) break;  // stopped
     }
-    ++result.local_steps;
-    result.last_loss = loss;
-    if (context.on_step) context.on_step(step, result.last_loss);
+    info.global_step = step;
+    SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
+    if (!go_on) break;
     local_step = step;
   }
   return result;

@@ -1,0 +1,91 @@
+// The hooks a job's config can turn on (config `hooks:`), one class each.
+#ifndef SHOAL_HOOKS_STANDARD_HOOKS_H_
+#define SHOAL_HOOKS_STANDARD_HOOKS_H_
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "shoal/hooks/hook.h"
+#include "shoal/session/config.h"
+
+namespace shoal {
+
+// Keeps non-finite numbers away from the ps: checks each step's loss and
+// every tensor of each update before it is sent. `fail` returns an error
+// naming the task, the step and the variable; `stop` stops the job cleanly
+// with that reason. The update is never sent.
+class NanGuardHook : public TrainingHook {
+ public:
+  enum class Action { kFail, kStop };
+  NanGuardHook(std::string task, Action action) : task_(std::move(task)), action_(action) {}
+  absl::Status BeforeUpdate(const std::vector<std::string>& names, const std::vector<torch::Tensor>& update,
+                            const StepInfo& step, StopRequest* stop) override;
+
+ private:
+  absl::Status Found(const std::string& what, const StepInfo& step, StopRequest* stop) const;
+  std::string task_;
+  Action action_;
+};
+
+// The chief stops the job once the global step reaches `last_step`.
+class StopAtStepHook : public TrainingHook {
+ public:
+  explicit StopAtStepHook(int64_t last_step) : last_step_(last_step) {}
+  absl::Status AfterStep(const StepInfo& step, StopRequest* stop) override;
+
+ private:
+  int64_t last_step_;
+};
+
+// A line on `out` every `every` local steps: the mean loss and batch accuracy
+// since the last line, and the worker's examples/s.
+class LoggingHook : public TrainingHook {
+ public:
+  LoggingHook(std::string task, int64_t every, std::FILE* out) : task_(std::move(task)), every_(every), out_(out) {}
+  absl::Status AfterStep(const StepInfo& step, StopRequest* stop) override;
+
+ private:
+  std::string task_;
+  int64_t every_;
+  std::FILE* out_;
+  double loss_sum_ = 0, accuracy_sum_ = 0;
+  int64_t steps_ = 0;
+};
+
+// Appends a record every `every` local steps to this task's metrics file,
+// as JSON lines or CSV: time, steps, mean loss and batch accuracy over the
+// window, examples/s. `shoal plot` draws them.
+class MetricsHook : public TrainingHook {
+ public:
+  // Writes <dir>/<job>_<index>.<jsonl|csv>, replacing an older file.
+  static absl::StatusOr<std::unique_ptr<MetricsHook>> Create(const std::string& dir, const std::string& job,
+                                                             int index, const std::string& format, int64_t every);
+  absl::Status AfterStep(const StepInfo& step, StopRequest* stop) override;
+  void End(const StepInfo& last, const absl::Status& status) override;
+
+ private:
+  MetricsHook(std::string path, std::string task, bool csv, int64_t every);
+  absl::Status Write(const StepInfo& step);
+
+  std::string path_, task_;
+  bool csv_;
+  int64_t every_;
+  std::ofstream out_;
+  absl::Time start_ = absl::Now();
+  double loss_sum_ = 0, accuracy_sum_ = 0;
+  int64_t steps_ = 0;
+};
+
+// This task's metrics file name in a metrics directory ("worker_1.jsonl").
+std::string MetricsFileName(const std::string& job, int index, const std::string& format);
+
+// The hooks `config` asks for, for one worker task.
+absl::StatusOr<std::unique_ptr<HookList>> MakeStandardHooks(const HooksConfig& config, const std::string& job,
+                                                            int index, bool is_chief);
+
+}  // namespace shoal
+
+#endif  // SHOAL_HOOKS_STANDARD_HOOKS_H_

@@ -1,0 +1,216 @@
+#include "shoal/strategy/local_replica.h"
+
+#include "shoal/core/status.h"
+
+namespace shoal {
+
+absl::StatusOr<std::unique_ptr<LocalReplica>> LocalReplica::Create(const MlpConfig& model,
+                                                                   const wire::OptimizerConfig& optimizer) {
+  SHOAL_ASSIGN_OR_RETURN(auto rule, Optimizer::Create(optimizer));
+  return std::unique_ptr<LocalReplica>(new LocalReplica(model, std::move(rule)));
+}
+
+LocalReplica::LocalReplica(const MlpConfig& model, std::shared_ptr<const Optimizer> optimizer)
+    : model_(model), optimizer_(std::move(optimizer)) {
+  for (const auto& v : model_.variables()) slots_.push_back(optimizer_->MakeSlots(v));
+}
+
+std::vector<torch::Tensor> LocalReplica::Values() const {
+  std::vector<torch::Tensor> values;
+  for (const auto& v : model_.variables()) values.push_back(v.detach().clone());
+  return values;
+}
+
+void LocalReplica::Apply(const std::vector<torch::Tensor>& gradients) {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < gradients.size(); ++i) {
+    torch::Tensor value = model_.variables()[i].detach();  // shares the parameter's memory
+    optimizer_->Apply(value, gradients[i], slots_[i]);
+  }
+}
+
+absl::Status FetchGlobal(Client& client, LocalReplica& replica) {
+  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(replica.names()));
+  replica.Load(values);
+  return absl::OkStatus();
+}
+
+int64_t LocalStepsInRound(const LocalReplicaConfig& config, int64_t round) {
+  return round < config.warmup_steps ? 1 : config.interval_steps;
+}
+
+int64_t AveragingRounds(const LocalReplicaConfig& config, int64_t max_steps, int num_workers) {
+  const int64_t per_worker = (max_steps + num_workers - 1) / num_workers;
+  const int64_t warmup = std::min<int64_t>(config.warmup_steps, per_worker);
+  return warmup + (per_worker - warmup + config.interval_steps - 1) / config.interval_steps;
+}
+
+namespace {
+
+BatchIterator WorkerBatches(const WorkerContext& context) {
+  return BatchIterator(context.train_shard, context.config->training.batch_size,
+                       context.config->training.seed * 1000003 + context.worker_index);
+}
+
+std::vector<torch::Tensor> ZerosLike(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> zeros;
+  for (const auto& t : tensors) zeros.push_back(torch::zeros_like(t));
+  return zeros;
+}
+
+}  // namespace
+
+// Downpour (Dean et al., 2012): fetch every n_fetch steps, train locally, and
+// push the summed gradients every n_push steps for the ps's optimizer.
+absl::StatusOr<WorkerResult> DownpourStrategy::RunWorker(WorkerContext& context) {
+  const LocalReplicaConfig& local = context.config->local;
+  SHOAL_ASSIGN_OR_RETURN(auto replica, LocalReplica::Create(context.config->model, local.optimizer));
+  SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, replica->model()));
+  const std::vector<std::string>& names = replica->names();
+  BatchIterator batches = WorkerBatches(context);
+  std::vector<torch::Tensor> pending = ZerosLike(replica->model().variables());  // gradients not yet pushed
+  WorkerResult result;
+  int64_t global_step = 0;
+  for (int64_t step = 0;; ++step) {
+    if (context.before_step) context.before_step(step);
+    if (step % local.n_fetch == 0) SHOAL_RETURN_IF_ERROR(FetchGlobal(*context.client, *replica));
+    BatchResult batch = ComputeGradients(replica->model(), batches);
+    const std::vector<torch::Tensor> gradients = replica->model().Gradients();
+    for (size_t i = 0; i < gradients.size(); ++i) pending[i].add_(gradients[i]);
+    replica->Apply(gradients);
+    StepInfo info = MakeStepInfo(step + 1, global_step, batch, replica->model());
+    bool last = false;
+    if ((step + 1) % local.n_push == 0) {
+      SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, pending, info, &result));
+      if (!send) break;
+      SHOAL_ASSIGN_OR_RETURN(auto counters, context.client->ApplyGradients(
+                                                names, pending, {{kGlobalStep, local.n_push}, {kStopRequested, 0}}));
+      for (auto& p : pending) p.zero_();
+      info.global_step = global_step = counters[0];
+      info.exchanged = true;
+      last = counters[1] > 0 || global_step >= context.max_steps;
+    }
+    SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
+    if (!go_on || last) break;
+  }
+  return result;
+}
+
+// Model averaging (TensorFlow's ModelAverageOptimizer; BMUF with block
+// momentum): train locally, and at the end of every round average the local
+// copies at a barrier through the ps's accumulators; everyone continues from
+// the average.
+absl::StatusOr<WorkerResult> ModelAverageStrategy::RunWorker(WorkerContext& context) {
+  const LocalReplicaConfig& local = context.config->local;
+  SHOAL_ASSIGN_OR_RETURN(auto replica, LocalReplica::Create(context.config->model, local.optimizer));
+  // With block momentum the global copy keeps BMUF's bg as a momentum slot:
+  // momentum SGD on (global - average) is exactly bg = m*bg + lr*(global - average).
+  wire::OptimizerConfig block;
+  block.set_kind("momentum");
+  block.set_learning_rate(local.block_learning_rate);
+  block.set_momentum(local.block_momentum);
+  SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, replica->model(), &block));
+  const wire::AccumulatedRule rule = local.block_momentum > 0 ? wire::BLOCK_MOMENTUM : wire::ASSIGN_MEAN;
+  const std::vector<std::string>& names = replica->names();
+  const int64_t rounds = AveragingRounds(local, context.max_steps, context.num_workers);
+  const absl::Duration timeout = absl::Seconds(context.config->training.sync_timeout_s);
+  BatchIterator batches = WorkerBatches(context);
+  WorkerResult result;
+  // A restarted worker joins the round in progress.
+  SHOAL_ASSIGN_OR_RETURN(int64_t round, context.client->AddToCounter(kAverageRound, 0));
+  SHOAL_RETURN_IF_ERROR(FetchGlobal(*context.client, *replica));
+  int64_t local_step = 0;
+  for (int64_t r = 0; r < round; ++r) local_step += LocalStepsInRound(local, r);
+  int64_t global_step = 0;
+  for (; round < rounds; ++round) {
+    const int64_t steps = LocalStepsInRound(local, round);
+    for (int64_t k = 0; k < steps; ++k) {
+      if (context.before_step) context.before_step(local_step);
+      BatchResult batch = ComputeGradients(replica->model(), batches);
+      replica->Apply(replica->model().Gradients());
+      ++local_step;
+      StepInfo info = MakeStepInfo(local_step, global_step, batch, replica->model());
+      if (k + 1 < steps) {
+        SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
+        if (!go_on) return result;
+        continue;
+      }
+      // The round's last step: average.
+      const std::vector<torch::Tensor> values = replica->Values();
+      SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, values, info, &result));
+      if (!send) return result;
+      SHOAL_RETURN_IF_ERROR(context.client->Accumulate(names, values, round, context.task.ToString()).status());
+      if (context.is_chief) {
+        SHOAL_ASSIGN_OR_RETURN(bool applied,
+                               ApplyAccumulatedOrStop(context, names, context.num_workers, round + 1, rule));
+        if (!applied) return result;
+        SHOAL_RETURN_IF_ERROR(context.client->AddToCounter(kGlobalStep, steps * context.num_workers).status());
+        SHOAL_RETURN_IF_ERROR(context.client->AddToCounter(kAverageRound, 1).status());
+      } else {
+        SHOAL_ASSIGN_OR_RETURN(int64_t done, WaitForCounter(context, kAverageRound, round + 1, timeout,
+                                                            absl::StrCat("averaging round ", round + 1)));
+        if (done == 0) return result;  // stopped
+      }
+      SHOAL_RETURN_IF_ERROR(FetchGlobal(*context.client, *replica));
+      SHOAL_ASSIGN_OR_RETURN(global_step, context.client->AddToCounter(kGlobalStep, 0));
+      info.global_step = global_step;
+      info.exchanged = true;
+      SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
+      if (!go_on) return result;
+    }
+  }
+  return result;
+}
+
+// Elastic averaging SGD (Zhang et al., 2015; TensorFlow's
+// ElasticAverageOptimizer): every tau steps, asynchronously, move the local
+// copy and the ps's centre towards each other by alpha of their distance.
+absl::StatusOr<WorkerResult> ElasticAverageStrategy::RunWorker(WorkerContext& context) {
+  const LocalReplicaConfig& local = context.config->local;
+  SHOAL_ASSIGN_OR_RETURN(auto replica, LocalReplica::Create(context.config->model, local.optimizer));
+  SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, replica->model()));
+  const std::vector<std::string>& names = replica->names();
+  const double alpha = local.alpha > 0 ? local.alpha : 0.9 / context.num_workers;
+  SHOAL_RETURN_IF_ERROR(FetchGlobal(*context.client, *replica));
+  std::vector<torch::Tensor> centre = replica->Values();  // the centre as last seen, for the rho penalty
+  BatchIterator batches = WorkerBatches(context);
+  WorkerResult result;
+  int64_t global_step = 0;
+  for (int64_t step = 0;; ++step) {
+    if (context.before_step) context.before_step(step);
+    BatchResult batch = ComputeGradients(replica->model(), batches);
+    std::vector<torch::Tensor> gradients = replica->model().Gradients();
+    if (local.rho > 0) {
+      for (size_t i = 0; i < gradients.size(); ++i) {
+        gradients[i] = gradients[i] + local.rho * (replica->model().variables()[i].detach() - centre[i]);
+      }
+    }
+    replica->Apply(gradients);
+    StepInfo info = MakeStepInfo(step + 1, global_step, batch, replica->model());
+    bool last = false;
+    if ((step + 1) % local.tau == 0) {
+      SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> read, context.client->Read(names));
+      for (auto& t : read) t = t.clone();  // in-process reads alias the centre, which the add below changes
+      std::vector<torch::Tensor> x = replica->Values();
+      std::vector<torch::Tensor> deltas;
+      for (size_t i = 0; i < x.size(); ++i) deltas.push_back(alpha * (x[i] - read[i]));
+      SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, deltas, info, &result));
+      if (!send) break;
+      SHOAL_ASSIGN_OR_RETURN(auto counters, context.client->AddToVariables(
+                                                names, deltas, {{kGlobalStep, local.tau}, {kStopRequested, 0}}));
+      for (size_t i = 0; i < x.size(); ++i) {
+        centre[i] = read[i] + deltas[i];
+        x[i] -= deltas[i];
+      }
+      replica->Load(x);
+      info.global_step = global_step = counters[0];
+      info.exchanged = true;
+      last = counters[1] > 0 || global_step >= context.max_steps;
+    }
+    SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
+    if (!go_on || last) break;
+  }
+  return result;
+}
+
+}  // namespace shoal

@@ -1,0 +1,70 @@
+// What the DistBelief-style strategies (Downpour, model averaging, elastic
+// averaging) share: each worker trains its own copy of the model with a
+// local optimizer, and exchanges with the ps only now and then.
+#ifndef SHOAL_STRATEGY_LOCAL_REPLICA_H_
+#define SHOAL_STRATEGY_LOCAL_REPLICA_H_
+
+#include <memory>
+#include <vector>
+
+#include "shoal/server/optimizer.h"
+#include "shoal/strategy/strategy.h"
+
+namespace shoal {
+
+// A worker's local copy of the model and the optimizer that trains it, with
+// its slots. The copy owns its memory: it never aliases a server's.
+class LocalReplica {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalReplica>> Create(const MlpConfig& model,
+                                                              const wire::OptimizerConfig& optimizer);
+
+  Mlp& model() { return model_; }
+  const std::vector<std::string>& names() const { return model_.variable_names(); }
+
+  // Copies `values` into the local copy.
+  void Load(const std::vector<torch::Tensor>& values) { model_.Load(values); }
+  // Snapshots of the local values.
+  std::vector<torch::Tensor> Values() const;
+  // One local optimizer step with `gradients`.
+  void Apply(const std::vector<torch::Tensor>& gradients);
+
+ private:
+  LocalReplica(const MlpConfig& model, std::shared_ptr<const Optimizer> optimizer);
+
+  Mlp model_;
+  std::shared_ptr<const Optimizer> optimizer_;
+  std::vector<OptimizerSlots> slots_;
+};
+
+// Loads the global copy into `replica`: what a worker does at start and
+// after every averaging (a restarted worker rejoins the same way).
+absl::Status FetchGlobal(Client& client, LocalReplica& replica);
+
+class DownpourStrategy : public TrainingStrategy {
+ public:
+  absl::StatusOr<WorkerResult> RunWorker(WorkerContext& context) override;
+};
+
+class ModelAverageStrategy : public TrainingStrategy {
+ public:
+  absl::StatusOr<WorkerResult> RunWorker(WorkerContext& context) override;
+};
+
+class ElasticAverageStrategy : public TrainingStrategy {
+ public:
+  absl::StatusOr<WorkerResult> RunWorker(WorkerContext& context) override;
+};
+
+// Model averaging's schedule: exchange r (from 0) follows this many local
+// steps (1 during warm-up, then interval_steps); and the number of exchanges
+// that covers a worker's share of `max_steps`.
+int64_t LocalStepsInRound(const LocalReplicaConfig& config, int64_t round);
+int64_t AveragingRounds(const LocalReplicaConfig& config, int64_t max_steps, int num_workers);
+
+// Counts the averaging exchanges completed.
+inline constexpr char kAverageRound[] = "average_round";
+
+}  // namespace shoal
+
+#endif  // SHOAL_STRATEGY_LOCAL_REPLICA_H_

@@ -1,0 +1,86 @@
+// For tests that start `shoal server` and `shoal worker` processes
+// themselves (to kill and restart them): a loopback cluster whose cluster and
+// config files live in a fresh temporary directory.
+#ifndef SHOAL_TESTS_PROCESS_HELPERS_H_
+#define SHOAL_TESTS_PROCESS_HELPERS_H_
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "shoal/cluster/cluster_spec.h"
+#include "shoal/session/config.h"
+#include "shoal/session/local_cluster.h"
+
+namespace shoal {
+
+// Waits up to `timeout` for `pid`; returns its wait status, or -1 on timeout.
+inline int WaitFor(pid_t pid, absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  int status = 0;
+  while (absl::Now() < give_up) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return status;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return -1;
+}
+
+class ProcessCluster {
+ public:
+  // `name` keeps the directories of concurrent tests apart.
+  ProcessCluster(const std::string& name, int ps, int workers, const JobConfig& config)
+      : dir_(std::filesystem::temp_directory_path() / (name + "_" + std::to_string(getpid()))) {
+    std::filesystem::create_directories(dir_);
+    std::map<std::string, std::vector<std::string>> jobs;
+    for (int i = 0; i < ps + workers; ++i) {
+      jobs[i < ps ? "ps" : "worker"].push_back("127.0.0.1:" + std::to_string(FreeLoopbackPort().value()));
+    }
+    std::ofstream(dir_ / "cluster.json") << ClusterSpec::Create(jobs).value().ToJson();
+    std::ofstream(dir_ / "config.yaml") << JobConfigToYaml(config);
+  }
+  ~ProcessCluster() { std::filesystem::remove_all(dir_); }
+
+  const std::filesystem::path& dir() const { return dir_; }
+
+  // Starts `shoal <command> --task <task>` (stderr to `stderr_file` in dir()
+  // if given, a result file "<task>.json" there for workers).
+  pid_t Start(const std::string& command, const std::string& task, const std::string& stderr_file = "") const {
+    std::vector<std::string> args = {command, "--cluster", dir_ / "cluster.json", "--task", task,
+                                     "--config", dir_ / "config.yaml", "--quiet"};
+    if (command == "worker") {
+      args.push_back("--result_file");
+      args.push_back(dir_ / (task + ".json"));
+    }
+    const std::string err = stderr_file.empty() ? "" : (dir_ / stderr_file).string();
+    pid_t pid = fork();
+    if (pid == 0) {
+      if (!err.empty() && std::freopen(err.c_str(), "w", stderr) == nullptr) _exit(126);
+      std::vector<char*> argv = {const_cast<char*>(SHOAL_BINARY)};
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      setenv("OPENBLAS_NUM_THREADS", "1", 1);
+      execv(SHOAL_BINARY, argv.data());
+      _exit(127);
+    }
+    return pid;
+  }
+
+  std::string ReadFile(const std::string& name) const {
+    std::ifstream in(dir_ / name);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+}  // namespace shoal
+
+#endif  // SHOAL_TESTS_PROCESS_HELPERS_H_
