@@ -113,3 +113,55 @@ TEST(ConfigTest, MoreReplicasThanWorkersIsRefusedWithTheReason) {
 
 }  // namespace
 }  // namespace shoal
+
+namespace shoal {
+namespace {
+
+TEST(ConfigTest, ParsesLocalReplicaAndHookKeys) {
+  auto config = ParseJobConfig(R"(
+training: {mode: model_average}
+local:
+  optimizer: {kind: sgd, learning_rate: 0.1}
+  interval_steps: 16
+  warmup_steps: 4
+  block_momentum: 0.9
+  block_learning_rate: 1.0
+hooks: {log_every_steps: 100, nan_guard: stop, stop_at_step: 500, metrics_dir: /tmp/m, metrics_format: csv}
+)");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->local.optimizer.kind(), "sgd");
+  EXPECT_EQ(config->local.interval_steps, 16);
+  EXPECT_EQ(config->local.block_momentum, 0.9);
+  EXPECT_EQ(config->hooks.nan_guard, "stop");
+  EXPECT_EQ(config->hooks.metrics_format, "csv");
+  auto again = ParseJobConfig(JobConfigToYaml(*config));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(JobConfigToYaml(*again), JobConfigToYaml(*config));
+}
+
+TEST(ConfigTest, DownpourPsOptimizerIsAdagradUnlessNamed) {
+  EXPECT_EQ(ParseJobConfig("training: {mode: downpour}")->training.optimizer.kind(), "adagrad");
+  EXPECT_EQ(ParseJobConfig("training: {mode: downpour, optimizer: {kind: sgd}}")->training.optimizer.kind(), "sgd");
+  EXPECT_EQ(ParseJobConfig("training: {mode: easgd}")->training.optimizer.kind(), "adam");
+}
+
+TEST(ConfigTest, BadLocalAndHookValuesNameTheKey) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"local: {n_push: 0}", "local.n_push"},
+      {"local: {block_momentum: 1.5}", "local.block_momentum"},
+      {"local: {alpha: 2}", "local.alpha"},
+      {"local: {taus: 8}", "local.taus"},
+      {"local: {optimizer: {kind: lbfgs}}", "local.optimizer"},
+      {"hooks: {nan_guard: ignore}", "hooks.nan_guard"},
+      {"hooks: {metrics_format: xml}", "hooks.metrics_format"},
+      {"training: {mode: downpur}", "training.mode"},
+  };
+  for (const auto& [yaml, key] : cases) {
+    auto config = ParseJobConfig(yaml);
+    ASSERT_FALSE(config.ok()) << yaml;
+    EXPECT_NE(config.status().message().find(key), std::string::npos) << yaml << ": " << config.status();
+  }
+}
+
+}  // namespace
+}  // namespace shoal

@@ -15,8 +15,12 @@ absl::Status HookList::BeforeUpdate(const std::vector<std::string>& names, const
 
 absl::Status HookList::AfterStep(StepInfo& step, StopRequest* stop) {
   const absl::Time now = absl::Now();
-  if (window_start_ == absl::InfinitePast()) window_start_ = now;
-  window_examples_ += step.examples;
+  // The first step opens the window: its own duration is unknown.
+  if (window_start_ == absl::InfinitePast()) {
+    window_start_ = now;
+  } else {
+    window_examples_ += step.examples;
+  }
   const double seconds = absl::ToDoubleSeconds(now - window_start_);
   if (seconds >= 2.0) {
     examples_per_second_ = window_examples_ / seconds;
