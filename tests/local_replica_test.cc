@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include "process_helpers.h"
 #include "quick_job.h"
 #include "shoal/core/status.h"
@@ -272,6 +274,55 @@ TEST(LocalReplicaTrainingTest, ModelAveragingEveryEightStepsSendsAnEighthOfAsync
   const double ratio = (averaged->bytes_sent / averaged->epochs_trained) / (async->bytes_sent / async->epochs_trained);
   EXPECT_LT(ratio, 0.126);
   EXPECT_GT(ratio, 0.124);
+}
+
+}  // namespace
+}  // namespace shoal
+
+namespace shoal {
+namespace {
+
+// Runs a model-averaging job as separate processes; with `kill_after`, kills
+// worker 1 with SIGKILL that long after the start and starts it again.
+// Returns the chief's result file.
+std::string RunProcessJob(const JobConfig& config, const std::string& name, absl::Duration kill_after) {
+  ProcessCluster cluster(name, 1, 2, config);
+  pid_t ps = cluster.Start("server", "ps:0");
+  pid_t chief = cluster.Start("worker", "worker:0", "chief.err");
+  pid_t worker = cluster.Start("worker", "worker:1", "worker1.err");
+  if (kill_after > absl::ZeroDuration()) {
+    absl::SleepFor(kill_after);
+    EXPECT_EQ(WaitFor(chief, absl::ZeroDuration()), -1) << "the job ended before the kill";
+    kill(worker, SIGKILL);
+    waitpid(worker, nullptr, 0);
+    worker = cluster.Start("worker", "worker:1", "worker1_restarted.err");
+  }
+  const int chief_status = WaitFor(chief, absl::Seconds(120));
+  const int worker_status = WaitFor(worker, absl::Seconds(10));
+  kill(ps, SIGTERM);
+  WaitFor(ps, absl::Seconds(10));
+  for (pid_t pid : {chief, worker, ps}) kill(pid, SIGKILL);
+  EXPECT_TRUE(WIFEXITED(chief_status) && WEXITSTATUS(chief_status) == 0) << cluster.ReadFile("chief.err");
+  EXPECT_TRUE(WIFEXITED(worker_status) && WEXITSTATUS(worker_status) == 0)
+      << cluster.ReadFile(kill_after > absl::ZeroDuration() ? "worker1_restarted.err" : "worker1.err");
+  return cluster.ReadFile("worker:0.json");
+}
+
+double TestAccuracy(const std::string& result) {
+  return result.empty() ? 0 : nlohmann::json::parse(result).at("test_accuracy").get<double>();
+}
+
+TEST(WorkerRestartTest, AKilledWorkerRestartsRejoinsAndTheJobEndsAsAnUndisturbedOne) {
+  JobConfig config = QuickJob("model_average");
+  config.data.train_examples = 30000;
+  config.training.epochs = 3;
+  const double undisturbed = TestAccuracy(RunProcessJob(config, "shoal_calm", absl::ZeroDuration()));
+  const double restarted = TestAccuracy(RunProcessJob(config, "shoal_restart", absl::Seconds(5)));
+  std::printf("test accuracy: undisturbed %.4f, with worker 1 killed and restarted %.4f\n", undisturbed, restarted);
+  EXPECT_GT(undisturbed, 0.8);
+  // Every round after the kill needed worker 1's values, so the job could
+  // only finish because the restarted worker rejoined.
+  EXPECT_NEAR(restarted, undisturbed, 0.01);
 }
 
 }  // namespace
