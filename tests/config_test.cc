@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 namespace shoal {
 namespace {
 
@@ -161,6 +163,27 @@ TEST(ConfigTest, BadLocalAndHookValuesNameTheKey) {
     ASSERT_FALSE(config.ok()) << yaml;
     EXPECT_NE(config.status().message().find(key), std::string::npos) << yaml << ": " << config.status();
   }
+}
+
+}  // namespace
+}  // namespace shoal
+
+namespace shoal {
+namespace {
+
+TEST(ConfigTest, EveryShippedConfigParsesAndTheMainOneIsTheDefault) {
+  const std::filesystem::path dir = std::filesystem::path(SHOAL_SOURCE_DIR) / "configs";
+  int parsed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".yaml") continue;
+    auto config = LoadJobConfig(entry.path().string());
+    EXPECT_TRUE(config.ok()) << config.status();
+    ++parsed;
+  }
+  EXPECT_GE(parsed, 7);
+  auto main_job = LoadJobConfig((dir / "async_fashion_mnist.yaml").string());
+  ASSERT_TRUE(main_job.ok()) << main_job.status();
+  EXPECT_EQ(JobConfigToYaml(*main_job), JobConfigToYaml(DefaultJobConfig()));
 }
 
 }  // namespace

@@ -271,9 +271,12 @@ TEST(LocalReplicaTrainingTest, ModelAveragingEveryEightStepsSendsAnEighthOfAsync
   config.training.mode = "model_average";
   auto averaged = TrainInProcess(config, InProcOptions{}, nullptr);
   ASSERT_TRUE(async.ok() && averaged.ok());
-  const double ratio = (averaged->bytes_sent / averaged->epochs_trained) / (async->bytes_sent / async->epochs_trained);
-  EXPECT_LT(ratio, 0.126);
-  EXPECT_GT(ratio, 0.124);
+  auto per_epoch = [](const TrainReport& r, int64_t bytes) { return bytes / r.epochs_trained; };
+  // Tensors: one push of the model per 8 local steps, against one per step.
+  EXPECT_NEAR(per_epoch(*averaged, averaged->tensor_bytes_sent) / per_epoch(*async, async->tensor_bytes_sent), 0.125,
+              1e-9);
+  // Everything, headers and the barrier's small messages included.
+  EXPECT_NEAR(per_epoch(*averaged, averaged->bytes_sent) / per_epoch(*async, async->bytes_sent), 0.125, 0.0005);
 }
 
 }  // namespace

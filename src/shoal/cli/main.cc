@@ -198,6 +198,7 @@ absl::Status WriteResult(const std::string& path, const TrainReport& report) {
                            {"ssp_gap_histogram", report.ssp_gap_histogram},
                            {"bytes_sent", report.bytes_sent},
                            {"bytes_received", report.bytes_received},
+                           {"tensor_bytes_sent", report.tensor_bytes_sent},
                            {"epochs_trained", report.epochs_trained},
                            {"stop_reason", report.stop_reason}};
   std::ofstream out(path);

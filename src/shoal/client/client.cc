@@ -102,6 +102,7 @@ absl::Status Client::RunAll(TaskCalls& calls) {
   for (const auto& [task, call] : calls) {
     bytes_sent_.fetch_add(MessageBytes(call.request.header, call.request.tensors), std::memory_order_relaxed);
     bytes_received_.fetch_add(MessageBytes(call.response.header, call.response.tensors), std::memory_order_relaxed);
+    tensor_bytes_sent_.fetch_add(TensorBytes(call.request.tensors), std::memory_order_relaxed);
   }
   return first_error;
 }

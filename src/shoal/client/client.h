@@ -110,9 +110,10 @@ class Client {
   const Placement& placement() const { return *placement_; }
 
   // Bytes this client has sent and received (frames: header and tensors),
-  // counted alike over every transport.
+  // counted alike over every transport; and of those, the tensor bytes sent.
   int64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   int64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
+  int64_t tensor_bytes_sent() const { return tensor_bytes_sent_.load(std::memory_order_relaxed); }
 
  private:
   struct TaskCall;  // one request to one task
@@ -139,6 +140,7 @@ class Client {
   ClientOptions options_;
   std::atomic<int64_t> bytes_sent_{0};
   std::atomic<int64_t> bytes_received_{0};
+  std::atomic<int64_t> tensor_bytes_sent_{0};
 };
 
 }  // namespace shoal

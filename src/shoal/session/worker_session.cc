@@ -11,6 +11,7 @@ namespace {
 // Job-wide sums each worker adds to when it is done.
 constexpr char kBytesSent[] = "bytes_sent";
 constexpr char kBytesReceived[] = "bytes_received";
+constexpr char kTensorBytesSent[] = "tensor_bytes_sent";
 
 }  // namespace
 
@@ -59,6 +60,8 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kBytesSent, client.bytes_sent() - context.startup_bytes_sent).status());
   SHOAL_RETURN_IF_ERROR(
       client.AddToCounter(kBytesReceived, client.bytes_received() - context.startup_bytes_received).status());
+  SHOAL_RETURN_IF_ERROR(
+      client.AddToCounter(kTensorBytesSent, client.tensor_bytes_sent() - context.startup_tensor_bytes_sent).status());
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kWorkersDone, 1).status());
   if (!context.is_chief) return absl::OkStatus();
 
@@ -79,6 +82,7 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   SHOAL_ASSIGN_OR_RETURN(report->stale_gradients_dropped, context.client->AddToCounter(kStaleGradients, 0));
   SHOAL_ASSIGN_OR_RETURN(report->bytes_sent, context.client->AddToCounter(kBytesSent, 0));
   SHOAL_ASSIGN_OR_RETURN(report->bytes_received, context.client->AddToCounter(kBytesReceived, 0));
+  SHOAL_ASSIGN_OR_RETURN(report->tensor_bytes_sent, context.client->AddToCounter(kTensorBytesSent, 0));
   SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(*context.client));
   if (stopped) {
     report->stop_reason = worker->stop_reason.empty() ? "a worker's hook stopped the job" : worker->stop_reason;

@@ -22,6 +22,7 @@ struct TrainReport {
   // epochs trained, for rates per epoch.
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
+  int64_t tensor_bytes_sent = 0;  // of bytes_sent, the tensors alone
   double epochs_trained = 0;
   std::vector<int64_t> ssp_gap_histogram;  // ssp: steps that began g steps ahead of the slowest, by g
 };

@@ -121,7 +121,9 @@ absl::StatusOr<WorkerResult> ModelAverageStrategy::RunWorker(WorkerContext& cont
   SHOAL_RETURN_IF_ERROR(FetchGlobal(*context.client, *replica));
   int64_t local_step = 0;
   for (int64_t r = 0; r < round; ++r) local_step += LocalStepsInRound(local, r);
-  int64_t global_step = 0;
+  // Every worker takes the same steps per round, so the global step after a
+  // round is known without asking.
+  int64_t global_step = local_step * context.num_workers;
   for (; round < rounds; ++round) {
     const int64_t steps = LocalStepsInRound(local, round);
     for (int64_t k = 0; k < steps; ++k) {
@@ -144,15 +146,18 @@ absl::StatusOr<WorkerResult> ModelAverageStrategy::RunWorker(WorkerContext& cont
         SHOAL_ASSIGN_OR_RETURN(bool applied,
                                ApplyAccumulatedOrStop(context, names, context.num_workers, round + 1, rule));
         if (!applied) return result;
-        SHOAL_RETURN_IF_ERROR(context.client->AddToCounter(kGlobalStep, steps * context.num_workers).status());
-        SHOAL_RETURN_IF_ERROR(context.client->AddToCounter(kAverageRound, 1).status());
+        // Both counters in one call (no variables to update).
+        SHOAL_RETURN_IF_ERROR(context.client
+                                  ->ApplyGradients({}, {}, {{kGlobalStep, steps * context.num_workers},
+                                                           {kAverageRound, 1}})
+                                  .status());
       } else {
         SHOAL_ASSIGN_OR_RETURN(int64_t done, WaitForCounter(context, kAverageRound, round + 1, timeout,
                                                             absl::StrCat("averaging round ", round + 1)));
         if (done == 0) return result;  // stopped
       }
       SHOAL_RETURN_IF_ERROR(FetchGlobal(*context.client, *replica));
-      SHOAL_ASSIGN_OR_RETURN(global_step, context.client->AddToCounter(kGlobalStep, 0));
+      global_step += steps * context.num_workers;
       info.global_step = global_step;
       info.exchanged = true;
       SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));

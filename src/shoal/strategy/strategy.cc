@@ -168,6 +168,7 @@ absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model, const wi
   }
   context.startup_bytes_sent = context.client->bytes_sent();
   context.startup_bytes_received = context.client->bytes_received();
+  context.startup_tensor_bytes_sent = context.client->tensor_bytes_sent();
   return absl::OkStatus();
 }
 

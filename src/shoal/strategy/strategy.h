@@ -49,6 +49,7 @@ struct WorkerContext {
   // variables) was over, so that reports count training traffic only.
   int64_t startup_bytes_sent = 0;
   int64_t startup_bytes_received = 0;
+  int64_t startup_tensor_bytes_sent = 0;
   // Hooks run after the configured ones (tests, programs embedding shoal).
   std::vector<std::shared_ptr<TrainingHook>> extra_hooks;
 };
