@@ -185,6 +185,15 @@ void PrintReport(const TrainReport& report) {
                  report.bytes_received / 1e6 / report.epochs_trained);
   }
   if (!report.stop_reason.empty()) absl::PrintF("stopped early: %s\n", report.stop_reason);
+  if (!report.members.empty()) {
+    absl::PrintF("population (test accuracy above is member %d's, the fittest on validation):\n%s",
+                 report.best_member, report.population_summary);
+    for (const MemberReport& m : report.members) {
+      absl::PrintF("  member %d: validation %.4f, test %.2f%%, %s\n", m.member, m.fitness, 100 * m.test_accuracy,
+                   m.hyperparameters);
+    }
+    absl::PrintF("bytes moved reading other members: %.1f MB\n", report.peer_bytes_read / 1e6);
+  }
 }
 
 absl::Status WriteResult(const std::string& path, const TrainReport& report) {
@@ -200,7 +209,15 @@ absl::Status WriteResult(const std::string& path, const TrainReport& report) {
                            {"bytes_received", report.bytes_received},
                            {"tensor_bytes_sent", report.tensor_bytes_sent},
                            {"epochs_trained", report.epochs_trained},
-                           {"stop_reason", report.stop_reason}};
+                           {"stop_reason", report.stop_reason},
+                           {"best_member", report.best_member},
+                           {"peer_bytes_read", report.peer_bytes_read}};
+  for (const MemberReport& m : report.members) {
+    result["members"].push_back({{"member", m.member},
+                                 {"fitness", m.fitness},
+                                 {"test_accuracy", m.test_accuracy},
+                                 {"hyperparameters", m.hyperparameters}});
+  }
   std::ofstream out(path);
   out << result.dump(2) << "\n";
   if (!out) return absl::InternalError(absl::StrCat("cannot write result file '", path, "'"));

@@ -62,6 +62,12 @@ Client::Client(std::map<TaskId, std::shared_ptr<Channel>> channels, std::shared_
                ClientOptions options)
     : channels_(std::move(channels)), placement_(std::move(placement)), options_(options) {}
 
+std::unique_ptr<Client> Client::WithTimeout(absl::Duration rpc_timeout) const {
+  ClientOptions options = options_;
+  options.rpc_timeout = rpc_timeout;
+  return std::unique_ptr<Client>(new Client(channels_, placement_, options));
+}
+
 absl::StatusOr<Channel*> Client::ChannelFor(const TaskId& task) const {
   auto it = channels_.find(task);
   if (it == channels_.end()) return absl::NotFoundError(absl::StrCat(task.ToString(), " is not in the cluster"));
@@ -336,6 +342,78 @@ absl::Status Client::ApplyAccumulated(const std::vector<std::string>& names, int
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<TaskId>> Client::LocateWhole(const std::vector<std::string>& names,
+                                                        absl::string_view what) const {
+  SHOAL_ASSIGN_OR_RETURN(auto placements, LocateAll(names));
+  std::vector<TaskId> tasks;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (placements[i].partitioned()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " of partitioned variable '", names[i], "' is not supported"));
+    }
+    tasks.push_back(placements[i].shards[0].task);
+  }
+  return tasks;
+}
+
+absl::Status Client::SetOptimizer(const std::vector<std::string>& names, const wire::OptimizerConfig& optimizer) {
+  SHOAL_ASSIGN_OR_RETURN(auto tasks, LocateWhole(names, "set_optimizer"));
+  TaskCalls calls;
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto* request = calls[tasks[i]].request.header.mutable_set_optimizer();
+    request->add_names(names[i]);
+    *request->mutable_optimizer() = optimizer;
+  }
+  return RunAll(calls);
+}
+
+absl::StatusOr<std::vector<OptimizerSlots>> Client::ReadSlots(const std::vector<std::string>& names) {
+  SHOAL_ASSIGN_OR_RETURN(auto tasks, LocateWhole(names, "read_slots"));
+  TaskCalls calls;
+  for (size_t i = 0; i < names.size(); ++i) {
+    calls[tasks[i]].request.header.mutable_read_slots()->add_names(names[i]);
+    calls[tasks[i]].pieces.emplace_back(i, 0);
+  }
+  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  std::vector<OptimizerSlots> slots(names.size());
+  for (auto& [task, call] : calls) {
+    const auto& answer = call.response.header.read_slots();
+    if (answer.counts_size() != static_cast<int>(call.pieces.size()) || answer.steps_size() != answer.counts_size()) {
+      return absl::DataLossError(absl::StrCat(task.ToString(), " answered a read_slots malformed"));
+    }
+    size_t next = 0;
+    for (size_t k = 0; k < call.pieces.size(); ++k) {
+      OptimizerSlots& out = slots[call.pieces[k].first];
+      for (int j = 0; j < answer.counts(k); ++j) {
+        if (next >= call.response.tensors.size()) {
+          return absl::DataLossError(absl::StrCat(task.ToString(), " sent fewer slot tensors than it counted"));
+        }
+        out.tensors.push_back(std::move(call.response.tensors[next++]));
+      }
+      out.step = answer.steps(k);
+    }
+  }
+  return slots;
+}
+
+absl::Status Client::AssignSlots(const std::vector<std::string>& names, const std::vector<OptimizerSlots>& slots) {
+  if (slots.size() != names.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("assign_slots: ", names.size(), " names but ", slots.size(),
+                                                   " slot sets"));
+  }
+  SHOAL_ASSIGN_OR_RETURN(auto tasks, LocateWhole(names, "assign_slots"));
+  TaskCalls calls;
+  for (size_t i = 0; i < names.size(); ++i) {
+    TaskCall& call = calls[tasks[i]];
+    auto* request = call.request.header.mutable_assign_slots();
+    request->add_names(names[i]);
+    request->add_counts(static_cast<int>(slots[i].tensors.size()));
+    request->add_steps(slots[i].step);
+    for (const auto& t : slots[i].tensors) call.request.tensors.push_back(t);
+  }
+  return RunAll(calls);
 }
 
 absl::Status Client::Shutdown(const TaskId& task) {

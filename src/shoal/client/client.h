@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "shoal/cluster/cluster_spec.h"
 #include "shoal/placement/placement.h"
+#include "shoal/server/optimizer.h"
 #include "shoal/transport/transport.h"
 
 namespace shoal {
@@ -53,6 +54,10 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Create(const ClusterSpec& cluster, Transport* transport,
                                                         std::shared_ptr<const Placement> placement,
                                                         ClientOptions options = {});
+
+  // A client over the same connections whose calls have `rpc_timeout`
+  // (populations read peers with a short deadline).
+  std::unique_ptr<Client> WithTimeout(absl::Duration rpc_timeout) const;
 
   // Creates the variables on their tasks (the chief's job). Variables that
   // already exist with the same definition keep their values.
@@ -104,6 +109,16 @@ class Client {
                                 absl::Duration timeout, const std::vector<std::string>& workers,
                                 wire::AccumulatedRule rule = wire::MEAN_GRADIENT);
 
+  // Populations: new hyper-parameters for the named variables' optimizers
+  // (same kind; the slots stay).
+  absl::Status SetOptimizer(const std::vector<std::string>& names, const wire::OptimizerConfig& optimizer);
+
+  // Copies of the named variables' optimizer slots, and replacing them (to
+  // inherit a member's training state bit for bit). Not for partitioned
+  // variables.
+  absl::StatusOr<std::vector<OptimizerSlots>> ReadSlots(const std::vector<std::string>& names);
+  absl::Status AssignSlots(const std::vector<std::string>& names, const std::vector<OptimizerSlots>& slots);
+
   // Asks `task`'s server to shut down.
   absl::Status Shutdown(const TaskId& task);
 
@@ -122,6 +137,9 @@ class Client {
   Client(std::map<TaskId, std::shared_ptr<Channel>> channels, std::shared_ptr<const Placement> placement,
          ClientOptions options);
   absl::StatusOr<std::vector<VariablePlacement>> LocateAll(const std::vector<std::string>& names) const;
+  // The one task of each named variable; InvalidArgument for a partitioned
+  // one (`what` names the operation).
+  absl::StatusOr<std::vector<TaskId>> LocateWhole(const std::vector<std::string>& names, absl::string_view what) const;
   // Sends every call in parallel and waits for all; returns the first error.
   absl::Status RunAll(TaskCalls& calls);
   absl::StatusOr<Channel*> ChannelFor(const TaskId& task) const;

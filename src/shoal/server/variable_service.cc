@@ -118,6 +118,44 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       for (const auto& w : result.contributors) out->add_contributors(w);
       return absl::OkStatus();
     }
+    case wire::RequestHeader::kSetOptimizer: {
+      response->header.mutable_set_optimizer();
+      return store_.SetOptimizer(Names(h.set_optimizer().names()), h.set_optimizer().optimizer());
+    }
+    case wire::RequestHeader::kReadSlots: {
+      std::vector<OptimizerSlots> slots;
+      SHOAL_RETURN_IF_ERROR(store_.ReadSlots(Names(h.read_slots().names()), &slots));
+      auto* out = response->header.mutable_read_slots();
+      for (auto& s : slots) {
+        out->add_counts(static_cast<int>(s.tensors.size()));
+        out->add_steps(s.step);
+        for (auto& t : s.tensors) response->tensors.push_back(std::move(t));
+      }
+      return absl::OkStatus();
+    }
+    case wire::RequestHeader::kAssignSlots: {
+      const auto& assign = h.assign_slots();
+      if (assign.counts_size() != assign.names_size() || assign.steps_size() != assign.names_size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("assign_slots to ", options_.task_name, ": names, counts and steps differ in length"));
+      }
+      std::vector<OptimizerSlots> slots(assign.names_size());
+      size_t next = 0;
+      for (int i = 0; i < assign.names_size(); ++i) {
+        if (assign.counts(i) < 0 || next + assign.counts(i) > request.tensors.size()) {
+          return absl::InvalidArgumentError(absl::StrCat("assign_slots to ", options_.task_name,
+                                                         ": the slot counts do not match the tensors sent"));
+        }
+        for (int k = 0; k < assign.counts(i); ++k) slots[i].tensors.push_back(request.tensors[next++]);
+        slots[i].step = assign.steps(i);
+      }
+      if (next != request.tensors.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("assign_slots to ", options_.task_name, ": ",
+                                                       request.tensors.size() - next, " tensors left over"));
+      }
+      response->header.mutable_assign_slots();
+      return store_.AssignSlots(Names(assign.names()), slots);
+    }
     case wire::RequestHeader::kLookup: {
       auto* out = response->header.mutable_lookup();
       for (const auto& info : store_.Lookup(Names(h.lookup().names()))) {

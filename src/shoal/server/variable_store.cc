@@ -74,7 +74,7 @@ absl::StatusOr<std::vector<bool>> VariableStore::Create(const std::vector<wire::
     const wire::VariableDef& existing = it->second->def;
     bool same = existing.shape().size() == defs[i].shape().size() &&
                 std::equal(existing.shape().begin(), existing.shape().end(), defs[i].shape().begin()) &&
-                existing.optimizer().SerializeAsString() == fresh[i]->def.optimizer().SerializeAsString() &&
+                existing.optimizer().kind() == fresh[i]->def.optimizer().kind() &&
                 existing.use_locking() == defs[i].use_locking();
     if (!same) {
       return absl::AlreadyExistsError(absl::StrCat(
@@ -181,7 +181,7 @@ absl::Status VariableStore::ApplyGradients(const std::vector<std::string>& names
                   [](Variable& var, const torch::Tensor& delta) { var.value.add_(delta); });
   }
   return Update(names, gradients, "gradient", versions, [](Variable& var, const torch::Tensor& gradient) {
-    var.optimizer->Apply(var.value, gradient, var.slots);
+    std::atomic_load(&var.optimizer)->Apply(var.value, gradient, var.slots);
   });
 }
 
@@ -263,10 +263,10 @@ absl::StatusOr<VariableStore::ApplyAccumulatedResult> VariableStore::ApplyAccumu
           var.value.copy_(mean);
           break;
         case wire::BLOCK_MOMENTUM:
-          var.optimizer->Apply(var.value, var.value - mean, var.slots);
+          std::atomic_load(&var.optimizer)->Apply(var.value, var.value - mean, var.slots);
           break;
         default:
-          var.optimizer->Apply(var.value, mean, var.slots);
+          std::atomic_load(&var.optimizer)->Apply(var.value, mean, var.slots);
       }
       var.version.fetch_add(1);
     }
@@ -277,6 +277,78 @@ absl::StatusOr<VariableStore::ApplyAccumulatedResult> VariableStore::ApplyAccumu
   }
   result.applied = true;
   return result;
+}
+
+absl::Status VariableStore::SetOptimizer(const std::vector<std::string>& names,
+                                         const wire::OptimizerConfig& optimizer) {
+  std::vector<std::shared_ptr<Variable>> vars;
+  SHOAL_RETURN_IF_ERROR(Find(names, &vars));
+  SHOAL_ASSIGN_OR_RETURN(auto rule, Optimizer::Create(optimizer));
+  for (const auto& var : vars) {
+    if (var->def.optimizer().kind() != rule->config().kind()) {
+      return absl::InvalidArgumentError(absl::StrCat("set_optimizer for variable '", var->def.name(), "' on ",
+                                                     task_name_, ": its optimizer is '", var->def.optimizer().kind(),
+                                                     "', not '", rule->config().kind(), "'"));
+    }
+  }
+  std::unique_lock definitions(map_mu_);  // Lookup and Create read the definitions under it
+  for (const auto& var : vars) {
+    std::atomic_store(&var->optimizer, rule);  // applies in flight finish with the old one
+    *var->def.mutable_optimizer() = rule->config();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VariableStore::ReadSlots(const std::vector<std::string>& names,
+                                      std::vector<OptimizerSlots>* slots) const {
+  std::vector<std::shared_ptr<Variable>> vars;
+  SHOAL_RETURN_IF_ERROR(Find(names, &vars));
+  slots->clear();
+  for (const auto& var : vars) {
+    std::lock_guard lock(var->update_mu);
+    OptimizerSlots copy;
+    for (const auto& t : var->slots.tensors) copy.tensors.push_back(t.clone());
+    copy.step = var->slots.step;
+    slots->push_back(std::move(copy));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VariableStore::AssignSlots(const std::vector<std::string>& names,
+                                        const std::vector<OptimizerSlots>& slots) {
+  std::vector<std::shared_ptr<Variable>> vars;
+  SHOAL_RETURN_IF_ERROR(Find(names, &vars));
+  if (slots.size() != vars.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("assign_slots on ", task_name_, ": ", vars.size(), " names but ",
+                                                   slots.size(), " slot sets"));
+  }
+  for (size_t i = 0; i < vars.size(); ++i) {
+    const Variable& var = *vars[i];
+    const std::string where = absl::StrCat("assign_slots for variable '", var.def.name(), "' on ", task_name_);
+    if (slots[i].tensors.size() != var.slots.tensors.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", slots[i].tensors.size(), " slots, its optimizer '",
+                                                     var.def.optimizer().kind(), "' keeps ",
+                                                     var.slots.tensors.size()));
+    }
+    for (size_t k = 0; k < slots[i].tensors.size(); ++k) {
+      const torch::Tensor& t = slots[i].tensors[k];
+      if (!t.defined() || t.scalar_type() != torch::kFloat32 || t.sizes() != var.slots.tensors[k].sizes()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": slot ", k, " must be float32 of shape ",
+                                                       ShapeString(var.slots.tensors[k].sizes())));
+      }
+      if (!AllFinite(t)) return absl::InvalidArgumentError(absl::StrCat(where, ": slot ", k, " is not finite"));
+    }
+    if (slots[i].step < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": negative step"));
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < vars.size(); ++i) {
+    Variable& var = *vars[i];
+    std::lock_guard lock(var.update_mu);
+    for (size_t k = 0; k < slots[i].tensors.size(); ++k) var.slots.tensors[k].copy_(slots[i].tensors[k]);
+    var.slots.step = slots[i].step;
+    var.version.fetch_add(1);
+  }
+  return absl::OkStatus();
 }
 
 std::vector<VariableStore::VariableInfo> VariableStore::Lookup(const std::vector<std::string>& names) const {

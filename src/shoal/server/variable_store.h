@@ -40,9 +40,10 @@ class VariableStore {
   VariableStore& operator=(const VariableStore&) = delete;
 
   // Creates each variable with its initial value (copied). A variable that
-  // exists with the same shape and optimizer is left alone (created=false):
-  // a restarted chief does not reset training. A different definition is
-  // AlreadyExists. All or nothing.
+  // exists with the same shape and optimizer kind is left alone
+  // (created=false): a restarted chief does not reset training, and
+  // hyper-parameters changed since (SetOptimizer) stay. A different shape or
+  // kind is AlreadyExists. All or nothing.
   absl::StatusOr<std::vector<bool>> Create(const std::vector<wire::VariableDef>& defs,
                                            const std::vector<torch::Tensor>& initial_values);
 
@@ -86,6 +87,15 @@ class VariableStore {
                                                           absl::Duration wait,
                                                           wire::AccumulatedRule rule = wire::MEAN_GRADIENT);
 
+  // Populations: gives the named variables' optimizers new hyper-parameters
+  // (same kind), keeping their slots.
+  absl::Status SetOptimizer(const std::vector<std::string>& names, const wire::OptimizerConfig& optimizer);
+
+  // Copies of each variable's optimizer slots.
+  absl::Status ReadSlots(const std::vector<std::string>& names, std::vector<OptimizerSlots>* slots) const;
+  // Replaces each variable's slots; counts and shapes must match its optimizer's.
+  absl::Status AssignSlots(const std::vector<std::string>& names, const std::vector<OptimizerSlots>& slots);
+
   // For each name: its definition and version, or nullopt-like absence.
   struct VariableInfo {
     bool present = false;
@@ -99,7 +109,7 @@ class VariableStore {
  private:
   struct Variable {
     wire::VariableDef def;  // optimizer config with defaults filled in
-    std::shared_ptr<const Optimizer> optimizer;
+    std::shared_ptr<const Optimizer> optimizer;  // atomic_load/atomic_store: SetOptimizer replaces it
     torch::Tensor value;
     OptimizerSlots slots;
     std::atomic<int64_t> version{0};

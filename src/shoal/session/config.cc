@@ -161,6 +161,32 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(local.Get("rho", &c->local.rho));
   SHOAL_RETURN_IF_ERROR(local.CheckNoUnknownKeys());
 
+  Section population = top.Child("population");
+  PopulationConfig& pc = c->population;
+  SHOAL_RETURN_IF_ERROR(population.Check());
+  SHOAL_RETURN_IF_ERROR(population.Get("workers_per_member", &pc.workers_per_member));
+  SHOAL_RETURN_IF_ERROR(population.Get("variables_on", &pc.variables_on));
+  SHOAL_RETURN_IF_ERROR(population.Get("policy", &pc.policy));
+  SHOAL_RETURN_IF_ERROR(population.Get("ready_steps", &pc.ready_steps));
+  SHOAL_RETURN_IF_ERROR(population.Get("eval_steps", &pc.eval_steps));
+  SHOAL_RETURN_IF_ERROR(population.Get("probability", &pc.probability));
+  SHOAL_RETURN_IF_ERROR(population.Get("loss_threshold", &pc.loss_threshold));
+  SHOAL_RETURN_IF_ERROR(population.Get("loss_margin", &pc.loss_margin));
+  SHOAL_RETURN_IF_ERROR(population.Get("fraction", &pc.fraction));
+  SHOAL_RETURN_IF_ERROR(population.Get("explore", &pc.explore));
+  SHOAL_RETURN_IF_ERROR(population.Get("resample_probability", &pc.resample_probability));
+  SHOAL_RETURN_IF_ERROR(population.Get("draw_initial", &pc.draw_initial));
+  SHOAL_RETURN_IF_ERROR(population.Get("learning_rate_range", &pc.learning_rate_range));
+  SHOAL_RETURN_IF_ERROR(population.Get("momentum_range", &pc.momentum_range));
+  SHOAL_RETURN_IF_ERROR(population.Get("weight_decay_range", &pc.weight_decay_range));
+  SHOAL_RETURN_IF_ERROR(population.Get("batch_size_range", &pc.batch_size_range));
+  SHOAL_RETURN_IF_ERROR(population.Get("inherit_slots", &pc.inherit_slots));
+  SHOAL_RETURN_IF_ERROR(population.Get("validation_examples", &pc.validation_examples));
+  SHOAL_RETURN_IF_ERROR(population.Get("peer_cache_steps", &pc.peer_cache_steps));
+  SHOAL_RETURN_IF_ERROR(population.Get("peer_timeout_s", &pc.peer_timeout_s));
+  SHOAL_RETURN_IF_ERROR(population.Get("lineage_dir", &pc.lineage_dir));
+  SHOAL_RETURN_IF_ERROR(population.CheckNoUnknownKeys());
+
   Section hooks = top.Child("hooks");
   SHOAL_RETURN_IF_ERROR(hooks.Check());
   SHOAL_RETURN_IF_ERROR(hooks.Get("log_every_steps", &c->hooks.log_every_steps));
@@ -205,6 +231,53 @@ absl::Status OneOf(absl::string_view key, const std::string& value, const std::v
   if (std::find(known.begin(), known.end(), value) != known.end()) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("config: '", key, "' '", value, "' is unknown; known: ", absl::StrJoin(known, ", ")));
+}
+
+absl::Status Range(absl::string_view key, const std::vector<double>& range, bool positive) {
+  if (range.size() == 2 && range[0] <= range[1] && (!positive || range[0] > 0)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("config: '", key, "' must be [low, high] with low <= high",
+                                                 positive ? " and low > 0" : ""));
+}
+
+absl::Status ValidatePopulation(const JobConfig& c) {
+  const PopulationConfig& p = c.population;
+  SHOAL_RETURN_IF_ERROR(Positive("population.workers_per_member", p.workers_per_member));
+  if (c.training.mode == "population" && c.cluster.cluster_file.empty() &&
+      c.cluster.workers % p.workers_per_member != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("config: 'cluster.workers' (", c.cluster.workers,
+                                                   ") is not a multiple of 'population.workers_per_member' (",
+                                                   p.workers_per_member, ")"));
+  }
+  SHOAL_RETURN_IF_ERROR(OneOf("population.variables_on", p.variables_on, {"member", "ps"}));
+  if (p.workers_per_member > 1 && p.variables_on != "ps") {
+    return absl::InvalidArgumentError(
+        "config: 'population.variables_on' must be ps when members have several workers (they share them there)");
+  }
+  SHOAL_RETURN_IF_ERROR(
+      OneOf("population.policy", p.policy, {"none", "random", "loss_threshold", "truncation", "tournament"}));
+  for (const std::string& name : p.explore) {
+    SHOAL_RETURN_IF_ERROR(
+        OneOf("population.explore", name, {"learning_rate", "momentum", "weight_decay", "batch_size"}));
+  }
+  if (p.ready_steps < 0) return absl::InvalidArgumentError("config: 'population.ready_steps' must not be negative");
+  SHOAL_RETURN_IF_ERROR(Positive("population.eval_steps", static_cast<double>(p.eval_steps)));
+  for (auto [key, value] : {std::pair{"population.probability", p.probability},
+                            std::pair{"population.fraction", p.fraction},
+                            std::pair{"population.resample_probability", p.resample_probability}}) {
+    if (value < 0 || value > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("config: '", key, "' must be in [0, 1], is ", value));
+    }
+  }
+  if (p.fraction > 0.5) return absl::InvalidArgumentError("config: 'population.fraction' must be at most 0.5");
+  SHOAL_RETURN_IF_ERROR(Range("population.learning_rate_range", p.learning_rate_range, true));
+  SHOAL_RETURN_IF_ERROR(Range("population.momentum_range", p.momentum_range, false));
+  SHOAL_RETURN_IF_ERROR(Range("population.weight_decay_range", p.weight_decay_range, true));
+  SHOAL_RETURN_IF_ERROR(Range("population.batch_size_range", p.batch_size_range, true));
+  SHOAL_RETURN_IF_ERROR(Positive("population.validation_examples", static_cast<double>(p.validation_examples)));
+  SHOAL_RETURN_IF_ERROR(Positive("population.peer_timeout_s", p.peer_timeout_s));
+  if (p.peer_cache_steps < 0) return absl::InvalidArgumentError("config: 'population.peer_cache_steps' must not be negative");
+  if (p.lineage_dir.empty()) return absl::InvalidArgumentError("config: 'population.lineage_dir' must not be empty");
+  return absl::OkStatus();
 }
 
 void EmitOptimizer(YAML::Emitter& out, const wire::OptimizerConfig& o) {
@@ -256,7 +329,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
     return absl::InvalidArgumentError("config: 'data.train_examples' and 'data.test_examples' must not be negative");
   }
   SHOAL_RETURN_IF_ERROR(OneOf("training.mode", c.training.mode,
-                              {"async", "sync", "ssp", "downpour", "model_average", "easgd"}));
+                              {"async", "sync", "ssp", "downpour", "model_average", "easgd", "population"}));
   if (c.training.replicas_to_aggregate < 0) {
     return absl::InvalidArgumentError("config: 'training.replicas_to_aggregate' must not be negative");
   }
@@ -286,6 +359,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat("config: 'local.alpha' must be in [0, 1], is ", c.local.alpha));
   }
   if (c.local.rho < 0) return absl::InvalidArgumentError("config: 'local.rho' must not be negative");
+  SHOAL_RETURN_IF_ERROR(ValidatePopulation(c));
   SHOAL_RETURN_IF_ERROR(OneOf("hooks.nan_guard", c.hooks.nan_guard, {"fail", "stop", "off"}));
   SHOAL_RETURN_IF_ERROR(OneOf("hooks.metrics_format", c.hooks.metrics_format, {"jsonl", "csv"}));
   if (c.hooks.log_every_steps < 0 || c.hooks.stop_at_step < 0) {
@@ -351,6 +425,23 @@ std::string JobConfigToYaml(const JobConfig& c) {
       << YAML::Key << "block_learning_rate" << YAML::Value << l.block_learning_rate << YAML::Key << "tau"
       << YAML::Value << l.tau << YAML::Key << "alpha" << YAML::Value << l.alpha << YAML::Key << "rho" << YAML::Value
       << l.rho << YAML::EndMap;
+  const PopulationConfig& p = c.population;
+  out << YAML::Key << "population" << YAML::Value << YAML::BeginMap << YAML::Key << "workers_per_member"
+      << YAML::Value << p.workers_per_member << YAML::Key << "variables_on" << YAML::Value << p.variables_on
+      << YAML::Key << "policy" << YAML::Value << p.policy << YAML::Key << "ready_steps" << YAML::Value
+      << p.ready_steps << YAML::Key << "eval_steps" << YAML::Value << p.eval_steps << YAML::Key << "probability"
+      << YAML::Value << p.probability << YAML::Key << "loss_threshold" << YAML::Value << p.loss_threshold
+      << YAML::Key << "loss_margin" << YAML::Value << p.loss_margin << YAML::Key << "fraction" << YAML::Value
+      << p.fraction << YAML::Key << "explore" << YAML::Value << YAML::Flow << p.explore << YAML::Key
+      << "resample_probability" << YAML::Value << p.resample_probability << YAML::Key << "draw_initial"
+      << YAML::Value << p.draw_initial << YAML::Key << "learning_rate_range" << YAML::Value << YAML::Flow
+      << p.learning_rate_range << YAML::Key << "momentum_range" << YAML::Value << YAML::Flow << p.momentum_range
+      << YAML::Key << "weight_decay_range" << YAML::Value << YAML::Flow << p.weight_decay_range << YAML::Key
+      << "batch_size_range" << YAML::Value << YAML::Flow << p.batch_size_range << YAML::Key << "inherit_slots"
+      << YAML::Value << p.inherit_slots << YAML::Key << "validation_examples" << YAML::Value
+      << p.validation_examples << YAML::Key << "peer_cache_steps" << YAML::Value << p.peer_cache_steps << YAML::Key
+      << "peer_timeout_s" << YAML::Value << p.peer_timeout_s << YAML::Key << "lineage_dir" << YAML::Value
+      << p.lineage_dir << YAML::EndMap;
   const HooksConfig& k = c.hooks;
   out << YAML::Key << "hooks" << YAML::Value << YAML::BeginMap << YAML::Key << "log_every_steps" << YAML::Value
       << k.log_every_steps << YAML::Key << "nan_guard" << YAML::Value << k.nan_guard << YAML::Key << "stop_at_step"

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "shoal/core/status.h"
 #include "shoal/session/progress.h"
+#include "shoal/strategy/population_strategy.h"
 #include "shoal/transport/grpc/grpc_transport.h"
 
 namespace shoal {
@@ -34,8 +35,14 @@ std::unique_ptr<VariableService> MakeVariableService(const JobConfig& config, co
 }
 
 absl::StatusOr<std::shared_ptr<const Placement>> MakePlacement(const JobConfig& config, const ClusterSpec& cluster) {
-  Mlp model(config.model);
-  SHOAL_ASSIGN_OR_RETURN(Placement placement, Placement::Create(model.VariableSpecs(), cluster, config.placement));
+  std::vector<VariableSpec> specs = Mlp(config.model).VariableSpecs();
+  PlacementOptions options = config.placement;
+  if (config.training.mode == "population") {
+    const std::vector<TaskId> workers = cluster.TrainingTasks();
+    specs = PopulationVariableSpecs(config, static_cast<int>(workers.size()));
+    for (const ScopeRule& rule : PopulationScopeRules(config, workers)) options.scope_rules.push_back(rule);
+  }
+  SHOAL_ASSIGN_OR_RETURN(Placement placement, Placement::Create(specs, cluster, options));
   return std::make_shared<const Placement>(std::move(placement));
 }
 
@@ -52,6 +59,16 @@ WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& clus
   context.config = &config;
   context.train_shard = train.Shard(context.worker_index, context.num_workers);
   context.train_examples = train.size();
+  if (config.training.mode == "population") {
+    // Every member trains on the whole training set but its end, the
+    // validation split that measures fitness; a member's workers share it.
+    const int64_t validation = std::min(config.population.validation_examples, train.size() - 1);
+    const int64_t trained = train.size() - validation;
+    context.validation = Dataset{train.images.narrow(0, trained, validation), train.labels.narrow(0, trained, validation)};
+    const Dataset rest{train.images.narrow(0, 0, trained), train.labels.narrow(0, 0, trained)};
+    const int per_member = config.population.workers_per_member;
+    context.train_shard = rest.Shard(context.worker_index % per_member, per_member);
+  }
   context.max_steps = max_steps;
   return context;
 }

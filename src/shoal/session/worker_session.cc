@@ -4,6 +4,7 @@
 #include "absl/strings/str_format.h"
 #include "shoal/core/status.h"
 #include "shoal/hooks/standard_hooks.h"
+#include "shoal/strategy/population_strategy.h"
 
 namespace shoal {
 namespace {
@@ -109,6 +110,7 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
         (report->global_step - warm_step) * examples_per_step / absl::ToDoubleSeconds(trained - warm_time);
   }
   report->last_loss = worker->last_loss;
+  if (context.config->training.mode == "population") return ReportPopulation(context, test_set, report);
   Mlp model(context.config->model);
   SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, context.client->Read(model.variable_names()));
   model.Load(values);

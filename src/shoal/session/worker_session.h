@@ -8,6 +8,14 @@
 
 namespace shoal {
 
+// One member of a population, at the end.
+struct MemberReport {
+  int member = 0;
+  double fitness = -1;  // validation accuracy
+  double test_accuracy = 0;
+  std::string hyperparameters;
+};
+
 struct TrainReport {
   double test_accuracy = 0;
   int64_t global_step = 0;
@@ -24,6 +32,13 @@ struct TrainReport {
   int64_t bytes_received = 0;
   int64_t tensor_bytes_sent = 0;  // of bytes_sent, the tensors alone
   double epochs_trained = 0;
+  // population: every member, the best by validation fitness (whose test
+  // accuracy is test_accuracy above), bytes moved to read other members
+  // (fitness, hyper-parameters, weights, slots), and the summary.
+  std::vector<MemberReport> members;
+  int best_member = -1;
+  int64_t peer_bytes_read = 0;
+  std::string population_summary;
   std::vector<int64_t> ssp_gap_histogram;  // ssp: steps that began g steps ahead of the slowest, by g
 };
 

@@ -4,6 +4,7 @@
 #include "shoal/core/status.h"
 #include "shoal/strategy/async_strategy.h"
 #include "shoal/strategy/local_replica.h"
+#include "shoal/strategy/population_strategy.h"
 #include "shoal/strategy/ssp_strategy.h"
 #include "shoal/strategy/sync_strategy.h"
 
@@ -16,6 +17,7 @@ absl::StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const JobConfig& 
   if (config.training.mode == "downpour") return std::unique_ptr<TrainingStrategy>(new DownpourStrategy());
   if (config.training.mode == "model_average") return std::unique_ptr<TrainingStrategy>(new ModelAverageStrategy());
   if (config.training.mode == "easgd") return std::unique_ptr<TrainingStrategy>(new ElasticAverageStrategy());
+  if (config.training.mode == "population") return std::unique_ptr<TrainingStrategy>(new PopulationStrategy());
   return absl::InvalidArgumentError(absl::StrCat("unknown training mode '", config.training.mode, "'"));
 }
 
@@ -32,7 +34,11 @@ int64_t ExamplesPerStep(const JobConfig& config, int num_workers) {
 int64_t MaxSteps(const JobConfig& config, int64_t train_examples, int num_workers) {
   if (config.training.max_steps > 0) return config.training.max_steps;
   const int64_t per_step = ExamplesPerStep(config, num_workers);
-  const int64_t examples = config.training.epochs * train_examples;
+  int64_t examples = config.training.epochs * train_examples;
+  if (config.training.mode == "population") {  // every member trains on all of it, but the validation split
+    const int64_t trained = std::max<int64_t>(1, train_examples - config.population.validation_examples);
+    examples = config.training.epochs * trained * (num_workers / config.population.workers_per_member);
+  }
   return std::max<int64_t>(1, (examples + per_step - 1) / per_step);
 }
 

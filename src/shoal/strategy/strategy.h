@@ -39,6 +39,7 @@ struct WorkerContext {
   Client* client = nullptr;
   const JobConfig* config = nullptr;
   Dataset train_shard;
+  Dataset validation;          // populations: carved from the training set, never trained on
   int64_t train_examples = 0;  // in the whole training set (for epochs)
   int64_t max_steps = 0;       // global steps to train for
   StepCallback on_step;   // may be empty

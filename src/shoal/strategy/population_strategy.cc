@@ -1,0 +1,355 @@
+#include "shoal/strategy/population_strategy.h"
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "shoal/core/status.h"
+#include "shoal/population/lineage.h"
+#include "shoal/server/optimizer.h"
+
+namespace shoal {
+namespace {
+
+constexpr char kPeerBytes[] = "population/peer_bytes";
+
+std::string MemberStepCounter(int member) { return absl::StrCat("population/step/", member); }
+
+wire::OptimizerConfig Constant() {  // for variables that are only assigned
+  wire::OptimizerConfig sgd;
+  sgd.set_kind("sgd");
+  return sgd;
+}
+
+torch::Tensor HyperparametersTensor(const Hyperparameters& h) {
+  return torch::tensor({static_cast<float>(h.learning_rate), static_cast<float>(h.momentum),
+                        static_cast<float>(h.weight_decay), static_cast<float>(h.batch_size)});
+}
+
+Hyperparameters FromTensor(const torch::Tensor& t) {
+  Hyperparameters h;
+  h.learning_rate = t[0].item<float>();
+  h.momentum = t[1].item<float>();
+  h.weight_decay = t[2].item<float>();
+  h.batch_size = std::llround(t[3].item<float>());
+  return h;
+}
+
+// Reads other members through its own client, with a short deadline,
+// remembering values for peer_cache_steps member steps; that client's
+// traffic is what reading peers costs.
+class PeerReader {
+ public:
+  PeerReader(const Client& client, const PopulationConfig& config, std::string me)
+      : client_(client.WithTimeout(absl::Seconds(config.peer_timeout_s))),
+        cache_steps_(config.peer_cache_steps),
+        me_(std::move(me)) {}
+
+  Client& client() { return *client_; }
+
+  absl::StatusOr<std::vector<torch::Tensor>> Read(const std::vector<std::string>& names, int64_t step) {
+    auto it = cache_.find(names.front());
+    if (cache_steps_ > 0 && it != cache_.end() && step - it->second.step <= cache_steps_) return it->second.values;
+    auto values = client_->Read(names);
+    if (!values.ok()) return values.status();
+    std::vector<torch::Tensor> copies;
+    for (const auto& v : *values) copies.push_back(v.clone());  // in-process reads alias the peer's memory
+    if (cache_steps_ > 0) cache_[names.front()] = {step, copies};
+    return copies;
+  }
+
+  // A peer that does not answer is skipped; the warning is printed once.
+  void Warn(int member, const absl::Status& status) {
+    if (warned_.insert(member).second) {
+      absl::FPrintF(stderr, "%s: member %d is unreachable, skipping it: %s\n", me_, member, status.ToString());
+    }
+  }
+  void Reached(int member) { warned_.erase(member); }
+  int64_t bytes_moved() const { return client_->bytes_sent() + client_->bytes_received(); }
+
+ private:
+  struct Cached {
+    int64_t step;
+    std::vector<torch::Tensor> values;
+  };
+  std::unique_ptr<Client> client_;
+  int64_t cache_steps_;
+  std::string me_;
+  std::map<std::string, Cached> cache_;
+  std::set<int> warned_;
+};
+
+// Validation accuracy and loss of `model`.
+std::pair<double, double> Evaluate(Mlp& model, const Dataset& validation) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor logits = model.Forward(validation.images);
+  const double loss = CrossEntropyLoss(logits, validation.labels).item<double>();
+  const double accuracy = logits.argmax(1).eq(validation.labels).to(torch::kFloat64).mean().item<double>();
+  return {accuracy, loss};
+}
+
+struct Member {
+  int index;
+  std::vector<std::string> names;  // the model's variables
+  std::string hparams, fitness;
+};
+
+Member MemberOf(const JobConfig& config, int m) {
+  return Member{m, Mlp(MemberModel(config, m)).variable_names(), HyperparametersVariable(m), FitnessVariable(m)};
+}
+
+}  // namespace
+
+int NumMembers(const JobConfig& config, int num_workers) {
+  return std::max(1, num_workers / config.population.workers_per_member);
+}
+
+std::string MemberScope(int member) { return absl::StrCat("worker_", member, "/"); }
+
+MlpConfig MemberModel(const JobConfig& config, int member) {
+  MlpConfig model = config.model;
+  model.scope = MemberScope(member);
+  model.seed = config.model.seed + member;
+  return model;
+}
+
+std::string HyperparametersVariable(int member) { return MemberScope(member) + "hparams"; }
+std::string FitnessVariable(int member) { return MemberScope(member) + "fitness"; }
+
+std::vector<VariableSpec> PopulationVariableSpecs(const JobConfig& config, int num_workers) {
+  std::vector<VariableSpec> specs;
+  for (int m = 0; m < NumMembers(config, num_workers); ++m) {
+    for (const auto& spec : Mlp(MemberModel(config, m)).VariableSpecs()) specs.push_back(spec);
+    specs.push_back({HyperparametersVariable(m), {4}});
+    specs.push_back({FitnessVariable(m), {3}});
+  }
+  return specs;
+}
+
+std::vector<ScopeRule> PopulationScopeRules(const JobConfig& config, const std::vector<TaskId>& workers) {
+  std::vector<ScopeRule> rules;
+  if (config.population.variables_on != "member") return rules;
+  const int members = NumMembers(config, static_cast<int>(workers.size()));
+  for (int m = 0; m < members; ++m) {
+    rules.push_back({MemberScope(m) + "*", workers[m * config.population.workers_per_member]});
+  }
+  return rules;
+}
+
+absl::Status InheritMember(Client& reader, Client& writer, const std::vector<std::string>& from,
+                           const std::vector<std::string>& to, bool with_slots) {
+  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, reader.Read(from));
+  std::vector<torch::Tensor> copies;
+  for (const auto& v : values) copies.push_back(v.clone());
+  std::vector<OptimizerSlots> slots;
+  if (with_slots) {
+    SHOAL_ASSIGN_OR_RETURN(slots, reader.ReadSlots(from));
+  }
+  SHOAL_RETURN_IF_ERROR(writer.Assign(to, copies));
+  if (with_slots) SHOAL_RETURN_IF_ERROR(writer.AssignSlots(to, slots));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& context) {
+  const JobConfig& config = *context.config;
+  const PopulationConfig& pc = config.population;
+  Client& client = *context.client;
+  const int members = NumMembers(config, context.num_workers);
+  const int me = context.worker_index / pc.workers_per_member;
+  const bool lead = context.worker_index % pc.workers_per_member == 0;  // evaluates and decides
+  const Member own = MemberOf(config, me);
+  Mlp model(MemberModel(config, me));
+  SHOAL_ASSIGN_OR_RETURN(auto base, Optimizer::Create(config.training.optimizer));
+  std::mt19937_64 rng(config.training.seed * 7919 + me);
+
+  // Start-up: the lead creates the member's variables (a restarted lead finds
+  // them and keeps their values and hyper-parameters); its workers wait.
+  std::vector<std::string> all_names = own.names;
+  all_names.push_back(own.hparams);
+  all_names.push_back(own.fitness);
+  if (lead) {
+    const Hyperparameters start =
+        DrawInitial(pc, HyperparametersOf(base->config(), config.training.batch_size), rng);
+    std::vector<VariableInit> inits;
+    for (size_t i = 0; i < own.names.size(); ++i) {
+      inits.push_back({own.names[i], model.variables()[i].detach(), WithHyperparameters(base->config(), start),
+                       config.training.use_locking});
+    }
+    inits.push_back({own.hparams, HyperparametersTensor(start), Constant()});
+    inits.push_back({own.fitness, torch::tensor({-1.0f, 0.0f, 0.0f}), Constant()});
+    SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));
+  } else {
+    SHOAL_RETURN_IF_ERROR(
+        client.WaitForVariables(all_names, absl::Seconds(config.transport.startup_timeout_s)));
+  }
+  context.startup_bytes_sent = client.bytes_sent();
+  context.startup_bytes_received = client.bytes_received();
+  context.startup_tensor_bytes_sent = client.tensor_bytes_sent();
+  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> stored, client.Read({own.hparams}));
+  Hyperparameters h = FromTensor(stored[0]);
+
+  std::unique_ptr<LineageLog> lineage;
+  PeerReader peers(client, pc, context.task.ToString());
+  const int64_t ready = pc.ready_steps > 0 ? pc.ready_steps : (pc.policy == "random" ? 1 : pc.eval_steps);
+  const int64_t member_steps = std::max<int64_t>(1, context.max_steps / members);
+  SHOAL_ASSIGN_OR_RETURN(int64_t step, client.AddToCounter(MemberStepCounter(me), 0));
+  if (lead) {
+    SHOAL_ASSIGN_OR_RETURN(lineage, LineageLog::Open(pc.lineage_dir, me, /*append=*/step > 0));
+    SHOAL_RETURN_IF_ERROR(lineage->Write({me, step, "start", -1, 0, -1, "", h}));
+  }
+  auto batches = std::make_unique<BatchIterator>(context.train_shard, h.batch_size,
+                                                 config.training.seed * 1000003 + context.worker_index);
+  int64_t evaluated_at = step, decided_at = step;
+  double fitness = -1, loss = 0;
+  WorkerResult result;
+
+  auto evaluate = [&]() -> absl::Status {
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(own.names));
+    model.Load(values);
+    std::tie(fitness, loss) = Evaluate(model, context.validation);
+    SHOAL_RETURN_IF_ERROR(client.Assign({own.fitness}, {torch::tensor({static_cast<float>(fitness),
+                                                                       static_cast<float>(loss),
+                                                                       static_cast<float>(step)})}));
+    return lineage->Write({me, step, "eval", fitness, loss, -1, "", h});
+  };
+
+  // Exploit and explore, as the policy decides.
+  auto decide = [&]() -> absl::Status {
+    std::vector<MemberStatus> statuses;
+    for (int m = 0; m < members; ++m) {
+      MemberStatus status{m};
+      if (m == me) {
+        status.evaluated = fitness >= 0;
+        status.fitness = fitness;
+        status.loss = loss;
+      } else {
+        auto read = peers.client().Read({FitnessVariable(m)});
+        status.reachable = read.ok();
+        if (!read.ok()) {
+          peers.Warn(m, read.status());
+        } else {
+          peers.Reached(m);
+          const float* f = (*read)[0].data_ptr<float>();
+          status.evaluated = f[0] >= 0;
+          status.fitness = f[0];
+          status.loss = f[1];
+        }
+      }
+      statuses.push_back(status);
+    }
+    const ExploitDecision decision = DecideExploit(pc, me, statuses, rng);
+    if (!decision.exploit) return absl::OkStatus();
+    const Member source = MemberOf(config, decision.source);
+    absl::Status copied = pc.inherit_slots
+                              ? InheritMember(peers.client(), client, source.names, own.names, /*with_slots=*/true)
+                              : [&]() -> absl::Status {
+                                  SHOAL_ASSIGN_OR_RETURN(auto values, peers.Read(source.names, step));
+                                  return client.Assign(own.names, values);
+                                }();
+    if (!copied.ok()) {  // the source went away meanwhile: keep training our own
+      peers.Warn(decision.source, copied);
+      return absl::OkStatus();
+    }
+    if (decision.copy_hyperparameters) {
+      auto theirs = peers.client().Read({source.hparams});
+      if (theirs.ok()) h = FromTensor((*theirs)[0]);
+    }
+    h = Explore(pc, h, rng);
+    SHOAL_RETURN_IF_ERROR(client.SetOptimizer(own.names, WithHyperparameters(base->config(), h)));
+    SHOAL_RETURN_IF_ERROR(client.Assign({own.hparams}, {HyperparametersTensor(h)}));
+    // Until measured again, the member is as fit as what it copied.
+    const MemberStatus& theirs = statuses[decision.source];
+    fitness = theirs.fitness;
+    loss = theirs.loss;
+    SHOAL_RETURN_IF_ERROR(client.Assign({own.fitness}, {torch::tensor({static_cast<float>(fitness),
+                                                                       static_cast<float>(loss),
+                                                                       static_cast<float>(step)})}));
+    batches = std::make_unique<BatchIterator>(context.train_shard, h.batch_size,
+                                              config.training.seed * 1000003 + context.worker_index + step);
+    return lineage->Write({me, step, "exploit", fitness, loss, decision.source, decision.reason, h});
+  };
+
+  while (step < member_steps) {
+    if (context.before_step) context.before_step(result.local_steps);
+    std::vector<std::string> pull = own.names;
+    if (!lead) pull.push_back(own.hparams);  // the lead may have changed the batch size
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(pull));
+    if (!lead) {
+      const Hyperparameters now = FromTensor(values.back());
+      values.pop_back();
+      if (now.batch_size != h.batch_size) {
+        batches = std::make_unique<BatchIterator>(context.train_shard, now.batch_size,
+                                                  config.training.seed * 1000003 + context.worker_index + step);
+      }
+      h = now;
+    }
+    model.Load(values);
+    BatchResult batch = ComputeGradients(model, *batches);
+    StepInfo info = MakeStepInfo(result.local_steps + 1, step, batch, model);
+    const std::vector<torch::Tensor> gradients = model.Gradients();
+    SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, own.names, gradients, info, &result));
+    if (!send) break;
+    SHOAL_ASSIGN_OR_RETURN(auto counters, client.ApplyGradients(own.names, gradients,
+                                                                {{MemberStepCounter(me), 1},
+                                                                 {kGlobalStep, 1},
+                                                                 {kStopRequested, 0}}));
+    step = counters[0];
+    info.global_step = counters[1];
+    if (lead && step - evaluated_at >= pc.eval_steps) {
+      evaluated_at = step;
+      SHOAL_RETURN_IF_ERROR(evaluate());
+    }
+    if (lead && pc.policy != "none" && step - decided_at >= ready && step < member_steps) {
+      decided_at = step;
+      info.exchanged = true;
+      SHOAL_RETURN_IF_ERROR(decide());
+    }
+    SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
+    if (!go_on || counters[2] > 0) break;
+  }
+  if (lead) {
+    SHOAL_RETURN_IF_ERROR(evaluate());
+    SHOAL_RETURN_IF_ERROR(lineage->Write({me, step, "end", fitness, loss, -1, "", h}));
+  }
+  SHOAL_RETURN_IF_ERROR(client.AddToCounter(kPeerBytes, peers.bytes_moved()).status());
+  return result;
+}
+
+absl::Status ReportPopulation(WorkerContext& context, const Dataset& test_set, TrainReport* report) {
+  const JobConfig& config = *context.config;
+  Client& client = *context.client;
+  double best_fitness = -2;
+  for (int m = 0; m < NumMembers(config, context.num_workers); ++m) {
+    const Member member = MemberOf(config, m);
+    MemberReport row;
+    row.member = m;
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> small, client.Read({member.hparams, member.fitness}));
+    row.hyperparameters = FromTensor(small[0]).ToString();
+    row.fitness = small[1][0].item<float>();
+    Mlp model(MemberModel(config, m));
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(member.names));
+    model.Load(values);
+    row.test_accuracy = Accuracy(test_set, [&](const torch::Tensor& x) { return model.Forward(x); });
+    if (row.fitness > best_fitness) {
+      best_fitness = row.fitness;
+      report->best_member = m;
+      report->test_accuracy = row.test_accuracy;
+    }
+    report->members.push_back(row);
+  }
+  SHOAL_ASSIGN_OR_RETURN(report->peer_bytes_read, client.AddToCounter(kPeerBytes, 0));
+  // The lineage files are on this machine when the members are (one process,
+  // or local processes); on a real cluster each member's lead has its own.
+  auto events = ReadLineage(config.population.lineage_dir);
+  if (events.ok()) {
+    report->population_summary = PopulationSummary(*events);
+    SHOAL_RETURN_IF_ERROR(DrawLineage(*events, config.population.lineage_dir + "/lineage.svg"));
+  } else {
+    report->population_summary = absl::StrCat("(no lineage: ", events.status().message(), ")\n");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shoal

@@ -1,0 +1,334 @@
+// Populations: the policies and explore rules as pure functions, inheriting
+// weights and optimizer slots bit for bit, the server's slot and optimizer
+// operations, and whole populations (in one process, with data-parallel
+// members, and with a member whose task is gone).
+#include "shoal/strategy/population_strategy.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "quick_job.h"
+#include "shoal/population/lineage.h"
+#include "shoal/server/variable_service.h"
+#include "shoal/session/local_cluster.h"
+#include "shoal/session/task_runner.h"
+#include "shoal/transport/inproc/inproc_transport.h"
+
+namespace shoal {
+namespace {
+
+MemberStatus Rated(int member, double fitness, double loss = 0.5) {
+  MemberStatus s{member};
+  s.evaluated = true;
+  s.fitness = fitness;
+  s.loss = loss;
+  return s;
+}
+
+TEST(PolicyTest, RandomCopiesAUniformlyChosenReachableOtherWithProbabilityP) {
+  PopulationConfig config;
+  config.policy = "random";
+  config.probability = 0.15;
+  std::vector<MemberStatus> members = {Rated(0, 0.5), Rated(1, 0.5), Rated(2, 0.5), Rated(3, 0.5)};
+  members[2].reachable = false;
+  std::mt19937_64 rng(1);
+  std::map<int, int> sources;
+  int copies = 0;
+  for (int i = 0; i < 20000; ++i) {
+    ExploitDecision d = DecideExploit(config, 0, members, rng);
+    if (!d.exploit) continue;
+    ++copies;
+    ++sources[d.source];
+    EXPECT_FALSE(d.copy_hyperparameters);
+  }
+  EXPECT_NEAR(copies / 20000.0, 0.15, 0.01);
+  EXPECT_EQ(sources.count(0), 0u);  // never itself
+  EXPECT_EQ(sources.count(2), 0u);  // never an unreachable member
+  EXPECT_NEAR(sources[1] / static_cast<double>(copies), 0.5, 0.05);
+}
+
+TEST(PolicyTest, LossThresholdCopiesTheBestWhenAboveTheThresholdOrTheMargin) {
+  PopulationConfig config;
+  config.policy = "loss_threshold";
+  config.loss_threshold = 1.0;
+  config.loss_margin = 0.2;
+  std::mt19937_64 rng(1);
+  auto decide = [&](double my_loss) {
+    return DecideExploit(config, 0, {Rated(0, 0.6, my_loss), Rated(1, 0.9, 0.3), Rated(2, 0.7, 0.4)}, rng);
+  };
+  EXPECT_FALSE(decide(0.45).exploit);  // within the margin of the best's 0.3
+  ExploitDecision margin = decide(0.6);
+  EXPECT_TRUE(margin.exploit);
+  EXPECT_EQ(margin.source, 1);
+  EXPECT_TRUE(decide(1.5).exploit);  // over the threshold
+  // The best member never copies.
+  EXPECT_FALSE(DecideExploit(config, 1, {Rated(0, 0.6, 2.0), Rated(1, 0.9, 1.9)}, rng).exploit);
+}
+
+TEST(PolicyTest, TruncationMovesTheBottomQuarterToTheTopQuarterWithHyperparameters) {
+  PopulationConfig config;
+  config.policy = "truncation";
+  config.fraction = 0.25;
+  std::vector<MemberStatus> members;
+  for (int m = 0; m < 8; ++m) members.push_back(Rated(m, 0.1 * m));  // 7 is best, 0 worst
+  std::mt19937_64 rng(1);
+  for (int m = 0; m < 8; ++m) {
+    ExploitDecision d = DecideExploit(config, m, members, rng);
+    EXPECT_EQ(d.exploit, m < 2) << m;
+    if (d.exploit) {
+      EXPECT_TRUE(d.source == 6 || d.source == 7) << d.source;
+      EXPECT_TRUE(d.copy_hyperparameters);
+    }
+  }
+  members[7].reachable = false;  // the top quarter is then 5 and 6; the bottom 0 and 1
+  for (int i = 0; i < 50; ++i) {
+    ExploitDecision d = DecideExploit(config, 0, members, rng);
+    EXPECT_TRUE(d.source == 5 || d.source == 6) << d.source;
+  }
+}
+
+TEST(PolicyTest, TournamentCopiesOnlyWhenTheRivalIsFitter) {
+  PopulationConfig config;
+  config.policy = "tournament";
+  std::mt19937_64 rng(1);
+  EXPECT_FALSE(DecideExploit(config, 0, {Rated(0, 0.9), Rated(1, 0.5)}, rng).exploit);
+  ExploitDecision d = DecideExploit(config, 0, {Rated(0, 0.4), Rated(1, 0.5)}, rng);
+  EXPECT_TRUE(d.exploit);
+  EXPECT_EQ(d.source, 1);
+  MemberStatus unrated{1};
+  EXPECT_FALSE(DecideExploit(config, 0, {Rated(0, 0.4), unrated}, rng).exploit);
+}
+
+TEST(ExploreTest, MultipliesByPointEightOrOnePointTwoOrResamplesFromThePrior) {
+  PopulationConfig config;
+  config.explore = {"learning_rate", "momentum", "weight_decay", "batch_size"};
+  config.resample_probability = 0.25;
+  Hyperparameters h{0.01, 0.9, 1e-4, 64};
+  std::mt19937_64 rng(7);
+  int resampled = 0;
+  for (int i = 0; i < 4000; ++i) {
+    Hyperparameters e = Explore(config, h, rng);
+    const double ratio = e.learning_rate / h.learning_rate;
+    const bool perturbed = std::abs(ratio - 0.8) < 1e-12 || std::abs(ratio - 1.2) < 1e-12;
+    if (!perturbed) ++resampled;
+    EXPECT_GE(e.learning_rate, 1e-4);
+    EXPECT_LE(e.learning_rate, 1e-1);
+    EXPECT_GE(e.momentum, 0.5);
+    EXPECT_LE(e.momentum, 0.99);
+    EXPECT_GE(e.batch_size, 16);
+    EXPECT_LE(e.batch_size, 256);
+  }
+  EXPECT_NEAR(resampled / 4000.0, 0.25, 0.03);
+  config.explore = {"learning_rate"};
+  Hyperparameters only_lr = Explore(config, h, rng);
+  EXPECT_EQ(only_lr.momentum, h.momentum);
+  EXPECT_EQ(only_lr.batch_size, h.batch_size);
+}
+
+TEST(ExploreTest, InitialDrawsAreLogUniformOverThePrior) {
+  PopulationConfig config;
+  std::mt19937_64 rng(3);
+  int below = 0;
+  for (int i = 0; i < 4000; ++i) {
+    const double lr = DrawInitial(config, Hyperparameters{0.01, 0, 0, 64}, rng).learning_rate;
+    ASSERT_GE(lr, 1e-4);
+    ASSERT_LE(lr, 1e-1);
+    below += lr < 1e-2;  // log-uniform on [1e-4, 1e-1]: two decades of three
+  }
+  EXPECT_NEAR(below / 4000.0, 2.0 / 3.0, 0.03);
+  config.draw_initial = false;
+  EXPECT_EQ(DrawInitial(config, Hyperparameters{0.01, 0, 0, 64}, rng).learning_rate, 0.01);
+}
+
+// Two members' variables on one in-process server, trained a little with Adam.
+class InheritTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = transport_.Serve("inproc:ps:0", &service_).value();
+    const ClusterSpec cluster = ClusterSpec::Local(1, 1);
+    auto placement = std::make_shared<const Placement>(
+        Placement::Create({{"worker_0/w", {3, 2}}, {"worker_1/w", {3, 2}}}, cluster, {}).value());
+    client_ = Client::Create(cluster, &transport_, placement).value();
+    wire::OptimizerConfig adam;
+    adam.set_kind("adam");
+    adam.set_learning_rate(0.1);
+    ASSERT_TRUE(client_->CreateVariables({{"worker_0/w", torch::randn({3, 2}), adam},
+                                          {"worker_1/w", torch::randn({3, 2}), adam}})
+                    .ok());
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(client_->ApplyGradients({"worker_0/w"}, {torch::randn({3, 2})}).ok());
+    ASSERT_TRUE(client_->ApplyGradients({"worker_1/w"}, {torch::randn({3, 2})}).ok());
+  }
+  InProcNetwork network_;
+  InProcTransport transport_{&network_};
+  VariableService service_{VariableServiceOptions{"/job:ps/task:0"}};
+  std::unique_ptr<ServerHandle> server_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(InheritTest, CopiesWeightsAndSlotsBitForBit) {
+  ASSERT_TRUE(InheritMember(*client_, *client_, {"worker_0/w"}, {"worker_1/w"}, /*with_slots=*/true).ok());
+  auto values = client_->Read({"worker_0/w", "worker_1/w"}).value();
+  EXPECT_TRUE(values[0].equal(values[1]));
+  auto slots = client_->ReadSlots({"worker_0/w", "worker_1/w"}).value();
+  ASSERT_EQ(slots[0].tensors.size(), 2u);  // Adam's m and v
+  EXPECT_EQ(slots[0].step, 3);
+  EXPECT_EQ(slots[1].step, 3);
+  for (size_t k = 0; k < 2; ++k) EXPECT_TRUE(slots[0].tensors[k].equal(slots[1].tensors[k])) << k;
+  // The same gradient now moves both the same way.
+  torch::Tensor g = torch::randn({3, 2});
+  ASSERT_TRUE(client_->ApplyGradients({"worker_0/w", "worker_1/w"}, {g, g}).ok());
+  values = client_->Read({"worker_0/w", "worker_1/w"}).value();
+  EXPECT_TRUE(values[0].equal(values[1]));
+}
+
+TEST_F(InheritTest, WeightsOnlyLeaveTheSlots) {
+  auto before = client_->ReadSlots({"worker_1/w"}).value();
+  ASSERT_TRUE(InheritMember(*client_, *client_, {"worker_0/w"}, {"worker_1/w"}, /*with_slots=*/false).ok());
+  auto after = client_->ReadSlots({"worker_1/w"}).value();
+  EXPECT_EQ(after[0].step, 1);
+  EXPECT_TRUE(after[0].tensors[0].equal(before[0].tensors[0]));
+}
+
+TEST_F(InheritTest, SetOptimizerKeepsTheSlotsAndRefusesAnotherKind) {
+  wire::OptimizerConfig adam;
+  adam.set_kind("adam");
+  adam.set_learning_rate(0.5);
+  auto before = client_->ReadSlots({"worker_0/w"}).value();
+  ASSERT_TRUE(client_->SetOptimizer({"worker_0/w"}, adam).ok());
+  auto after = client_->ReadSlots({"worker_0/w"}).value();
+  EXPECT_TRUE(after[0].tensors[1].equal(before[0].tensors[1]));
+  wire::OptimizerConfig sgd;
+  sgd.set_kind("sgd");
+  absl::Status refused = client_->SetOptimizer({"worker_0/w"}, sgd);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("its optimizer is 'adam'"), std::string::npos) << refused;
+}
+
+TEST_F(InheritTest, MalformedSlotsAreRefusedAndChangeNothing) {
+  auto before = client_->ReadSlots({"worker_1/w"}).value();
+  OptimizerSlots wrong_count;
+  wrong_count.tensors = {torch::zeros({3, 2})};
+  EXPECT_EQ(client_->AssignSlots({"worker_1/w"}, {wrong_count}).code(), absl::StatusCode::kInvalidArgument);
+  OptimizerSlots wrong_shape;
+  wrong_shape.tensors = {torch::zeros({2, 3}), torch::zeros({3, 2})};
+  absl::Status shape = client_->AssignSlots({"worker_1/w"}, {wrong_shape});
+  EXPECT_NE(shape.message().find("slot 0 must be float32 of shape [3,2]"), std::string::npos) << shape;
+  OptimizerSlots nan;
+  nan.tensors = {torch::full({3, 2}, NAN), torch::zeros({3, 2})};
+  EXPECT_EQ(client_->AssignSlots({"worker_1/w"}, {nan}).code(), absl::StatusCode::kInvalidArgument);
+  auto after = client_->ReadSlots({"worker_1/w"}).value();
+  EXPECT_TRUE(after[0].tensors[0].equal(before[0].tensors[0]));
+  EXPECT_EQ(after[0].step, before[0].step);
+}
+
+JobConfig QuickPopulation(int workers, const std::string& lineage_dir) {
+  JobConfig config = QuickJob("population");
+  config.cluster.ps = 1;
+  config.cluster.workers = workers;
+  config.training.epochs = 1;
+  config.training.optimizer.Clear();
+  config.training.optimizer.set_kind("momentum");
+  config.training.optimizer.set_learning_rate(0.01);
+  config.population.eval_steps = 20;
+  config.population.validation_examples = 2000;
+  config.population.lineage_dir = lineage_dir;
+  return config;
+}
+
+TEST(PopulationTrainingTest, FourMembersInProcessLearnAndLeaveALineage) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  JobConfig config = QuickPopulation(4, dir);
+  config.population.inherit_slots = true;
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->members.size(), 4u);
+  double best = 0;
+  for (const auto& m : report->members) best = std::max(best, m.fitness);
+  EXPECT_EQ(report->members[report->best_member].fitness, best);
+  EXPECT_GT(report->test_accuracy, 0.7);
+  auto events = ReadLineage(dir);
+  ASSERT_TRUE(events.ok()) << events.status();
+  int exploits = 0;
+  for (const auto& e : *events) exploits += e.event == "exploit";
+  EXPECT_GT(exploits, 0);  // truncation over 4 members every 20 steps copies
+  EXPECT_GT(report->peer_bytes_read, 0);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/lineage.svg"));
+  EXPECT_NE(report->population_summary.find("member 3: fitness"), std::string::npos) << report->population_summary;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(PopulationTrainingTest, DataParallelMembersShareTheirVariablesThroughThePs) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_dp_" + std::to_string(getpid()));
+  JobConfig config = QuickPopulation(4, dir);
+  config.population.workers_per_member = 2;
+  config.population.variables_on = "ps";
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->members.size(), 2u);
+  for (const auto& m : report->members) EXPECT_GT(m.fitness, 0.7) << m.member;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(PopulationTrainingTest, ValidationIsCarvedFromTheTrainingSetAndNeverTrainedOn) {
+  JobConfig config = QuickPopulation(2, "unused");
+  const Dataset train{torch::arange(100).view({100, 1}).to(torch::kFloat32), torch::arange(100)};
+  config.population.validation_examples = 30;
+  const ClusterSpec cluster = ClusterSpec::Local(1, 2);
+  WorkerContext context = MakeWorkerContext(config, cluster, TaskId{"worker", 1}, nullptr, train, 10);
+  EXPECT_EQ(context.validation.size(), 30);
+  EXPECT_EQ(context.train_shard.size(), 70);  // each member trains on all the rest
+  EXPECT_EQ(context.validation.labels[0].item<int64_t>(), 70);
+  EXPECT_LT(context.train_shard.labels.max().item<int64_t>(), 70);
+}
+
+// Members 0-2 train while member 3's task never comes up: its variables
+// cannot be read, and the policy skips it.
+TEST(PopulationTrainingTest, AnUnreachableMemberIsSkipped) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_gone_" + std::to_string(getpid()));
+  JobConfig config = QuickPopulation(4, dir);
+  config.population.policy = "tournament";
+  config.population.peer_timeout_s = 1;
+  config.training.max_steps = 4 * 60;
+  const ClusterSpec cluster = ClusterSpec::Local(1, 4);
+  auto data = LoadData(config).value();
+  InProcNetwork network;
+  InProcTransport transport(&network);
+  std::vector<std::unique_ptr<VariableService>> services;
+  std::vector<std::unique_ptr<ServerHandle>> servers;
+  for (const TaskId& task : cluster.AllTasks()) {
+    if (task == TaskId{"worker", 3}) continue;  // never started
+    services.push_back(MakeVariableService(config, task));
+    servers.push_back(transport.Serve(cluster.AddressOf(task).value(), services.back().get()).value());
+  }
+  auto placement = MakePlacement(config, cluster).value();
+  std::vector<absl::StatusOr<WorkerResult>> results(3, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      auto client = Client::Create(cluster, &transport, placement).value();
+      WorkerContext context = MakeWorkerContext(config, cluster, TaskId{"worker", w}, client.get(), data.train,
+                                                config.training.max_steps);
+      results[w] = PopulationStrategy().RunWorker(context);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int w = 0; w < 3; ++w) EXPECT_TRUE(results[w].ok()) << w << ": " << results[w].status();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(LineageTest, AGarbledRecordIsDataLossNamingFileAndLine) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("shoal_bad_lineage_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "member_0.jsonl") << "{\"member\": 0, \"step\": \n";
+  auto events = ReadLineage(dir.string());
+  EXPECT_EQ(events.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(events.status().message().find("member_0.jsonl' line 1"), std::string::npos) << events.status();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shoal
