@@ -188,3 +188,39 @@ TEST(ConfigTest, EveryShippedConfigParsesAndTheMainOneIsTheDefault) {
 
 }  // namespace
 }  // namespace shoal
+
+namespace shoal {
+namespace {
+
+TEST(ConfigTest, PopulationKeysParseAndBadOnesNameTheKey) {
+  auto config = ParseJobConfig(R"(
+cluster: {workers: 4}
+training: {mode: population}
+population: {policy: tournament, workers_per_member: 2, variables_on: ps, explore: [learning_rate, batch_size],
+             learning_rate_range: [0.001, 0.5], inherit_slots: true, peer_cache_steps: 10}
+)");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->population.policy, "tournament");
+  EXPECT_EQ(config->population.explore.size(), 2u);
+  auto again = ParseJobConfig(JobConfigToYaml(*config));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(JobConfigToYaml(*again), JobConfigToYaml(*config));
+  const std::pair<const char*, const char*> cases[] = {
+      {"population: {policy: elitist}", "population.policy"},
+      {"population: {explore: [dropout]}", "population.explore"},
+      {"population: {learning_rate_range: [0.1, 0.01]}", "population.learning_rate_range"},
+      {"population: {fraction: 0.75}", "population.fraction"},
+      {"population: {probability: 1.5}", "population.probability"},
+      {"population: {workers_per_member: 2}", "population.variables_on"},
+      {"cluster: {workers: 3}\ntraining: {mode: population}\npopulation: {workers_per_member: 2, variables_on: ps}",
+       "population.workers_per_member"},
+  };
+  for (const auto& [yaml, key] : cases) {
+    auto bad = ParseJobConfig(yaml);
+    ASSERT_FALSE(bad.ok()) << yaml;
+    EXPECT_NE(bad.status().message().find(key), std::string::npos) << yaml << ": " << bad.status();
+  }
+}
+
+}  // namespace
+}  // namespace shoal
