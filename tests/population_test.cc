@@ -332,3 +332,25 @@ TEST(LineageTest, AGarbledRecordIsDataLossNamingFileAndLine) {
 
 }  // namespace
 }  // namespace shoal
+
+namespace shoal {
+namespace {
+
+// Every member its own process over gRPC: members read each other's
+// variables across processes, and each serves its own until the chief has
+// reported.
+TEST(PopulationTrainingTest, MembersInSeparateProcessesReadEachOtherOverGrpc) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_grpc_" + std::to_string(getpid()));
+  JobConfig config = QuickPopulation(3, dir);
+  config.cluster.processes = true;
+  config.population.policy = "tournament";
+  auto report = TrainInLocalProcesses(config, SHOAL_BINARY, /*show_progress=*/false);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->members.size(), 3u);
+  for (const auto& m : report->members) EXPECT_GT(m.test_accuracy, 0.6) << m.member;
+  EXPECT_GT(report->peer_bytes_read, 0);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shoal

@@ -197,27 +197,7 @@ void PrintReport(const TrainReport& report) {
 }
 
 absl::Status WriteResult(const std::string& path, const TrainReport& report) {
-  nlohmann::json result = {{"test_accuracy", report.test_accuracy},
-                           {"global_step", report.global_step},
-                           {"seconds", report.seconds},
-                           {"examples_per_second", report.examples_per_second},
-                           {"steady_examples_per_second", report.steady_examples_per_second},
-                           {"last_loss", report.last_loss},
-                           {"stale_gradients_dropped", report.stale_gradients_dropped},
-                           {"ssp_gap_histogram", report.ssp_gap_histogram},
-                           {"bytes_sent", report.bytes_sent},
-                           {"bytes_received", report.bytes_received},
-                           {"tensor_bytes_sent", report.tensor_bytes_sent},
-                           {"epochs_trained", report.epochs_trained},
-                           {"stop_reason", report.stop_reason},
-                           {"best_member", report.best_member},
-                           {"peer_bytes_read", report.peer_bytes_read}};
-  for (const MemberReport& m : report.members) {
-    result["members"].push_back({{"member", m.member},
-                                 {"fitness", m.fitness},
-                                 {"test_accuracy", m.test_accuracy},
-                                 {"hyperparameters", m.hyperparameters}});
-  }
+  nlohmann::json result = ReportToJson(report);
   std::ofstream out(path);
   out << result.dump(2) << "\n";
   if (!out) return absl::InternalError(absl::StrCat("cannot write result file '", path, "'"));

@@ -204,16 +204,7 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
   nlohmann::json result = nlohmann::json::parse(in, nullptr, false);
   std::filesystem::remove_all(dir);
   if (result.is_discarded()) return absl::InternalError("the chief left no readable result");
-  TrainReport report;
-  report.test_accuracy = result.value("test_accuracy", 0.0);
-  report.global_step = result.value("global_step", int64_t{0});
-  report.seconds = result.value("seconds", 0.0);
-  report.examples_per_second = result.value("examples_per_second", 0.0);
-  report.steady_examples_per_second = result.value("steady_examples_per_second", 0.0);
-  report.last_loss = result.value("last_loss", 0.0);
-  report.stale_gradients_dropped = result.value("stale_gradients_dropped", int64_t{0});
-  report.ssp_gap_histogram = result.value("ssp_gap_histogram", std::vector<int64_t>());
-  return report;
+  return ReportFromJson(result);
 }
 
 }  // namespace shoal

@@ -1,6 +1,7 @@
 #include "shoal/session/task_runner.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "shoal/core/status.h"
 #include "shoal/session/progress.h"
 #include "shoal/strategy/population_strategy.h"
@@ -109,9 +110,23 @@ absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, 
   }
   absl::Status status = RunWorkerSession(context, data.test, report);
   if (progress) progress->Finish();
+  // A population member's variables may live on its own task: it serves them
+  // until the chief has read every member for the report.
+  const bool serves_members = config.training.mode == "population";
   if (context.is_chief) {
-    // The job is over (or failed): the ps tasks have nothing left to serve.
+    // The job is over (or failed): the other tasks have nothing left to serve.
     for (const TaskId& ps : cluster.Tasks("ps")) client->Shutdown(ps).IgnoreError();
+    if (serves_members) {
+      for (const TaskId& worker : workers) {
+        if (worker != task) client->Shutdown(worker).IgnoreError();
+      }
+    }
+  } else if (serves_members && status.ok()) {
+    const absl::Duration wait = absl::Seconds(config.transport.rpc_timeout_s);
+    if (!service->shutdown_requested().WaitForNotificationWithTimeout(wait)) {
+      absl::FPrintF(stderr, "%s: the chief did not end the job within %s after training; leaving\n",
+                    task.ToString(), absl::FormatDuration(wait));
+    }
   }
   return status;
 }

@@ -4,6 +4,8 @@
 #ifndef SHOAL_SESSION_WORKER_SESSION_H_
 #define SHOAL_SESSION_WORKER_SESSION_H_
 
+#include <nlohmann/json.hpp>
+
 #include "shoal/strategy/strategy.h"
 
 namespace shoal {
@@ -41,6 +43,11 @@ struct TrainReport {
   std::string population_summary;
   std::vector<int64_t> ssp_gap_histogram;  // ssp: steps that began g steps ahead of the slowest, by g
 };
+
+// The report as JSON (the result file `shoal worker --result_file` writes and
+// the local launcher reads back), and back; missing keys keep defaults.
+nlohmann::json ReportToJson(const TrainReport& report);
+absl::StatusOr<TrainReport> ReportFromJson(const nlohmann::json& json);
 
 // Global steps left out of steady_examples_per_second, as benchmark peers
 // leave out their warm-up.
