@@ -52,6 +52,28 @@ BatchIterator WorkerBatches(const WorkerContext& context) {
                        context.config->training.seed * 1000003 + context.worker_index);
 }
 
+// What sending an asynchronous exchange gave.
+struct Push {
+  bool sent = false;  // false: a hook stopped training, nothing was sent
+  bool last = false;  // the job is stopped or has reached max_steps
+};
+
+// Checks `update` with the hooks, then sends it (gradients for the ps's
+// optimizer, or deltas to add), advancing global_step by `steps`.
+absl::StatusOr<Push> PushExchange(WorkerContext& context, const std::vector<std::string>& names,
+                                  const std::vector<torch::Tensor>& update, wire::UpdateRule rule, int64_t steps,
+                                  StepInfo& info, WorkerResult* result) {
+  SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, update, info, result));
+  if (!send) return Push{};
+  const std::vector<CounterDelta> counters = {{kGlobalStep, steps}, {kStopRequested, 0}};
+  SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> values, rule == wire::UPDATE_ADD
+                                                          ? context.client->AddToVariables(names, update, counters)
+                                                          : context.client->ApplyGradients(names, update, counters));
+  info.global_step = values[0];
+  info.exchanged = true;
+  return Push{true, values[1] > 0 || values[0] >= context.max_steps};
+}
+
 std::vector<torch::Tensor> ZerosLike(const std::vector<torch::Tensor>& tensors) {
   std::vector<torch::Tensor> zeros;
   for (const auto& t : tensors) zeros.push_back(torch::zeros_like(t));
@@ -81,14 +103,12 @@ absl::StatusOr<WorkerResult> DownpourStrategy::RunWorker(WorkerContext& context)
     StepInfo info = MakeStepInfo(step + 1, global_step, batch, replica->model());
     bool last = false;
     if ((step + 1) % local.n_push == 0) {
-      SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, pending, info, &result));
-      if (!send) break;
-      SHOAL_ASSIGN_OR_RETURN(auto counters, context.client->ApplyGradients(
-                                                names, pending, {{kGlobalStep, local.n_push}, {kStopRequested, 0}}));
+      SHOAL_ASSIGN_OR_RETURN(Push push, PushExchange(context, names, pending, wire::UPDATE_OPTIMIZER, local.n_push,
+                                                     info, &result));
+      if (!push.sent) break;
       for (auto& p : pending) p.zero_();
-      info.global_step = global_step = counters[0];
-      info.exchanged = true;
-      last = counters[1] > 0 || global_step >= context.max_steps;
+      global_step = info.global_step;
+      last = push.last;
     }
     SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
     if (!go_on || last) break;
@@ -199,18 +219,16 @@ absl::StatusOr<WorkerResult> ElasticAverageStrategy::RunWorker(WorkerContext& co
       std::vector<torch::Tensor> x = replica->Values();
       std::vector<torch::Tensor> deltas;
       for (size_t i = 0; i < x.size(); ++i) deltas.push_back(alpha * (x[i] - read[i]));
-      SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, deltas, info, &result));
-      if (!send) break;
-      SHOAL_ASSIGN_OR_RETURN(auto counters, context.client->AddToVariables(
-                                                names, deltas, {{kGlobalStep, local.tau}, {kStopRequested, 0}}));
+      SHOAL_ASSIGN_OR_RETURN(Push push,
+                             PushExchange(context, names, deltas, wire::UPDATE_ADD, local.tau, info, &result));
+      if (!push.sent) break;
       for (size_t i = 0; i < x.size(); ++i) {
         centre[i] = read[i] + deltas[i];
         x[i] -= deltas[i];
       }
       replica->Load(x);
-      info.global_step = global_step = counters[0];
-      info.exchanged = true;
-      last = counters[1] > 0 || global_step >= context.max_steps;
+      global_step = info.global_step;
+      last = push.last;
     }
     SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
     if (!go_on || last) break;

@@ -259,16 +259,15 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     h = Explore(pc, h, rng);
     SHOAL_RETURN_IF_ERROR(client.SetOptimizer(own.names, WithHyperparameters(base->config(), h)));
     SHOAL_RETURN_IF_ERROR(client.Assign({own.hparams}, {HyperparametersTensor(h)}));
-    // Until measured again, the member is as fit as what it copied.
+    // Unmeasured until the next evaluation, so that no other member ranks
+    // or copies it on the strength of its source's fitness (which would let
+    // one good member's copies crowd out the rest in a single round).
     const MemberStatus& theirs = statuses[decision.source];
-    fitness = theirs.fitness;
-    loss = theirs.loss;
-    SHOAL_RETURN_IF_ERROR(client.Assign({own.fitness}, {torch::tensor({static_cast<float>(fitness),
-                                                                       static_cast<float>(loss),
-                                                                       static_cast<float>(step)})}));
+    fitness = -1;
+    SHOAL_RETURN_IF_ERROR(client.Assign({own.fitness}, {torch::tensor({-1.0f, 0.0f, static_cast<float>(step)})}));
     batches = std::make_unique<BatchIterator>(context.train_shard, h.batch_size,
                                               config.training.seed * 1000003 + context.worker_index + step);
-    return lineage->Write({me, step, "exploit", fitness, loss, decision.source, decision.reason, h});
+    return lineage->Write({me, step, "exploit", theirs.fitness, theirs.loss, decision.source, decision.reason, h});
   };
 
   while (step < member_steps) {
