@@ -354,3 +354,26 @@ TEST(PopulationTrainingTest, MembersInSeparateProcessesReadEachOtherOverGrpc) {
 
 }  // namespace
 }  // namespace shoal
+
+namespace shoal {
+namespace {
+
+// Copying at random every step reads peers' weights over and over; a cache
+// with a staleness bound serves most of those reads locally.
+TEST(PopulationTrainingTest, APeerCacheCutsTheBytesMoved) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_cache_" + std::to_string(getpid()));
+  JobConfig config = QuickPopulation(2, dir);
+  config.population.policy = "random";
+  config.population.probability = 0.5;
+  config.training.max_steps = 2 * 100;
+  auto uncached = TrainInProcess(config, InProcOptions{}, nullptr);
+  config.population.peer_cache_steps = 1000;
+  auto cached = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(uncached.ok() && cached.ok());
+  EXPECT_LT(cached->peer_bytes_read * 5, uncached->peer_bytes_read)
+      << cached->peer_bytes_read << " vs " << uncached->peer_bytes_read;
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shoal
