@@ -23,7 +23,7 @@ done
 /usr/bin/python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
-print("| run | member | initial → final learning rate | validation accuracy | test accuracy |")
+print("| run | member | hyper-parameters at the end | validation accuracy | test accuracy |")
 print("|---|---|---|---|---|")
 for name in ["pbt", "independent"]:
     r = json.load(open(f"{out}/population_{name}.json"))
