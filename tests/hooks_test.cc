@@ -158,7 +158,12 @@ TEST_P(MetricsTest, EveryWorkerWritesItsCurvesAndPlotDrawsThem) {
   for (const auto& s : *series) {
     EXPECT_GT(s.points.size(), 10u) << s.task;
     EXPECT_LT(s.points.back().loss, s.points.front().loss) << s.task;
-    EXPECT_GT(s.points.back().accuracy, 0.5) << s.task;
+    // Batch accuracy is noisy (and the last window may be one small batch):
+    // judge the mean of the last third.
+    double late = 0;
+    const size_t third = s.points.size() / 3;
+    for (size_t i = s.points.size() - third; i < s.points.size(); ++i) late += s.points[i].accuracy / third;
+    EXPECT_GT(late, 0.6) << s.task;
     for (size_t i = 1; i < s.points.size(); ++i) EXPECT_GT(s.points[i].global_step, s.points[i - 1].global_step);
   }
   EXPECT_EQ((*series)[0].task, "/job:worker/task:0");
