@@ -9,7 +9,8 @@
 // map has its own lock; values are read and updated in place without it.
 // Reads never lock a variable (a reader may see an apply half done, as in
 // TensorFlow's asynchronous mode). Applies and assigns to a variable created
-// with use_locking are mutually exclusive; without it they race (Hogwild).
+// with use_locking, or trained by an optimizer that keeps slots, are mutually
+// exclusive; plain SGD without use_locking races (Hogwild).
 #ifndef SHOAL_SERVER_VARIABLE_STORE_H_
 #define SHOAL_SERVER_VARIABLE_STORE_H_
 
@@ -113,7 +114,7 @@ class VariableStore {
     torch::Tensor value;
     OptimizerSlots slots;
     std::atomic<int64_t> version{0};
-    std::mutex update_mu;  // taken by apply/assign when def.use_locking()
+    std::mutex update_mu;  // taken by apply/assign when Exclusive()
     // The SyncReplicas accumulator, guarded by accumulate_mu_.
     torch::Tensor gradient_sum;
     int accumulated = 0;
@@ -121,11 +122,14 @@ class VariableStore {
     std::vector<std::string> contributors;
   };
 
+  // Whether updates to `var` take its update_mu: with use_locking, and always
+  // for optimizers that keep slots.
+  static bool Exclusive(const Variable& var);
   // Resolves every name or returns NotFound naming the first unknown one.
   absl::Status Find(const std::vector<std::string>& names,
                     std::vector<std::shared_ptr<Variable>>* found) const;
   // Validates the whole request, then runs `update` on each variable in turn
-  // (under its lock when use_locking) and bumps its version.
+  // (under its lock when Exclusive) and bumps its version.
   absl::Status Update(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
                       absl::string_view what, std::vector<int64_t>* versions,
                       const std::function<void(Variable&, const torch::Tensor&)>& update);
