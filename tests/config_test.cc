@@ -147,6 +147,16 @@ TEST(ConfigTest, DownpourPsOptimizerIsAdagradUnlessNamed) {
   EXPECT_EQ(ParseJobConfig("training: {mode: easgd}")->training.optimizer.kind(), "adam");
 }
 
+// Each (yaml, key) pair: the config is refused and the error names the key.
+template <size_t N>
+void ExpectEachRefusedNamingItsKey(const std::pair<const char*, const char*> (&cases)[N]) {
+  for (const auto& [yaml, key] : cases) {
+    auto config = ParseJobConfig(yaml);
+    ASSERT_FALSE(config.ok()) << yaml;
+    EXPECT_NE(config.status().message().find(key), std::string::npos) << yaml << ": " << config.status();
+  }
+}
+
 TEST(ConfigTest, BadLocalAndHookValuesNameTheKey) {
   const std::pair<const char*, const char*> cases[] = {
       {"local: {n_push: 0}", "local.n_push"},
@@ -158,11 +168,7 @@ TEST(ConfigTest, BadLocalAndHookValuesNameTheKey) {
       {"hooks: {metrics_format: xml}", "hooks.metrics_format"},
       {"training: {mode: downpur}", "training.mode"},
   };
-  for (const auto& [yaml, key] : cases) {
-    auto config = ParseJobConfig(yaml);
-    ASSERT_FALSE(config.ok()) << yaml;
-    EXPECT_NE(config.status().message().find(key), std::string::npos) << yaml << ": " << config.status();
-  }
+  ExpectEachRefusedNamingItsKey(cases);
 }
 
 }  // namespace
@@ -215,11 +221,7 @@ population: {policy: tournament, workers_per_member: 2, variables_on: ps, explor
       {"cluster: {workers: 3}\ntraining: {mode: population}\npopulation: {workers_per_member: 2, variables_on: ps}",
        "population.workers_per_member"},
   };
-  for (const auto& [yaml, key] : cases) {
-    auto bad = ParseJobConfig(yaml);
-    ASSERT_FALSE(bad.ok()) << yaml;
-    EXPECT_NE(bad.status().message().find(key), std::string::npos) << yaml << ": " << bad.status();
-  }
+  ExpectEachRefusedNamingItsKey(cases);
 }
 
 }  // namespace
