@@ -194,6 +194,13 @@ void PrintReport(const TrainReport& report) {
     }
     absl::PrintF("bytes moved reading other members: %.1f MB\n", report.peer_bytes_read / 1e6);
   }
+  if (!report.network_test_accuracies.empty()) {
+    absl::PrintF("gated ensemble (test accuracy above is the master-weighted vote's):\n");
+    for (size_t k = 0; k < report.network_test_accuracies.size(); ++k) {
+      absl::PrintF("  network %d alone: %.2f%%\n", k, 100 * report.network_test_accuracies[k]);
+    }
+    absl::PrintF("  uniform average of the networks: %.2f%%\n", 100 * report.uniform_average_accuracy);
+  }
 }
 
 absl::Status WriteResult(const std::string& path, const TrainReport& report) {

@@ -45,7 +45,7 @@ torch::Tensor Mlp::Forward(const torch::Tensor& input) {
   const size_t layers = params_.size() / 2;
   for (size_t k = 0; k < layers; ++k) {
     h = torch::addmm(params_[2 * k + 1], h, params_[2 * k]);
-    if (k + 1 == layers) break;
+    if (k + 1 == layers && !config_.activate_output) break;
     if (config_.activation == "relu") {
       h = torch::relu(h);
     } else if (config_.activation == "tanh") {

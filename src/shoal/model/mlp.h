@@ -27,6 +27,9 @@ struct MlpConfig {
   std::string activation = "relu";  // relu | tanh | sigmoid
   uint64_t seed = 1;
   std::string scope;                // prepended to every variable name
+  // Apply the activation to the last layer too: the network is then a trunk
+  // whose features other networks read, not a classifier.
+  bool activate_output = false;
 };
 
 absl::Status ValidateMlpConfig(const MlpConfig& config);

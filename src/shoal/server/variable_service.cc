@@ -28,6 +28,12 @@ absl::Status ResponseStatus(const wire::ResponseHeader& header) {
   return absl::Status(static_cast<absl::StatusCode>(header.status_code()), header.status_message());
 }
 
+bool VariableService::MayWait(const Request& request) {
+  const wire::RequestHeader& h = request.header;
+  return (h.has_counter() && h.counter().wait_ms() > 0) ||
+         (h.has_apply_accumulated() && h.apply_accumulated().wait_ms() > 0);
+}
+
 void VariableService::Handle(const Request& request, Response* response) {
   response->header.Clear();
   response->tensors.clear();

@@ -34,6 +34,12 @@ class VariableService {
   // Serves one request. Always fills response->header.status_code.
   void Handle(const Request& request, Response* response);
 
+  // Whether Handle() may block on `request` (a long poll of a counter, or an
+  // apply_accumulated that waits for gradients): transports whose serving
+  // threads are few run such requests on a thread of their own, so that the
+  // request that would end the wait is never queued behind it.
+  static bool MayWait(const Request& request);
+
   // Notified when a Shutdown request arrives.
   absl::Notification& shutdown_requested() { return shutdown_requested_; }
   VariableStore& store() { return store_; }

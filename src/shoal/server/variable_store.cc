@@ -274,6 +274,9 @@ absl::StatusOr<VariableStore::ApplyAccumulatedResult> VariableStore::ApplyAccumu
         case wire::BLOCK_MOMENTUM:
           std::atomic_load(&var.optimizer)->Apply(var.value, var.value - mean, var.slots);
           break;
+        case wire::SUM_GRADIENT:
+          std::atomic_load(&var.optimizer)->Apply(var.value, var.gradient_sum, var.slots);
+          break;
         default:
           std::atomic_load(&var.optimizer)->Apply(var.value, mean, var.slots);
       }

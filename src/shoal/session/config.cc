@@ -187,6 +187,19 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(population.Get("lineage_dir", &pc.lineage_dir));
   SHOAL_RETURN_IF_ERROR(population.CheckNoUnknownKeys());
 
+  Section gated = top.Child("gated");
+  GatedModelConfig& g = c->gated;
+  SHOAL_RETURN_IF_ERROR(gated.Check());
+  SHOAL_RETURN_IF_ERROR(gated.Get("networks", &g.networks));
+  SHOAL_RETURN_IF_ERROR(gated.Get("trunk", &g.trunk));
+  SHOAL_RETURN_IF_ERROR(gated.Get("master_hidden", &g.master_hidden));
+  SHOAL_RETURN_IF_ERROR(gated.Get("output", &g.output));
+  SHOAL_RETURN_IF_ERROR(gated.Get("scale", &g.scale));
+  SHOAL_RETURN_IF_ERROR(gated.Get("master_loss", &g.master_loss));
+  SHOAL_RETURN_IF_ERROR(gated.Get("master_sees_input", &g.master_sees_input));
+  SHOAL_RETURN_IF_ERROR(gated.Get("master_loss_to_workers", &g.master_loss_to_workers));
+  SHOAL_RETURN_IF_ERROR(gated.CheckNoUnknownKeys());
+
   Section hooks = top.Child("hooks");
   SHOAL_RETURN_IF_ERROR(hooks.Check());
   SHOAL_RETURN_IF_ERROR(hooks.Get("log_every_steps", &c->hooks.log_every_steps));
@@ -329,7 +342,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
     return absl::InvalidArgumentError("config: 'data.train_examples' and 'data.test_examples' must not be negative");
   }
   SHOAL_RETURN_IF_ERROR(OneOf("training.mode", c.training.mode,
-                              {"async", "sync", "ssp", "downpour", "model_average", "easgd", "population"}));
+                              {"async", "sync", "ssp", "downpour", "model_average", "easgd", "population", "gated"}));
   if (c.training.replicas_to_aggregate < 0) {
     return absl::InvalidArgumentError("config: 'training.replicas_to_aggregate' must not be negative");
   }
@@ -360,6 +373,14 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   }
   if (c.local.rho < 0) return absl::InvalidArgumentError("config: 'local.rho' must not be negative");
   SHOAL_RETURN_IF_ERROR(ValidatePopulation(c));
+  if (c.training.mode == "gated") {
+    // A real cluster's size is known only when it starts: check against one
+    // worker per network then.
+    const int workers = c.cluster.cluster_file.empty() ? c.cluster.workers
+                        : c.gated.networks.empty()     ? 2
+                                                       : static_cast<int>(c.gated.networks.size());
+    SHOAL_RETURN_IF_ERROR(ResolveGatedConfig(c.gated, c.model, workers).status());
+  }
   SHOAL_RETURN_IF_ERROR(OneOf("hooks.nan_guard", c.hooks.nan_guard, {"fail", "stop", "off"}));
   SHOAL_RETURN_IF_ERROR(OneOf("hooks.metrics_format", c.hooks.metrics_format, {"jsonl", "csv"}));
   if (c.hooks.log_every_steps < 0 || c.hooks.stop_at_step < 0) {
@@ -442,6 +463,13 @@ std::string JobConfigToYaml(const JobConfig& c) {
       << p.validation_examples << YAML::Key << "peer_cache_steps" << YAML::Value << p.peer_cache_steps << YAML::Key
       << "peer_timeout_s" << YAML::Value << p.peer_timeout_s << YAML::Key << "lineage_dir" << YAML::Value
       << p.lineage_dir << YAML::EndMap;
+  const GatedModelConfig& g = c.gated;
+  out << YAML::Key << "gated" << YAML::Value << YAML::BeginMap << YAML::Key << "networks" << YAML::Value
+      << YAML::Flow << g.networks << YAML::Key << "trunk" << YAML::Value << YAML::Flow << g.trunk << YAML::Key
+      << "master_hidden" << YAML::Value << YAML::Flow << g.master_hidden << YAML::Key << "output" << YAML::Value
+      << g.output << YAML::Key << "scale" << YAML::Value << g.scale << YAML::Key << "master_loss" << YAML::Value
+      << g.master_loss << YAML::Key << "master_sees_input" << YAML::Value << g.master_sees_input << YAML::Key
+      << "master_loss_to_workers" << YAML::Value << g.master_loss_to_workers << YAML::EndMap;
   const HooksConfig& k = c.hooks;
   out << YAML::Key << "hooks" << YAML::Value << YAML::BeginMap << YAML::Key << "log_every_steps" << YAML::Value
       << k.log_every_steps << YAML::Key << "nan_guard" << YAML::Value << k.nan_guard << YAML::Key << "stop_at_step"

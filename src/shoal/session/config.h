@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "shoal/model/gated_ensemble.h"
 #include "shoal/model/mlp.h"
 #include "shoal/placement/placement.h"
 #include "shoal/wire.pb.h"
@@ -34,7 +35,7 @@ struct DataConfig {
 
 struct TrainingConfig {
   // async | sync | ssp, a local-replica mode (downpour | model_average |
-  // easgd), or population
+  // easgd), population, or gated (a master network weighing K networks)
   std::string mode = "async";
   int epochs = 5;
   int64_t max_steps = 0;  // 0: epochs * train_examples / batch_size
@@ -130,6 +131,7 @@ struct JobConfig {
   TrainingConfig training;
   LocalReplicaConfig local;
   PopulationConfig population;
+  GatedModelConfig gated;  // mode gated (model/gated_ensemble.h)
   HooksConfig hooks;
   PlacementOptions placement;
   TransportConfig transport;

@@ -4,6 +4,7 @@
 #include "absl/strings/str_format.h"
 #include "shoal/core/status.h"
 #include "shoal/session/progress.h"
+#include "shoal/strategy/gated_strategy.h"
 #include "shoal/strategy/population_strategy.h"
 #include "shoal/transport/grpc/grpc_transport.h"
 
@@ -43,6 +44,11 @@ absl::StatusOr<std::shared_ptr<const Placement>> MakePlacement(const JobConfig& 
     specs = PopulationVariableSpecs(config, static_cast<int>(workers.size()));
     for (const ScopeRule& rule : PopulationScopeRules(config, workers)) options.scope_rules.push_back(rule);
   }
+  if (config.training.mode == "gated") {
+    const std::vector<TaskId> workers = cluster.TrainingTasks();
+    SHOAL_ASSIGN_OR_RETURN(specs, GatedVariableSpecs(config, static_cast<int>(workers.size())));
+    options.scope_rules.push_back(GatedExchangeRule(cluster.Chief()));
+  }
   SHOAL_ASSIGN_OR_RETURN(Placement placement, Placement::Create(specs, cluster, options));
   return std::make_shared<const Placement>(std::move(placement));
 }
@@ -70,6 +76,7 @@ WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& clus
     const int per_member = config.population.workers_per_member;
     context.train_shard = rest.Shard(context.worker_index % per_member, per_member);
   }
+  if (config.training.mode == "gated") context.train_shard = train;  // every network sees the chief's batches
   context.max_steps = max_steps;
   return context;
 }

@@ -4,6 +4,7 @@
 #include "absl/strings/str_format.h"
 #include "shoal/core/status.h"
 #include "shoal/hooks/standard_hooks.h"
+#include "shoal/strategy/gated_strategy.h"
 #include "shoal/strategy/population_strategy.h"
 
 namespace shoal {
@@ -13,7 +14,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainReport, test_accuracy, glob
                                                 steady_examples_per_second, last_loss, stale_gradients_dropped,
                                                 ssp_gap_histogram, stop_reason, bytes_sent, bytes_received,
                                                 tensor_bytes_sent, epochs_trained, members, best_member,
-                                                peer_bytes_read, population_summary)
+                                                peer_bytes_read, population_summary, network_test_accuracies,
+                                                uniform_average_accuracy)
 
 nlohmann::json ReportToJson(const TrainReport& report) { return report; }
 
@@ -129,6 +131,7 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   }
   report->last_loss = worker->last_loss;
   if (context.config->training.mode == "population") return ReportPopulation(context, test_set, report);
+  if (context.config->training.mode == "gated") return ReportGated(context, test_set, report);
   Mlp model(context.config->model);
   SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, context.client->Read(model.variable_names()));
   model.Load(values);

@@ -42,6 +42,10 @@ struct TrainReport {
   int64_t peer_bytes_read = 0;
   std::string population_summary;
   std::vector<int64_t> ssp_gap_histogram;  // ssp: steps that began g steps ahead of the slowest, by g
+  // gated: each network alone on the test set, and the uniform average of
+  // their softmax outputs (test_accuracy is the master-weighted vote's).
+  std::vector<double> network_test_accuracies;
+  double uniform_average_accuracy = 0;
 };
 
 // The report as JSON (the result file `shoal worker --result_file` writes and

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "shoal/core/status.h"
 #include "shoal/strategy/async_strategy.h"
+#include "shoal/strategy/gated_strategy.h"
 #include "shoal/strategy/local_replica.h"
 #include "shoal/strategy/population_strategy.h"
 #include "shoal/strategy/ssp_strategy.h"
@@ -18,6 +19,7 @@ absl::StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const JobConfig& 
   if (config.training.mode == "model_average") return std::unique_ptr<TrainingStrategy>(new ModelAverageStrategy());
   if (config.training.mode == "easgd") return std::unique_ptr<TrainingStrategy>(new ElasticAverageStrategy());
   if (config.training.mode == "population") return std::unique_ptr<TrainingStrategy>(new PopulationStrategy());
+  if (config.training.mode == "gated") return std::unique_ptr<TrainingStrategy>(new GatedStrategy());
   return absl::InvalidArgumentError(absl::StrCat("unknown training mode '", config.training.mode, "'"));
 }
 
@@ -107,7 +109,7 @@ absl::StatusOr<bool> FinishStep(WorkerContext& context, StepInfo& step, WorkerRe
 }
 
 absl::StatusOr<int64_t> WaitForCounter(WorkerContext& context, const std::string& name, int64_t target,
-                                       absl::Duration timeout, const std::string& what) {
+                                       absl::Duration timeout, const std::string& what, const TaskId* completer) {
   Client& client = *context.client;
   const absl::Time give_up = absl::Now() + timeout;
   while (true) {
@@ -125,7 +127,8 @@ absl::StatusOr<int64_t> WaitForCounter(WorkerContext& context, const std::string
     if (absl::Now() > give_up) {
       return absl::DeadlineExceededError(
           absl::StrCat(context.task.ToString(), " waited ", absl::FormatDuration(timeout), " for ", what,
-                       "; the chief ", context.workers.empty() ? "" : context.workers[0].ToString(),
+                       "; ", completer ? "" : "the chief ",
+                       completer ? completer->ToString() : context.workers.empty() ? "" : context.workers[0].ToString(),
                        " did not complete it"));
     }
   }
@@ -160,17 +163,21 @@ absl::StatusOr<bool> JobStopRequested(Client& client) {
 }
 
 absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model, const wire::OptimizerConfig* optimizer) {
-  if (optimizer == nullptr) optimizer = &context.config->training.optimizer;
+  return InitializeOrWait(context, model.variable_names(), model.variables(),
+                          optimizer ? *optimizer : context.config->training.optimizer);
+}
+
+absl::Status InitializeOrWait(WorkerContext& context, const std::vector<std::string>& names,
+                              const std::vector<torch::Tensor>& values, const wire::OptimizerConfig& optimizer) {
   if (context.is_chief) {
     std::vector<VariableInit> inits;
-    for (size_t i = 0; i < model.variables().size(); ++i) {
-      inits.push_back({model.variable_names()[i], model.variables()[i].detach(), *optimizer,
-                       context.config->training.use_locking});
+    for (size_t i = 0; i < values.size(); ++i) {
+      inits.push_back({names[i], values[i].detach(), optimizer, context.config->training.use_locking});
     }
     SHOAL_RETURN_IF_ERROR(context.client->CreateVariables(inits));
   } else {
-    SHOAL_RETURN_IF_ERROR(context.client->WaitForVariables(
-        model.variable_names(), absl::Seconds(context.config->transport.startup_timeout_s)));
+    SHOAL_RETURN_IF_ERROR(
+        context.client->WaitForVariables(names, absl::Seconds(context.config->transport.startup_timeout_s)));
   }
   context.startup_bytes_sent = context.client->bytes_sent();
   context.startup_bytes_received = context.client->bytes_received();

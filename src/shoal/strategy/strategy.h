@@ -125,10 +125,17 @@ absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model,
                               const wire::OptimizerConfig* optimizer = nullptr);
 
 // Waits until counter `name` reaches `target`, polling, or the job is stopped
-// or aborted, or `timeout` runs out; `what` names the wait in errors. Returns
-// the counter's value, or 0 when the job was stopped.
+// or aborted, or `timeout` runs out; `what` names the wait in errors, and
+// `completer` the task that should have moved the counter (default: the
+// chief). Returns the counter's value, or 0 when the job was stopped.
 absl::StatusOr<int64_t> WaitForCounter(WorkerContext& context, const std::string& name, int64_t target,
-                                       absl::Duration timeout, const std::string& what);
+                                       absl::Duration timeout, const std::string& what,
+                                       const TaskId* completer = nullptr);
+
+// The chief creates `names` with initial `values`, trained on the ps by
+// `optimizer`; every other worker waits for them (InitializeOrWait's core).
+absl::Status InitializeOrWait(WorkerContext& context, const std::vector<std::string>& names,
+                              const std::vector<torch::Tensor>& values, const wire::OptimizerConfig& optimizer);
 
 // The chief's side of a synchronous exchange (Client::ApplyAccumulated with
 // every worker named), which gives up early when the job is stopped: returns

@@ -6,6 +6,7 @@
 #include <malloc.h>
 
 #include <atomic>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "shoal/core/codec.h"
@@ -86,18 +87,33 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
       Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message"));
       return;
     }
-    Response response;
+    auto request = std::make_shared<Request>();
     ReceivedChunks chunks;
-    Request request;
     absl::Status status = Chunks(request_buffer_, &chunks);
-    if (status.ok()) status = DecodeRequest(chunks.views, max_bytes_ + kHeaderSlack, &request, chunks.owners);
-    if (status.ok()) {
+    if (status.ok()) status = DecodeRequest(chunks.views, max_bytes_ + kHeaderSlack, request.get(), chunks.owners);
+    if (status.ok() && VariableService::MayWait(*request)) {
+      // gRPC's callback threads are few (about one per core): a long poll
+      // holding one could starve the very call that ends its wait.
+      std::thread([this, request] { Answer(absl::OkStatus(), *request); }).detach();
+      return;
+    }
+    Answer(status, *request);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // Serves a decoded request (or reports why it could not be decoded) and
+  // sends the response, ending the call.
+  void Answer(absl::Status decoded, const Request& request) {
+    Response response;
+    if (decoded.ok()) {
       service_->Handle(request, &response);
     } else {
       // A garbled request is answered, and the server goes on serving.
-      status = Annotate(status, absl::StrCat("request to ", service_->options().task_name));
-      response.header.set_status_code(static_cast<int>(status.code()));
-      response.header.set_status_message(std::string(status.message()));
+      decoded = Annotate(decoded, absl::StrCat("request to ", service_->options().task_name));
+      response.header.set_status_code(static_cast<int>(decoded.code()));
+      response.header.set_status_message(std::string(decoded.message()));
     }
     auto encoded = EncodeResponse(response);
     if (!encoded.ok()) {
@@ -108,9 +124,6 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
     StartWriteAndFinish(&response_buffer_, grpc::WriteOptions(), grpc::Status::OK);
   }
 
-  void OnDone() override { delete this; }
-
- private:
   VariableService* service_;
   size_t max_bytes_;
   grpc::ByteBuffer request_buffer_, response_buffer_;
