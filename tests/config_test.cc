@@ -171,6 +171,20 @@ TEST(ConfigTest, BadLocalAndHookValuesNameTheKey) {
   ExpectEachRefusedNamingItsKey(cases);
 }
 
+TEST(ConfigTest, BadGatedValuesNameTheKey) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"training: {mode: gated}\ngated: {networks: [[64], [32], [16]]}", "gated.networks"},  // 3 networks, 2 workers
+      {"training: {mode: gated}\ncluster: {workers: 1}", "gated.networks"},                 // one network is no ensemble
+      {"training: {mode: gated}\ngated: {networks: [[64], [0]]}", "gated.networks[1]"},
+      {"training: {mode: gated}\ngated: {output: relu}", "gated.output"},
+      {"training: {mode: gated}\ngated: {scale: per_batch}", "gated.scale"},
+      {"training: {mode: gated}\ngated: {output: sigmoid, master_loss: cross_entropy}", "gated.master_loss"},
+      {"training: {mode: gated}\ngated: {trunk: [-4]}", "gated.trunk[0]"},
+      {"gated: {master: [64]}", "gated.master"},
+  };
+  ExpectEachRefusedNamingItsKey(cases);
+}
+
 }  // namespace
 }  // namespace shoal
 

@@ -161,3 +161,44 @@ TEST(GrpcTransportTest, BusyAddressIsAClearError) {
 
 }  // namespace
 }  // namespace shoal
+
+namespace shoal {
+namespace {
+
+// Long polls must not hold the few threads that serve calls: the call that
+// ends their wait has to get through while they wait.
+TEST(GrpcTransportTest, ManyLongPollsDoNotStarveTheCallThatEndsThem) {
+  GrpcTransport transport;
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport.Serve("127.0.0.1:0", &service).value();
+  auto channel = transport.Connect({"ps", 0}, server->address()).value();
+  auto counter_request = [](int64_t delta, int64_t wait_ms) {
+    Request request;
+    auto* counter = request.header.mutable_counter();
+    counter->mutable_counter()->set_name("step");
+    counter->mutable_counter()->set_delta(delta);
+    counter->set_wait_until_at_least(1);
+    counter->set_wait_ms(wait_ms);
+    return request;
+  };
+  constexpr int kPolls = 8;
+  std::vector<int64_t> seen(kPolls, -1);
+  std::vector<std::thread> polls;
+  for (int i = 0; i < kPolls; ++i) {
+    polls.emplace_back([&, i] {
+      Response response;
+      // The server caps a wait at 200 ms; the step comes well within that.
+      absl::Status status =
+          CallAndWait(*channel, counter_request(0, 200), &response, absl::Now() + absl::Seconds(10));
+      if (status.ok()) seen[i] = response.header.counter().value();
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(30));  // the polls are waiting now
+  Response response;
+  ASSERT_TRUE(CallAndWait(*channel, counter_request(1, 0), &response, absl::Now() + absl::Seconds(10)).ok());
+  for (auto& poll : polls) poll.join();
+  for (int i = 0; i < kPolls; ++i) EXPECT_EQ(seen[i], 1) << "poll " << i << " timed out before the step came";
+}
+
+}  // namespace
+}  // namespace shoal

@@ -57,13 +57,6 @@ void ZeroGradients(const Mlp* part) {
   for (const auto& p : part->variables()) p.mutable_grad().reset();
 }
 
-// The chief's batches: shuffled example indices, the same sequence in every
-// form of the job (BatchIterator shuffles by seed and size alone).
-BatchIterator IndexBatches(const Dataset& train, const JobConfig& config) {
-  const Dataset indices{torch::arange(train.size(), torch::kFloat32).unsqueeze(1), train.labels};
-  return BatchIterator(indices, config.training.batch_size, config.training.seed * 1000003);
-}
-
 // One step of lockstep training from network k's task (the chief also runs
 // the master).
 class LockstepWorker {
@@ -87,7 +80,7 @@ class LockstepWorker {
   // Runs the whole job from this task.
   absl::StatusOr<WorkerResult> Run() {
     std::optional<BatchIterator> batches;
-    if (context_.is_chief) batches.emplace(IndexBatches(context_.train_shard, *context_.config));
+    if (context_.is_chief) batches.emplace(GatedBatchIndices(context_.train_shard, *context_.config));
     WorkerResult result;
     for (int64_t t = 0; t < context_.max_steps; ++t) {
       SHOAL_ASSIGN_OR_RETURN(bool go_on, Step(t, batches ? &*batches : nullptr, &result));
@@ -266,7 +259,7 @@ class LockstepWorker {
 // One task trains the whole ensemble, in one graph.
 absl::StatusOr<WorkerResult> RunWholeEnsemble(WorkerContext& context, GatedEnsemble& ensemble) {
   Client& client = *context.client;
-  BatchIterator batches = IndexBatches(context.train_shard, *context.config);
+  BatchIterator batches = GatedBatchIndices(context.train_shard, *context.config);
   const std::vector<std::string>& names = ensemble.variable_names();
   WorkerResult result;
   for (int64_t t = 0; t < context.max_steps; ++t) {
@@ -310,6 +303,13 @@ absl::StatusOr<std::vector<VariableSpec>> GatedVariableSpecs(const JobConfig& co
 }
 
 ScopeRule GatedExchangeRule(const TaskId& chief) { return ScopeRule{"exchange/*", chief}; }
+
+BatchIterator GatedBatchIndices(const Dataset& train, const JobConfig& config) {
+  // BatchIterator shuffles by seed and size alone: iterating over the
+  // indices gives the order it would give over the examples.
+  const Dataset indices{torch::arange(train.size(), torch::kFloat32).unsqueeze(1), train.labels};
+  return BatchIterator(indices, config.training.batch_size, config.training.seed * 1000003);
+}
 
 absl::StatusOr<WorkerResult> GatedStrategy::RunWorker(WorkerContext& context) {
   const JobConfig& config = *context.config;

@@ -33,6 +33,10 @@ namespace shoal {
 absl::StatusOr<std::vector<VariableSpec>> GatedVariableSpecs(const JobConfig& config, int num_workers);
 ScopeRule GatedExchangeRule(const TaskId& chief);
 
+// The chief's batches, as [n, 1] float rows of example indices (and their
+// labels): the same sequence in every form of the job.
+BatchIterator GatedBatchIndices(const Dataset& train, const JobConfig& config);
+
 class GatedStrategy : public TrainingStrategy {
  public:
   absl::StatusOr<WorkerResult> RunWorker(WorkerContext& context) override;

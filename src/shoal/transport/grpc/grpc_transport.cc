@@ -197,8 +197,8 @@ class GrpcChannel final : public Channel {
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
       auto set_int = [&](const char* key, int value) { args.SetInt(key, value); };
       TuneForBulkTransfer(set_int);
-      auto channel = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
-      stubs_.push_back(std::make_unique<grpc::GenericStub>(channel));
+      channels_.push_back(grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+      stubs_.push_back(std::make_unique<grpc::GenericStub>(channels_.back()));
     }
   }
 
@@ -219,8 +219,7 @@ class GrpcChannel final : public Channel {
     state->done = std::move(done);
     state->request_buffer = ToByteBuffer(*std::move(encoded));
     state->context.set_deadline(absl::ToChronoTime(deadline));
-    grpc::GenericStub& stub = *stubs_[next_stub_.fetch_add(1, std::memory_order_relaxed) % stubs_.size()];
-    stub.UnaryCall(&state->context, kMethod, grpc::StubOptions(), &state->request_buffer, &state->response_buffer,
+    PickStub().UnaryCall(&state->context, kMethod, grpc::StubOptions(), &state->request_buffer, &state->response_buffer,
                    [this, state](grpc::Status status) {
                      absl::Status result = Finish(status, state);
                      auto done = std::move(state->done);
@@ -237,6 +236,19 @@ class GrpcChannel final : public Channel {
     std::function<void(absl::Status)> done;
   };
 
+  // The next connection in turn that is up. A connection whose first
+  // attempt failed (its peer was not listening yet) fails calls fast until
+  // its reconnect backoff ends, while another may already be up: prefer
+  // that one, and nudge the others to reconnect.
+  grpc::GenericStub& PickStub() {
+    const size_t first = next_stub_.fetch_add(1, std::memory_order_relaxed);
+    for (size_t i = 0; i < stubs_.size(); ++i) {
+      const size_t j = (first + i) % stubs_.size();
+      if (channels_[j]->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) return *stubs_[j];
+    }
+    return *stubs_[first % stubs_.size()];
+  }
+
   absl::Status Finish(const grpc::Status& status, CallState* state) {
     if (!status.ok()) return FromGrpcStatus(status, where_);
     ReceivedChunks chunks;
@@ -249,6 +261,7 @@ class GrpcChannel final : public Channel {
   std::string address_;
   std::string where_;
   size_t max_bytes_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
   std::atomic<size_t> next_stub_{0};
 };
