@@ -70,6 +70,9 @@ class LockstepWorker {
         trunk_(ensemble.trunk()),
         batch_size_(context.config->training.batch_size),
         timeout_(absl::Seconds(context.config->training.sync_timeout_s)),
+        // The chief knows which network is missing: it should be the first
+        // to give up, and tell the others (job_aborted).
+        chief_timeout_(2 * timeout_),
         me_(context.task.ToString()) {
     own_names_ = network_.variable_names();
     if (trunk_) trunk_names_ = trunk_->variable_names();
@@ -160,7 +163,7 @@ class LockstepWorker {
   }
 
   absl::StatusOr<bool> ReceiveBatch(int64_t t, torch::Tensor* images, torch::Tensor* labels) {
-    SHOAL_ASSIGN_OR_RETURN(int64_t published, WaitForCounter(context_, kBatchCounter, t + 1, timeout_,
+    SHOAL_ASSIGN_OR_RETURN(int64_t published, WaitForCounter(context_, kBatchCounter, t + 1, chief_timeout_,
                                                              absl::StrCat("the batch of step ", t)));
     if (published == 0) return false;  // stopped
     SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> batch, client_.Read({kBatchVariable}));
@@ -183,7 +186,7 @@ class LockstepWorker {
                                       torch::Tensor* logit_grad) {
     SHOAL_RETURN_IF_ERROR(client_.Assign({LogitsVariable(k_)}, {PadRows(logits.detach(), batch_size_)}));
     SHOAL_RETURN_IF_ERROR(client_.AddToCounter(LogitsCounter(k_), 1).status());
-    SHOAL_ASSIGN_OR_RETURN(int64_t sent, WaitForCounter(context_, kScalesCounter, t + 1, timeout_,
+    SHOAL_ASSIGN_OR_RETURN(int64_t sent, WaitForCounter(context_, kScalesCounter, t + 1, chief_timeout_,
                                                         absl::StrCat("the master's scales of step ", t)));
     if (sent == 0) return false;
     std::vector<std::string> names = {ScaleVariable(k_)};
@@ -251,7 +254,8 @@ class LockstepWorker {
   Mlp& network_;
   Mlp* trunk_;
   const int64_t batch_size_;
-  const absl::Duration timeout_;
+  const absl::Duration timeout_;        // the chief's wait for a network's logits
+  const absl::Duration chief_timeout_;  // a worker's wait for the chief
   const std::string me_;
   std::vector<std::string> own_names_, trunk_names_, pulled_names_;
 };
