@@ -6,12 +6,7 @@
 # per epoch (message frames: headers and tensors), measured by shoal's client.
 #
 #   bench/local_modes.sh      # about 4 minutes on 2 cores
-set -euo pipefail
-cd "$(dirname "$0")/.."
-scripts/bootstrap.sh >&2
-out=bench/out
-mkdir -p "$out"
-export OPENBLAS_NUM_THREADS=1
+source "$(dirname "$0")/common.sh"
 run() {  # name, then shoal train flags
   local name=$1; shift
   echo "$name" >&2

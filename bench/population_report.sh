@@ -6,12 +6,7 @@
 # bench/out/population_pbt/lineage.svg, and prints a Markdown table.
 #
 #   bench/population_report.sh     # about 5 minutes on 2 cores
-set -euo pipefail
-cd "$(dirname "$0")/.."
-scripts/bootstrap.sh >&2
-out=bench/out
-mkdir -p "$out"
-export OPENBLAS_NUM_THREADS=1
+source "$(dirname "$0")/common.sh"
 for policy in truncation none; do
   name=$([ "$policy" = none ] && echo independent || echo pbt)
   rm -rf "$out/population_$name"
