@@ -159,6 +159,33 @@ TEST(GatedEnsembleTest, WeightedVotePicksTheClassWithTheMostWeight) {
   EXPECT_EQ(votes[1].item<int64_t>(), 2);
 }
 
+TEST(GatedEnsembleTest, EvaluateCountsWhatEachPredictorGetsRight) {
+  MlpConfig base;
+  base.layers = {6, 4};
+  GatedModelConfig g;
+  g.networks = {{5}, {3}, {}};
+  GatedEnsemble ensemble(base, g);
+  torch::manual_seed(4);
+  const Dataset data{torch::randn({50, 6}), torch::randint(0, 4, {50}, torch::kInt64)};
+  const GatedAccuracy accuracy = ensemble.Evaluate(data, /*batch_size=*/16);  // batches of 16, 16, 16, 2
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> logits;
+  for (int k = 0; k < 3; ++k) logits.push_back(ensemble.NetworkLogits(k, data.images));
+  const torch::Tensor weights = ensemble.MasterWeights(logits, data.images);
+  const torch::Tensor right = Correctness(logits, data.labels);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_NEAR(accuracy.networks[k], right.select(1, k).mean().item<double>(), 1e-6) << k;
+    EXPECT_NEAR(accuracy.mean_weights[k], weights.select(1, k).mean().item<double>(), 1e-6) << k;
+  }
+  EXPECT_NEAR(accuracy.any_right, right.amax(1).mean().item<double>(), 1e-6);
+  EXPECT_NEAR(accuracy.gated_vote,
+              WeightedVote(logits, weights).eq(data.labels).to(torch::kFloat64).mean().item<double>(), 1e-6);
+  torch::Tensor mean_probabilities = torch::zeros({50, 4});
+  for (const auto& l : logits) mean_probabilities += torch::softmax(l, 1) / 3;
+  EXPECT_NEAR(accuracy.uniform_average,
+              mean_probabilities.argmax(1).eq(data.labels).to(torch::kFloat64).mean().item<double>(), 1e-6);
+}
+
 // A small gated job on Fashion-MNIST: 600 examples in batches of 32 (so that
 // step 19 meets the smaller last batch of the epoch), 20 steps.
 JobConfig SmallGatedJob(bool trunk_and_flow) {

@@ -197,9 +197,11 @@ void PrintReport(const TrainReport& report) {
   if (!report.network_test_accuracies.empty()) {
     absl::PrintF("gated ensemble (test accuracy above is the master-weighted vote's):\n");
     for (size_t k = 0; k < report.network_test_accuracies.size(); ++k) {
-      absl::PrintF("  network %d alone: %.2f%%\n", k, 100 * report.network_test_accuracies[k]);
+      absl::PrintF("  network %d alone: %.2f%%, mean master weight %.3f\n", k, 100 * report.network_test_accuracies[k],
+                   k < report.network_mean_weights.size() ? report.network_mean_weights[k] : 0.0);
     }
     absl::PrintF("  uniform average of the networks: %.2f%%\n", 100 * report.uniform_average_accuracy);
+    absl::PrintF("  some network right (a perfect gate's ceiling): %.2f%%\n", 100 * report.any_network_right);
   }
 }
 

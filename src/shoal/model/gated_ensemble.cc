@@ -158,8 +158,9 @@ torch::Tensor GatedEnsemble::Predict(const torch::Tensor& images) {
 
 GatedAccuracy GatedEnsemble::Evaluate(const Dataset& data, int64_t batch_size) {
   torch::NoGradGuard no_grad;
-  int64_t gated = 0, uniform = 0;
+  int64_t gated = 0, uniform = 0, any_right = 0;
   std::vector<int64_t> alone(num_networks(), 0);
+  torch::Tensor weight_sums = torch::zeros({num_networks()}, torch::kFloat64);
   for (int64_t begin = 0; begin < data.size(); begin += batch_size) {
     const int64_t n = std::min(batch_size, data.size() - begin);
     const torch::Tensor images = data.images.narrow(0, begin, n), labels = data.labels.narrow(0, begin, n);
@@ -172,13 +173,18 @@ GatedAccuracy GatedEnsemble::Evaluate(const Dataset& data, int64_t batch_size) {
       probabilities = probabilities.defined() ? probabilities + p : p;
     }
     uniform += probabilities.argmax(1).eq(labels).sum().item<int64_t>();
-    gated += WeightedVote(logits, MasterWeights(logits, images)).eq(labels).sum().item<int64_t>();
+    const torch::Tensor weights = MasterWeights(logits, images);
+    gated += WeightedVote(logits, weights).eq(labels).sum().item<int64_t>();
+    any_right += static_cast<int64_t>(Correctness(logits, labels).amax(1).sum().item<double>());
+    weight_sums += weights.sum(0).to(torch::kFloat64);
   }
   const double total = std::max<int64_t>(data.size(), 1);
   GatedAccuracy accuracy;
   accuracy.gated_vote = gated / total;
   accuracy.uniform_average = uniform / total;
   for (int64_t a : alone) accuracy.networks.push_back(a / total);
+  accuracy.any_right = any_right / total;
+  for (int k = 0; k < num_networks(); ++k) accuracy.mean_weights.push_back(weight_sums[k].item<double>() / total);
   return accuracy;
 }
 

@@ -71,6 +71,8 @@ struct GatedAccuracy {
   double gated_vote = 0;        // the vote weighted by the master
   double uniform_average = 0;   // argmax of the networks' mean softmax
   std::vector<double> networks; // each network alone
+  double any_right = 0;         // examples some network gets right: what a perfect gate could reach
+  std::vector<double> mean_weights;  // the master's mean weight for each network
 };
 
 class GatedEnsemble {

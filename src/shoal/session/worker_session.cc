@@ -15,7 +15,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainReport, test_accuracy, glob
                                                 ssp_gap_histogram, stop_reason, bytes_sent, bytes_received,
                                                 tensor_bytes_sent, epochs_trained, members, best_member,
                                                 peer_bytes_read, population_summary, network_test_accuracies,
-                                                uniform_average_accuracy)
+                                                uniform_average_accuracy, any_network_right, network_mean_weights)
 
 nlohmann::json ReportToJson(const TrainReport& report) { return report; }
 

@@ -46,6 +46,8 @@ struct TrainReport {
   // their softmax outputs (test_accuracy is the master-weighted vote's).
   std::vector<double> network_test_accuracies;
   double uniform_average_accuracy = 0;
+  double any_network_right = 0;              // the ceiling for a perfect gate
+  std::vector<double> network_mean_weights;  // the master's mean weight for each network
 };
 
 // The report as JSON (the result file `shoal worker --result_file` writes and

@@ -75,9 +75,13 @@ class LockstepWorker {
         chief_timeout_(2 * timeout_),
         me_(context.task.ToString()) {
     own_names_ = network_.variable_names();
-    if (trunk_) trunk_names_ = trunk_->variable_names();
-    pulled_names_ = Concat(own_names_, trunk_names_);
-    if (context.is_chief) pulled_names_ = Concat(pulled_names_, ensemble.master().variable_names());
+    pulled_parts_ = {&network_};
+    if (trunk_) {
+      trunk_names_ = trunk_->variable_names();
+      pulled_parts_.push_back(trunk_);
+    }
+    if (context.is_chief) pulled_parts_.push_back(&ensemble.master());
+    for (const Mlp* part : pulled_parts_) pulled_names_ = Concat(pulled_names_, part->variable_names());
   }
 
   // Runs the whole job from this task.
@@ -99,9 +103,11 @@ class LockstepWorker {
                                                     : ReceiveBatch(t, &images, &labels));
     if (!have_batch) return false;
     SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client_.Read(pulled_names_));
-    network_.Load({values.begin(), values.begin() + own_names_.size()});
-    if (trunk_) trunk_->Load({values.begin() + own_names_.size(), values.begin() + pulled_names_.size() - MasterCount()});
-    if (context_.is_chief) ensemble_.master().Load({values.end() - MasterCount(), values.end()});
+    auto next = values.begin();
+    for (Mlp* part : pulled_parts_) {
+      part->Load({next, next + part->variables().size()});
+      next += part->variables().size();
+    }
     ZeroGradients(trunk_);
     ZeroGradients(&network_);
     const torch::Tensor logits = ensemble_.NetworkLogits(k_, images);
@@ -111,7 +117,14 @@ class LockstepWorker {
                                                  ? RunMaster(t, logits, images, labels, &scale, &logit_grad)
                                                  : ExchangeLogits(t, logits, &scale, &logit_grad));
     if (!have_scales) return false;
+    return ApplyScaledGradients(t, logits, labels, scale, logit_grad, result);
+  }
 
+  // The network's backward under its scales, its update through the ps (and
+  // on the chief the trunk's summed update), and the step's hooks.
+  absl::StatusOr<bool> ApplyScaledGradients(int64_t t, const torch::Tensor& logits, const torch::Tensor& labels,
+                                            const torch::Tensor& scale, const torch::Tensor& logit_grad,
+                                            WorkerResult* result) {
     torch::Tensor loss = ScaledNetworkLoss(logits, labels, scale);
     if (logit_grad.defined()) loss = loss + (logits * logit_grad).sum();
     loss.backward();
@@ -146,8 +159,6 @@ class LockstepWorker {
     }
     return FinishStep(context_, info, result);
   }
-
-  size_t MasterCount() const { return context_.is_chief ? ensemble_.master().variable_names().size() : 0; }
 
   absl::StatusOr<bool> PublishBatch(int64_t t, BatchIterator& batches, torch::Tensor* images, torch::Tensor* labels) {
     torch::Tensor index_rows;
@@ -257,6 +268,7 @@ class LockstepWorker {
   const absl::Duration timeout_;        // the chief's wait for a network's logits
   const absl::Duration chief_timeout_;  // a worker's wait for the chief
   const std::string me_;
+  std::vector<Mlp*> pulled_parts_;  // read from the ps every step: the network, the trunk, the master (chief)
   std::vector<std::string> own_names_, trunk_names_, pulled_names_;
 };
 
@@ -349,6 +361,8 @@ absl::Status ReportGated(WorkerContext& context, const Dataset& test_set, TrainR
   report->test_accuracy = accuracy.gated_vote;
   report->uniform_average_accuracy = accuracy.uniform_average;
   report->network_test_accuracies = accuracy.networks;
+  report->any_network_right = accuracy.any_right;
+  report->network_mean_weights = accuracy.mean_weights;
   return absl::OkStatus();
 }
 
