@@ -27,6 +27,7 @@
 #include "shoal/core/status.h"
 #include "shoal/report/metrics_plot.h"
 #include "shoal/session/local_cluster.h"
+#include "shoal/checkpoint/checkpoint.h"
 #include "shoal/session/task_runner.h"
 #include "shoal/transport/grpc/grpc_transport.h"
 
@@ -38,11 +39,13 @@ constexpr char kUsage[] = R"(shoal: parameter-server training in C++
 usage:
   shoal train  [--config FILE] [--mode MODE] [--processes] [--ps N] [--workers N]
                [--epochs N] [--batch_size N] [--max_steps N] [--data_dir DIR]
-               [--metrics_dir DIR] [--result_file FILE] [--quiet]
+               [--metrics_dir DIR] [--checkpoint_dir DIR] [--result_file FILE] [--quiet]
       Runs a job on a local cluster (default: 2 ps, 2 workers, async, the
       784-256-128-10 MLP on Fashion-MNIST for 5 epochs). --processes runs each
       task as its own process talking gRPC on loopback. MODE: async, sync,
-      ssp, downpour, model_average, easgd.
+      ssp, downpour, model_average, easgd, population, gated. With
+      --checkpoint_dir the chief saves checkpoints there and resumes from the
+      newest when the job starts again.
   shoal server --task ps:0 [--cluster FILE] [--config FILE] [--bind ADDR]
       Serves one task of a real cluster until the chief shuts it down.
   shoal worker --task worker:1 [--cluster FILE] [--config FILE] [--bind ADDR]
@@ -51,6 +54,10 @@ usage:
   shoal plot   --metrics_dir DIR [--out FILE.png]
       Draws the loss and batch-accuracy curves of every task's metrics file
       (hooks.metrics_dir) into one PNG.
+  shoal checkpoint list DIR | inspect PATH | verify PATH
+      Lists the checkpoints under DIR; shows what a checkpoint (a ckpt-<step>
+      folder, or DIR for its newest) holds; reads every tensor of it and
+      checks its CRC32C (a corrupt byte is DATA_LOSS naming file and variable).
   Without --cluster/--task, server and worker read TF_CONFIG
   ({"cluster": {...}, "task": {"type": "worker", "index": 1}}); WORKER_ID
   overrides a worker's index.
@@ -129,6 +136,7 @@ absl::StatusOr<JobConfig> ConfigFromFlags(Flags& flags) {
     if (!flags.Has("config")) config.training.optimizer = DefaultOptimizer(config.training.mode);
   }
   if (flags.Has("metrics_dir")) config.hooks.metrics_dir = flags.Get("metrics_dir");
+  if (flags.Has("checkpoint_dir")) config.checkpoint.dir = flags.Get("checkpoint_dir");
   SHOAL_RETURN_IF_ERROR(override_int("ps", &config.cluster.ps));
   SHOAL_RETURN_IF_ERROR(override_int("workers", &config.cluster.workers));
   SHOAL_RETURN_IF_ERROR(override_int("epochs", &config.training.epochs));
@@ -246,6 +254,42 @@ absl::Status Plot(Flags& flags) {
   return absl::OkStatus();
 }
 
+// `path` itself if it is a checkpoint, else the newest one under it.
+absl::StatusOr<std::string> CheckpointAt(const std::string& path) {
+  if (ReadCheckpointIndex(path).ok()) return path;
+  return LatestCheckpoint(path);
+}
+
+absl::Status CheckpointTool(const std::string& action, const std::string& path) {
+  if (action == "list") {
+    const std::vector<CheckpointInfo> all = ListCheckpoints(path);
+    if (all.empty()) return absl::NotFoundError(absl::StrCat("no checkpoints under '", path, "'"));
+    for (const CheckpointInfo& c : all) {
+      absl::PrintF("%-40s step %-8d %s\n", c.path, c.step, c.complete ? "complete" : "unfinished (no index)");
+    }
+    return absl::OkStatus();
+  }
+  if (action != "inspect" && action != "verify") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown checkpoint action '", action, "'; use list, inspect or verify"));
+  }
+  SHOAL_ASSIGN_OR_RETURN(std::string checkpoint, CheckpointAt(path));
+  SHOAL_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(checkpoint));
+  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> variables, LoadCheckpoint(checkpoint));
+  if (action == "verify") {
+    absl::PrintF("%s: step %d, %d variables in %d shards; every checksum matches\n", checkpoint, index.step,
+                 variables.size(), index.shards.size());
+    return absl::OkStatus();
+  }
+  absl::PrintF("%s: step %d, format version %d\n", checkpoint, index.step, index.format_version);
+  for (size_t i = 0; i < index.shards.size(); ++i) absl::PrintF("  %s  written by %s\n", index.shards[i], index.tasks[i]);
+  for (size_t i = 0; i < variables.size(); ++i) {
+    const CheckpointVariable& v = variables[i];
+    absl::PrintF("  %-32s [%s]  %s, %d slots, step %d, %d part(s)\n", v.name, absl::StrJoin(v.shape, ","), v.optimizer,
+                 v.slots.tensors.size(), v.slots.step, index.variables[i].parts.size());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunTask(Flags& flags, bool server) {
   SHOAL_ASSIGN_OR_RETURN(JobConfig config, ConfigFromFlags(flags));
   ClusterSpec cluster = ClusterSpec::Local(1, 1);
@@ -277,6 +321,13 @@ int Main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
+  if (command == "checkpoint") {
+    absl::Status status = argc == 4 ? CheckpointTool(argv[2], argv[3])
+                                    : absl::InvalidArgumentError("usage: shoal checkpoint list|inspect|verify PATH");
+    if (status.ok()) return 0;
+    absl::FPrintF(stderr, "shoal checkpoint: error: %s\n", status.ToString());
+    return 1;
+  }
   auto flags = ParseFlags(argc, argv, 2);
   absl::Status status = flags.status();
   if (status.ok()) {

@@ -134,32 +134,46 @@ absl::Status Client::CreateVariables(const std::vector<VariableInit>& variables)
   return RunAll(calls);
 }
 
-absl::Status Client::WaitForVariables(const std::vector<std::string>& names, absl::Duration timeout) {
+absl::StatusOr<std::vector<bool>> Client::VariablesExist(const std::vector<std::string>& names) {
   SHOAL_ASSIGN_OR_RETURN(auto placements, LocateAll(names));
+  TaskCalls calls;
+  for (size_t i = 0; i < placements.size(); ++i) {
+    for (const Shard& shard : placements[i].shards) {
+      calls[shard.task].request.header.mutable_lookup()->add_names(shard.stored_name);
+      calls[shard.task].pieces.emplace_back(i, 0);
+    }
+  }
+  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  std::vector<bool> exist(names.size(), true);
+  for (auto& [task, call] : calls) {
+    const auto& lookup = call.response.header.lookup();
+    if (lookup.present_size() != static_cast<int>(call.pieces.size())) {
+      return absl::DataLossError(absl::StrCat(task.ToString(), " answered a lookup malformed"));
+    }
+    for (int k = 0; k < lookup.present_size(); ++k) {
+      if (!lookup.present(k)) exist[call.pieces[k].first] = false;
+    }
+  }
+  return exist;
+}
+
+absl::Status Client::WaitForVariables(const std::vector<std::string>& names, absl::Duration timeout) {
   const absl::Time give_up = absl::Now() + timeout;
   absl::Duration backoff = absl::Milliseconds(20);
   while (true) {
-    TaskCalls calls;
-    for (const auto& vp : placements) {
-      for (const Shard& shard : vp.shards) calls[shard.task].request.header.mutable_lookup()->add_names(shard.stored_name);
-    }
-    absl::Status status = RunAll(calls);
+    auto exist = VariablesExist(names);
+    if (!exist.ok() && absl::IsNotFound(exist.status())) return exist.status();  // a name no task holds
     std::string missing;
-    if (status.ok()) {
-      for (auto& [task, call] : calls) {
-        const auto& lookup = call.response.header.lookup();
-        for (int i = 0; i < lookup.present_size(); ++i) {
-          if (!lookup.present(i) && missing.empty()) {
-            missing = absl::StrCat("variable '", call.request.header.lookup().names(i), "' on ", task.ToString());
-          }
-        }
+    if (exist.ok()) {
+      for (size_t i = 0; i < names.size() && missing.empty(); ++i) {
+        if (!(*exist)[i]) missing = absl::StrCat("variable '", names[i], "'");
       }
       if (missing.empty()) return absl::OkStatus();
     }
     if (absl::Now() + backoff > give_up) {
       return absl::DeadlineExceededError(absl::StrCat(
           "waited ", absl::FormatDuration(timeout), " for the chief to create the variables; ",
-          status.ok() ? absl::StrCat("still missing ", missing) : absl::StrCat("last error: ", status.message())));
+          exist.ok() ? absl::StrCat("still missing ", missing) : absl::StrCat("last error: ", exist.status().message())));
     }
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Milliseconds(500));
@@ -403,17 +417,29 @@ absl::Status Client::AssignSlots(const std::vector<std::string>& names, const st
     return absl::InvalidArgumentError(absl::StrCat("assign_slots: ", names.size(), " names but ", slots.size(),
                                                    " slot sets"));
   }
-  SHOAL_ASSIGN_OR_RETURN(auto tasks, LocateWhole(names, "assign_slots"));
+  SHOAL_ASSIGN_OR_RETURN(auto placements, LocateAll(names));
   TaskCalls calls;
   for (size_t i = 0; i < names.size(); ++i) {
-    TaskCall& call = calls[tasks[i]];
-    auto* request = call.request.header.mutable_assign_slots();
-    request->add_names(names[i]);
-    request->add_counts(static_cast<int>(slots[i].tensors.size()));
-    request->add_steps(slots[i].step);
-    for (const auto& t : slots[i].tensors) call.request.tensors.push_back(t);
+    // Slots have their variable's shape, so a partition takes its rows of each.
+    for (const auto& t : slots[i].tensors) SHOAL_RETURN_IF_ERROR(CheckPartitionedShape(names[i], placements[i], t));
+    for (const Shard& shard : placements[i].shards) {
+      TaskCall& call = calls[shard.task];
+      auto* request = call.request.header.mutable_assign_slots();
+      request->add_names(shard.stored_name);
+      request->add_counts(static_cast<int>(slots[i].tensors.size()));
+      request->add_steps(slots[i].step);
+      for (const auto& t : slots[i].tensors) call.request.tensors.push_back(Slice(t, placements[i], shard));
+    }
   }
   return RunAll(calls);
+}
+
+absl::StatusOr<std::vector<std::string>> Client::SaveShard(const TaskId& task, const std::string& path) {
+  TaskCalls calls;
+  calls[task].request.header.mutable_save_shard()->set_path(path);
+  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  const auto& names = calls[task].response.header.save_shard().names();
+  return std::vector<std::string>(names.begin(), names.end());
 }
 
 absl::Status Client::Shutdown(const TaskId& task) {

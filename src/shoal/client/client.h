@@ -113,11 +113,19 @@ class Client {
   // (same kind; the slots stay).
   absl::Status SetOptimizer(const std::vector<std::string>& names, const wire::OptimizerConfig& optimizer);
 
-  // Copies of the named variables' optimizer slots, and replacing them (to
-  // inherit a member's training state bit for bit). Not for partitioned
-  // variables.
+  // Copies of the named variables' optimizer slots (not for partitioned
+  // variables), and replacing them (to inherit a member's training state bit
+  // for bit, or restore a checkpoint; a partition takes its rows).
   absl::StatusOr<std::vector<OptimizerSlots>> ReadSlots(const std::vector<std::string>& names);
   absl::Status AssignSlots(const std::vector<std::string>& names, const std::vector<OptimizerSlots>& slots);
+
+  // Whether each named variable exists on its task(s).
+  absl::StatusOr<std::vector<bool>> VariablesExist(const std::vector<std::string>& names);
+
+  // Checkpoints: asks `task` to write every variable it holds, with its
+  // slots, to the shard file `path` (on the task's file system); returns the
+  // names it stored them under.
+  absl::StatusOr<std::vector<std::string>> SaveShard(const TaskId& task, const std::string& path);
 
   // Asks `task`'s server to shut down.
   absl::Status Shutdown(const TaskId& task);

@@ -101,6 +101,15 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       response->header.mutable_counter()->set_value(value);
       return absl::OkStatus();
     }
+    case wire::RequestHeader::kSaveShard: {
+      if (h.save_shard().path().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("save_shard request to ", options_.task_name, " has no path"));
+      }
+      const std::vector<SavedVariable> saved = store_.Snapshot();
+      SHOAL_RETURN_IF_ERROR(Annotate(WriteShard(h.save_shard().path(), saved), options_.task_name));
+      for (const auto& v : saved) response->header.mutable_save_shard()->add_names(v.name);
+      return absl::OkStatus();
+    }
     case wire::RequestHeader::kAccumulate: {
       const auto& accumulate = h.accumulate();
       std::vector<bool> accepted;

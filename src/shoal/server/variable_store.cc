@@ -326,6 +326,23 @@ absl::Status VariableStore::ReadSlots(const std::vector<std::string>& names,
   return absl::OkStatus();
 }
 
+std::vector<SavedVariable> VariableStore::Snapshot() const {
+  std::vector<std::shared_ptr<Variable>> vars;
+  {
+    std::shared_lock lock(map_mu_);
+    for (const auto& [name, var] : variables_) vars.push_back(var);
+  }
+  std::vector<SavedVariable> saved;
+  for (const auto& var : vars) {
+    std::lock_guard lock(var->update_mu);
+    SavedVariable v{var->def.name(), var->def.optimizer().kind(), var->value.clone(), {}};
+    for (const auto& t : var->slots.tensors) v.slots.tensors.push_back(t.clone());
+    v.slots.step = var->slots.step;
+    saved.push_back(std::move(v));
+  }
+  return saved;
+}
+
 absl::Status VariableStore::AssignSlots(const std::vector<std::string>& names,
                                         const std::vector<OptimizerSlots>& slots) {
   std::vector<std::shared_ptr<Variable>> vars;

@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "shoal/server/checkpoint_shard.h"
 #include "shoal/server/optimizer.h"
 #include "shoal/wire.pb.h"
 
@@ -96,6 +97,12 @@ class VariableStore {
   absl::Status ReadSlots(const std::vector<std::string>& names, std::vector<OptimizerSlots>* slots) const;
   // Replaces each variable's slots; counts and shapes must match its optimizer's.
   absl::Status AssignSlots(const std::vector<std::string>& names, const std::vector<OptimizerSlots>& slots);
+
+  // A copy of every variable with its slots, each taken under the
+  // variable's lock so that value and slots belong together (a checkpoint
+  // shard). Variables differ in how many applies they have seen, as any
+  // save during asynchronous training would.
+  std::vector<SavedVariable> Snapshot() const;
 
   // For each name: its definition and version, or nullopt-like absence.
   struct VariableInfo {

@@ -210,6 +210,14 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(hooks.Get("metrics_every_steps", &c->hooks.metrics_every_steps));
   SHOAL_RETURN_IF_ERROR(hooks.CheckNoUnknownKeys());
 
+  Section checkpoint = top.Child("checkpoint");
+  SHOAL_RETURN_IF_ERROR(checkpoint.Check());
+  SHOAL_RETURN_IF_ERROR(checkpoint.Get("dir", &c->checkpoint.dir));
+  SHOAL_RETURN_IF_ERROR(checkpoint.Get("every_steps", &c->checkpoint.every_steps));
+  SHOAL_RETURN_IF_ERROR(checkpoint.Get("every_seconds", &c->checkpoint.every_seconds));
+  SHOAL_RETURN_IF_ERROR(checkpoint.Get("keep", &c->checkpoint.keep));
+  SHOAL_RETURN_IF_ERROR(checkpoint.CheckNoUnknownKeys());
+
   Section placement = top.Child("placement");
   SHOAL_RETURN_IF_ERROR(placement.Check());
   SHOAL_RETURN_IF_ERROR(placement.Get("strategy", &c->placement.strategy));
@@ -387,6 +395,10 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
     return absl::InvalidArgumentError("config: 'hooks.log_every_steps' and 'hooks.stop_at_step' must not be negative");
   }
   SHOAL_RETURN_IF_ERROR(Positive("hooks.metrics_every_steps", static_cast<double>(c.hooks.metrics_every_steps)));
+  if (c.checkpoint.every_steps < 0 || c.checkpoint.every_seconds < 0) {
+    return absl::InvalidArgumentError("config: 'checkpoint.every_steps' and 'checkpoint.every_seconds' must not be negative");
+  }
+  SHOAL_RETURN_IF_ERROR(Positive("checkpoint.keep", c.checkpoint.keep));
   SHOAL_RETURN_IF_ERROR(OneOf("placement.strategy", c.placement.strategy, {"round_robin", "greedy"}));
   SHOAL_RETURN_IF_ERROR(Positive("transport.rpc_timeout_s", c.transport.rpc_timeout_s));
   SHOAL_RETURN_IF_ERROR(Positive("transport.startup_timeout_s", c.transport.startup_timeout_s));
@@ -476,6 +488,10 @@ std::string JobConfigToYaml(const JobConfig& c) {
       << YAML::Value << k.stop_at_step << YAML::Key << "metrics_dir" << YAML::Value << k.metrics_dir << YAML::Key
       << "metrics_format" << YAML::Value << k.metrics_format << YAML::Key << "metrics_every_steps" << YAML::Value
       << k.metrics_every_steps << YAML::EndMap;
+  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value
+      << c.checkpoint.dir << YAML::Key << "every_steps" << YAML::Value << c.checkpoint.every_steps << YAML::Key
+      << "every_seconds" << YAML::Value << c.checkpoint.every_seconds << YAML::Key << "keep" << YAML::Value
+      << c.checkpoint.keep << YAML::EndMap;
   std::vector<std::string> rules;
   for (const auto& r : c.placement.scope_rules) rules.push_back(r.pattern + "=" + r.task.ToString());
   out << YAML::Key << "placement" << YAML::Value << YAML::BeginMap << YAML::Key << "strategy" << YAML::Value

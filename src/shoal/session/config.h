@@ -117,6 +117,18 @@ struct HooksConfig {
   int64_t metrics_every_steps = 10;
 };
 
+// Checkpoints (checkpoint/checkpoint.h): the chief saves every variable
+// with its optimizer slots under `dir` every `every_steps` global steps or
+// `every_seconds` (whichever comes first; with neither set, every 60 s) and
+// at the end, keeps the newest `keep`, and restores the newest when a job
+// starts on ps tasks that do not hold the variables.
+struct CheckpointConfig {
+  std::string dir;  // empty: no checkpoints
+  int64_t every_steps = 0;
+  double every_seconds = 0;
+  int keep = 5;
+};
+
 struct TransportConfig {
   double rpc_timeout_s = 60;
   double startup_timeout_s = 120;  // how long tasks wait for each other at start
@@ -133,6 +145,7 @@ struct JobConfig {
   PopulationConfig population;
   GatedModelConfig gated;  // mode gated (model/gated_ensemble.h)
   HooksConfig hooks;
+  CheckpointConfig checkpoint;
   PlacementOptions placement;
   TransportConfig transport;
 };

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "shoal/checkpoint/saver_hook.h"
 #include "shoal/core/status.h"
 #include "shoal/hooks/standard_hooks.h"
 #include "shoal/strategy/gated_strategy.h"
@@ -15,7 +16,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainReport, test_accuracy, glob
                                                 ssp_gap_histogram, stop_reason, bytes_sent, bytes_received,
                                                 tensor_bytes_sent, epochs_trained, members, best_member,
                                                 peer_bytes_read, population_summary, network_test_accuracies,
-                                                uniform_average_accuracy, any_network_right, network_mean_weights)
+                                                uniform_average_accuracy, any_network_right, network_mean_weights,
+                                                restored_from, last_checkpoint)
 
 nlohmann::json ReportToJson(const TrainReport& report) { return report; }
 
@@ -57,7 +59,7 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   if (context.is_chief) {
     StepCallback report_step = context.on_step;
     context.on_step = [&, report_step](int64_t step, double loss) {
-      if (warm_step < 0 && step >= kWarmupSteps) {
+      if (warm_step < 0 && step >= context.restored_step + kWarmupSteps) {
         warm_step = step;
         warm_time = absl::Now();
       }
@@ -67,6 +69,9 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<HookList> hooks,
                          MakeStandardHooks(context.config->hooks, context.task.job, context.task.index,
                                            context.is_chief));
+  if (context.is_chief && !context.config->checkpoint.dir.empty()) {
+    hooks->Add(std::make_shared<CheckpointSaverHook>(context.client, context.config->checkpoint));
+  }
   for (const auto& hook : context.extra_hooks) hooks->Add(hook);
   context.hooks = hooks.get();
   auto worker = strategy->RunWorker(context);
@@ -100,6 +105,11 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   }
   report->seconds = absl::ToDoubleSeconds(absl::Now() - start);
   SHOAL_ASSIGN_OR_RETURN(report->global_step, context.client->AddToCounter(kGlobalStep, 0));
+  report->restored_from = context.restored_from;
+  if (!context.config->checkpoint.dir.empty()) {
+    SHOAL_ASSIGN_OR_RETURN(report->last_checkpoint,
+                           SaveAndPrune(*context.client, context.config->checkpoint, report->global_step));
+  }
   SHOAL_ASSIGN_OR_RETURN(report->stale_gradients_dropped, context.client->AddToCounter(kStaleGradients, 0));
   SHOAL_ASSIGN_OR_RETURN(report->bytes_sent, context.client->AddToCounter(kBytesSent, 0));
   SHOAL_ASSIGN_OR_RETURN(report->bytes_received, context.client->AddToCounter(kBytesReceived, 0));
@@ -120,9 +130,10 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
     }
   }
   const int64_t examples_per_step = ExamplesPerStep(*context.config, context.num_workers);
-  report->examples_per_second = report->global_step * examples_per_step / report->seconds;
+  const int64_t trained_steps = report->global_step - context.restored_step;  // in this session
+  report->examples_per_second = trained_steps * examples_per_step / report->seconds;
   if (context.train_examples > 0) {
-    report->epochs_trained = static_cast<double>(report->global_step * examples_per_step) / context.train_examples;
+    report->epochs_trained = static_cast<double>(trained_steps * examples_per_step) / context.train_examples;
   }
   report->steady_examples_per_second = report->examples_per_second;
   if (warm_step >= 0 && trained > warm_time && report->global_step > warm_step) {

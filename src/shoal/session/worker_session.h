@@ -27,6 +27,8 @@ struct TrainReport {
   double last_loss = 0;
   int64_t stale_gradients_dropped = 0;  // sync: late gradients left out of a step
   std::string stop_reason;              // why a hook stopped the job early; empty if it ran to the end
+  std::string restored_from;            // the checkpoint the chief resumed from; empty if none
+  std::string last_checkpoint;          // the checkpoint saved at the end; empty if none
   // What the workers' clients sent and received during training (frames:
   // headers and tensors; start-up left out), all workers together, and the
   // epochs trained, for rates per epoch.

@@ -1,6 +1,10 @@
 #include "shoal/strategy/strategy.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "shoal/checkpoint/checkpoint.h"
 #include "shoal/core/status.h"
 #include "shoal/strategy/async_strategy.h"
 #include "shoal/strategy/gated_strategy.h"
@@ -167,14 +171,61 @@ absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model, const wi
                           optimizer ? *optimizer : context.config->training.optimizer);
 }
 
+namespace {
+
+// The checkpoint the chief should restore: the newest under checkpoint.dir,
+// unless the ps tasks still hold every variable (a restarted chief goes on
+// from their live values, which are newer). Empty when there is none.
+absl::StatusOr<std::string> CheckpointToRestore(WorkerContext& context, const std::vector<std::string>& names) {
+  const std::string& dir = context.config->checkpoint.dir;
+  if (dir.empty()) return std::string();
+  auto latest = LatestCheckpoint(dir);
+  if (absl::IsNotFound(latest.status())) return std::string();
+  SHOAL_RETURN_IF_ERROR(latest.status());
+  SHOAL_ASSIGN_OR_RETURN(std::vector<bool> exist, context.client->VariablesExist(names));
+  if (std::all_of(exist.begin(), exist.end(), [](bool e) { return e; })) {
+    absl::FPrintF(stderr, "%s: the variables are live on their tasks; not restoring %s\n", context.task.ToString(),
+                  *latest);
+    return std::string();
+  }
+  return *latest;
+}
+
+}  // namespace
+
 absl::Status InitializeOrWait(WorkerContext& context, const std::vector<std::string>& names,
                               const std::vector<torch::Tensor>& values, const wire::OptimizerConfig& optimizer) {
   if (context.is_chief) {
+    std::vector<torch::Tensor> initial;
+    std::vector<std::vector<int64_t>> shapes;
+    for (const auto& v : values) {
+      initial.push_back(v.detach());
+      shapes.emplace_back(v.sizes().begin(), v.sizes().end());
+    }
+    SHOAL_ASSIGN_OR_RETURN(std::string checkpoint, CheckpointToRestore(context, names));
+    std::vector<CheckpointVariable> restored;
+    int64_t step = 0;
+    if (!checkpoint.empty()) {
+      SHOAL_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(checkpoint));
+      SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(checkpoint));
+      SHOAL_ASSIGN_OR_RETURN(restored, SelectVariables(std::move(all), names, shapes, checkpoint));
+      for (size_t i = 0; i < restored.size(); ++i) initial[i] = restored[i].value;
+      step = index.step;
+      // The step first, so that no worker sees restored values at step 0.
+      SHOAL_ASSIGN_OR_RETURN(int64_t now, context.client->AddToCounter(kGlobalStep, 0));
+      SHOAL_RETURN_IF_ERROR(context.client->AddToCounter(kGlobalStep, step - now).status());
+    }
     std::vector<VariableInit> inits;
-    for (size_t i = 0; i < values.size(); ++i) {
-      inits.push_back({names[i], values[i].detach(), optimizer, context.config->training.use_locking});
+    for (size_t i = 0; i < initial.size(); ++i) {
+      inits.push_back({names[i], initial[i], optimizer, context.config->training.use_locking});
     }
     SHOAL_RETURN_IF_ERROR(context.client->CreateVariables(inits));
+    if (!checkpoint.empty()) {
+      SHOAL_RETURN_IF_ERROR(RestoreVariables(*context.client, restored, names));
+      context.restored_from = checkpoint;
+      context.restored_step = step;
+      absl::FPrintF(stderr, "%s: restored %s (global step %d)\n", context.task.ToString(), checkpoint, step);
+    }
   } else {
     SHOAL_RETURN_IF_ERROR(
         context.client->WaitForVariables(names, absl::Seconds(context.config->transport.startup_timeout_s)));

@@ -51,6 +51,10 @@ struct WorkerContext {
   int64_t startup_bytes_sent = 0;
   int64_t startup_bytes_received = 0;
   int64_t startup_tensor_bytes_sent = 0;
+  // The checkpoint the chief restored at start-up (empty if none) and its
+  // global step, where this session's training began.
+  std::string restored_from;
+  int64_t restored_step = 0;
   // Hooks run after the configured ones (tests, programs embedding shoal).
   std::vector<std::shared_ptr<TrainingHook>> extra_hooks;
 };

@@ -1,0 +1,221 @@
+#include "shoal/checkpoint/checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "shoal/core/file.h"
+#include "shoal/core/status.h"
+
+namespace shoal {
+
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CheckpointIndex::Part, shard, stored_name, row_begin, row_end)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CheckpointIndex::Variable, name, shape, parts)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CheckpointIndex, format_version, step, shards, tasks, variables)
+
+namespace {
+
+namespace fs = std::filesystem;
+constexpr char kIndexFile[] = "index.json";
+constexpr char kPrefix[] = "ckpt-";
+
+std::string CheckpointFolder(const std::string& dir, int64_t step) {
+  return (fs::path(dir) / absl::StrCat(kPrefix, step)).string();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& dir, int64_t step) {
+  const std::string folder = fs::absolute(CheckpointFolder(dir, step)).string();
+  std::error_code error;
+  fs::create_directories(folder, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot create checkpoint folder '", folder, "': ", error.message()));
+
+  // One shard per task that holds any variable, in a stable order.
+  CheckpointIndex index;
+  index.format_version = kCheckpointFormatVersion;
+  index.step = step;
+  std::map<TaskId, int> shard_of;
+  for (const auto& [name, vp] : client.placement().variables()) {
+    for (const Shard& shard : vp.shards) shard_of.emplace(shard.task, 0);
+  }
+  int next = 0;
+  std::map<TaskId, std::set<std::string>> stored;
+  for (auto& [task, shard] : shard_of) {
+    shard = next++;
+    index.shards.push_back(absl::StrCat("shard-", shard, ".ckpt"));
+    index.tasks.push_back(task.ToString());
+    SHOAL_ASSIGN_OR_RETURN(std::vector<std::string> names,
+                           client.SaveShard(task, (fs::path(folder) / index.shards.back()).string()));
+    stored[task].insert(names.begin(), names.end());
+  }
+  for (const auto& [name, vp] : client.placement().variables()) {
+    CheckpointIndex::Variable v{name, vp.shape, {}};
+    for (const Shard& shard : vp.shards) {
+      if (!stored[shard.task].count(shard.stored_name)) {
+        return absl::FailedPreconditionError(absl::StrCat("checkpoint at step ", step, ": ", shard.task.ToString(),
+                                                          " does not hold '", shard.stored_name,
+                                                          "' (not created yet?); the checkpoint is left unfinished"));
+      }
+      const int64_t rows = vp.shape.empty() ? 0 : vp.shape[0];
+      v.parts.push_back({shard_of[shard.task], shard.stored_name, vp.partitioned() ? shard.row_begin : 0,
+                         vp.partitioned() ? shard.row_end : rows});
+    }
+    index.variables.push_back(std::move(v));
+  }
+  // The index last: until it is in place, this checkpoint does not exist.
+  SHOAL_RETURN_IF_ERROR(WriteFileAtomically((fs::path(folder) / kIndexFile).string(), nlohmann::json(index).dump(1)));
+  return folder;
+}
+
+std::vector<CheckpointInfo> ListCheckpoints(const std::string& dir) {
+  std::vector<CheckpointInfo> found;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    int64_t step = 0;
+    if (!entry.is_directory() || name.rfind(kPrefix, 0) != 0 || !absl::SimpleAtoi(name.substr(5), &step)) continue;
+    CheckpointInfo info{entry.path().string(), step, ReadCheckpointIndex(entry.path().string()).ok()};
+    found.push_back(info);
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+  return found;
+}
+
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
+  const std::vector<CheckpointInfo> all = ListCheckpoints(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (it->complete) return it->path;
+  }
+  return absl::NotFoundError(absl::StrCat("no complete checkpoint under '", dir, "'"));
+}
+
+absl::Status PruneCheckpoints(const std::string& dir, int keep) {
+  std::vector<CheckpointInfo> all = ListCheckpoints(dir);
+  int complete_seen = 0;
+  bool newer_complete = false;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    const bool drop = it->complete ? ++complete_seen > keep : newer_complete;
+    newer_complete = newer_complete || it->complete;
+    if (!drop) continue;
+    std::error_code error;
+    fs::remove_all(it->path, error);
+    if (error) return absl::InternalError(absl::StrCat("cannot remove checkpoint '", it->path, "': ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& checkpoint) {
+  const std::string path = (fs::path(checkpoint) / kIndexFile).string();
+  SHOAL_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path, "checkpoint index"));
+  CheckpointIndex index;
+  try {
+    index = nlohmann::json::parse(text).get<CheckpointIndex>();
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(absl::StrCat("checkpoint index '", path, "' is corrupt: ", e.what()));
+  }
+  if (index.format_version != static_cast<int>(kCheckpointFormatVersion)) {
+    return absl::DataLossError(absl::StrCat("checkpoint index '", path, "' has format version ", index.format_version,
+                                            "; this shoal reads version ", kCheckpointFormatVersion));
+  }
+  for (const auto& v : index.variables) {
+    for (const auto& part : v.parts) {
+      if (part.shard < 0 || part.shard >= static_cast<int>(index.shards.size())) {
+        return absl::DataLossError(absl::StrCat("checkpoint index '", path, "': variable '", v.name,
+                                                "' names shard ", part.shard, " of ", index.shards.size()));
+      }
+    }
+  }
+  return index;
+}
+
+absl::StatusOr<std::vector<CheckpointVariable>> LoadCheckpoint(const std::string& checkpoint) {
+  SHOAL_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(checkpoint));
+  std::vector<std::map<std::string, SavedVariable>> shards;
+  for (const std::string& file : index.shards) {
+    SHOAL_ASSIGN_OR_RETURN(std::vector<SavedVariable> saved, ReadShard((fs::path(checkpoint) / file).string()));
+    std::map<std::string, SavedVariable> by_name;
+    for (auto& v : saved) by_name.emplace(v.name, std::move(v));
+    shards.push_back(std::move(by_name));
+  }
+  std::vector<CheckpointVariable> variables;
+  for (const auto& v : index.variables) {
+    CheckpointVariable out{v.name, v.shape, {}, {}, {}};
+    std::vector<std::vector<torch::Tensor>> pieces;  // [tensor][part]: the value, then each slot
+    for (const auto& part : v.parts) {
+      auto found = shards[part.shard].find(part.stored_name);
+      if (found == shards[part.shard].end()) {
+        return absl::DataLossError(absl::StrCat("checkpoint '", checkpoint, "': shard '", index.shards[part.shard],
+                                                "' lacks '", part.stored_name, "' of variable '", v.name, "'"));
+      }
+      const SavedVariable& saved = found->second;
+      std::vector<torch::Tensor> tensors = {saved.value};
+      tensors.insert(tensors.end(), saved.slots.tensors.begin(), saved.slots.tensors.end());
+      if (!pieces.empty() && pieces.size() != tensors.size()) {
+        return absl::DataLossError(absl::StrCat("checkpoint '", checkpoint, "': the parts of variable '", v.name,
+                                                "' have different slots"));
+      }
+      pieces.resize(tensors.size());
+      for (size_t t = 0; t < tensors.size(); ++t) pieces[t].push_back(tensors[t]);
+      out.slots.step = saved.slots.step;
+      out.optimizer = saved.optimizer;
+    }
+    for (size_t t = 0; t < pieces.size(); ++t) {
+      torch::Tensor whole = pieces[t].size() == 1 ? pieces[t][0] : torch::cat(pieces[t], 0);
+      if (whole.sizes() != c10::IntArrayRef(v.shape)) {
+        return absl::DataLossError(absl::StrCat("checkpoint '", checkpoint, "': variable '", v.name, "' has shape [",
+                                                absl::StrJoin(whole.sizes(), ","), "] in its shards but [",
+                                                absl::StrJoin(v.shape, ","), "] in the index"));
+      }
+      if (t == 0) {
+        out.value = whole;
+      } else {
+        out.slots.tensors.push_back(whole);
+      }
+    }
+    variables.push_back(std::move(out));
+  }
+  return variables;
+}
+
+absl::StatusOr<std::vector<CheckpointVariable>> SelectVariables(std::vector<CheckpointVariable> all,
+                                                                const std::vector<std::string>& names,
+                                                                const std::vector<std::vector<int64_t>>& shapes,
+                                                                const std::string& checkpoint) {
+  std::map<std::string, CheckpointVariable*> by_name;
+  for (auto& v : all) by_name[v.name] = &v;
+  std::vector<CheckpointVariable> selected;
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto found = by_name.find(names[i]);
+    if (found == by_name.end()) {
+      return absl::NotFoundError(absl::StrCat("checkpoint '", checkpoint, "' has no variable '", names[i], "'"));
+    }
+    if (found->second->shape != shapes[i]) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint '", checkpoint, "': variable '", names[i],
+                                                     "' has shape [", absl::StrJoin(found->second->shape, ","),
+                                                     "], the model's is [", absl::StrJoin(shapes[i], ","), "]"));
+    }
+    selected.push_back(std::move(*found->second));
+  }
+  return selected;
+}
+
+absl::Status RestoreVariables(Client& client, const std::vector<CheckpointVariable>& variables,
+                              const std::vector<std::string>& names) {
+  std::vector<torch::Tensor> values;
+  std::vector<OptimizerSlots> slots;
+  for (const auto& v : variables) {
+    values.push_back(v.value);
+    slots.push_back(v.slots);
+  }
+  SHOAL_RETURN_IF_ERROR(client.Assign(names, values));
+  return client.AssignSlots(names, slots);
+}
+
+}  // namespace shoal

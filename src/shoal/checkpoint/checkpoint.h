@@ -1,0 +1,95 @@
+// Checkpoints of a whole cluster's variables.
+//
+// A checkpoint is a folder `<dir>/ckpt-<step>/`: one shard per task that
+// holds variables, `shard-<i>.ckpt`, written by that task itself
+// (server/checkpoint_shard.h), and `index.json`, written last by the chief,
+// atomically, which ties the shards to the step and says which stored name
+// (and, for a partitioned variable, which rows) holds each variable. A folder
+// without a readable index is an unfinished save and is never taken as the
+// latest.
+//
+// Restoring reads the shards on the chief and assigns the variables and their
+// optimizer slots through the client, so a checkpoint restores onto any
+// placement: another number of ps tasks, partitioned or not.
+#ifndef SHOAL_CHECKPOINT_CHECKPOINT_H_
+#define SHOAL_CHECKPOINT_CHECKPOINT_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "shoal/client/client.h"
+#include "shoal/server/checkpoint_shard.h"
+
+namespace shoal {
+
+struct CheckpointIndex {
+  struct Part {
+    int shard = 0;  // into `shards`
+    std::string stored_name;
+    int64_t row_begin = 0;  // rows of the variable this part holds (whole: 0..shape[0])
+    int64_t row_end = 0;
+  };
+  struct Variable {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<Part> parts;
+  };
+  int format_version = 0;
+  int64_t step = 0;
+  std::vector<std::string> shards;  // file names in the checkpoint's folder
+  std::vector<std::string> tasks;   // the task that wrote each shard
+  std::vector<Variable> variables;
+};
+
+// A variable as restored: whole, with its optimizer slots.
+struct CheckpointVariable {
+  std::string name;
+  std::vector<int64_t> shape;
+  torch::Tensor value;
+  OptimizerSlots slots;
+  std::string optimizer;
+};
+
+struct CheckpointInfo {
+  std::string path;
+  int64_t step = 0;
+  bool complete = false;  // its index is there and readable
+};
+
+// Saves every variable of the client's placement at `step` under `dir`
+// (made absolute, since the tasks write their shards themselves: `dir` must
+// be on a file system they share). Returns the checkpoint's path.
+absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& dir, int64_t step);
+
+// Every ckpt-<step> folder under `dir`, oldest first.
+std::vector<CheckpointInfo> ListCheckpoints(const std::string& dir);
+
+// The newest complete checkpoint under `dir`; NotFound if there is none.
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir);
+
+// Deletes all but the newest `keep` complete checkpoints, and unfinished
+// ones older than the newest complete one.
+absl::Status PruneCheckpoints(const std::string& dir, int keep);
+
+absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& checkpoint);
+
+// Reads every shard of `checkpoint`, checking every checksum, and
+// reassembles each variable; DataLoss names the file and the variable.
+absl::StatusOr<std::vector<CheckpointVariable>> LoadCheckpoint(const std::string& checkpoint);
+
+// Assigns the values and slots of `variables` (named `names`, in that order)
+// through the client: onto whatever placement the client has.
+absl::Status RestoreVariables(Client& client, const std::vector<CheckpointVariable>& variables,
+                              const std::vector<std::string>& names);
+
+// The checkpoint's variables named `names`, in that order: NotFound for one
+// it lacks, InvalidArgument for another shape than `shapes` says.
+absl::StatusOr<std::vector<CheckpointVariable>> SelectVariables(std::vector<CheckpointVariable> all,
+                                                                const std::vector<std::string>& names,
+                                                                const std::vector<std::vector<int64_t>>& shapes,
+                                                                const std::string& checkpoint);
+
+}  // namespace shoal
+
+#endif  // SHOAL_CHECKPOINT_CHECKPOINT_H_

@@ -1,0 +1,29 @@
+#include "shoal/checkpoint/saver_hook.h"
+
+#include "shoal/core/status.h"
+
+namespace shoal {
+
+CheckpointSaverHook::CheckpointSaverHook(Client* client, CheckpointConfig config)
+    : client_(client), config_(std::move(config)), last_time_(absl::Now()) {
+  if (config_.every_steps <= 0 && config_.every_seconds <= 0) config_.every_seconds = 60;
+}
+
+absl::Status CheckpointSaverHook::AfterStep(const StepInfo& step, StopRequest* stop) {
+  if (last_step_ < 0) last_step_ = step.global_step - 1;  // the step the job started (or resumed) at
+  const bool steps_due = config_.every_steps > 0 && step.global_step - last_step_ >= config_.every_steps;
+  const bool time_due = config_.every_seconds > 0 && absl::Now() - last_time_ >= absl::Seconds(config_.every_seconds);
+  if (!steps_due && !time_due) return absl::OkStatus();
+  SHOAL_RETURN_IF_ERROR(SaveAndPrune(*client_, config_, step.global_step).status());
+  last_step_ = step.global_step;
+  last_time_ = absl::Now();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> SaveAndPrune(Client& client, const CheckpointConfig& config, int64_t step) {
+  SHOAL_ASSIGN_OR_RETURN(std::string path, SaveCheckpoint(client, config.dir, step));
+  SHOAL_RETURN_IF_ERROR(PruneCheckpoints(config.dir, config.keep));
+  return path;
+}
+
+}  // namespace shoal

@@ -1,0 +1,35 @@
+// CheckpointSaverHook: the chief's hook that saves a checkpoint every N
+// global steps or seconds and keeps the newest k (config `checkpoint:`).
+// The final checkpoint is the session's: it is taken once every worker is
+// done (session/worker_session.cc).
+#ifndef SHOAL_CHECKPOINT_SAVER_HOOK_H_
+#define SHOAL_CHECKPOINT_SAVER_HOOK_H_
+
+#include "absl/time/clock.h"
+#include "shoal/checkpoint/checkpoint.h"
+#include "shoal/hooks/hook.h"
+#include "shoal/session/config.h"
+
+namespace shoal {
+
+class CheckpointSaverHook : public TrainingHook {
+ public:
+  // `client` must outlive the hook.
+  CheckpointSaverHook(Client* client, CheckpointConfig config);
+
+  absl::Status AfterStep(const StepInfo& step, StopRequest* stop) override;
+
+ private:
+  Client* client_;
+  CheckpointConfig config_;
+  int64_t last_step_ = -1;
+  absl::Time last_time_;
+};
+
+// Saves a checkpoint at `step` under config.dir and prunes to config.keep;
+// returns its path.
+absl::StatusOr<std::string> SaveAndPrune(Client& client, const CheckpointConfig& config, int64_t step);
+
+}  // namespace shoal
+
+#endif  // SHOAL_CHECKPOINT_SAVER_HOOK_H_

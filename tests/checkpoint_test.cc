@@ -1,0 +1,248 @@
+// Checkpoints: CRC32C, the shard format and its corruption cases, saving a
+// cluster and restoring it onto another number of ps tasks, which checkpoint
+// counts as the latest, pruning, and a job that resumes where it stopped.
+#include "shoal/checkpoint/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "quick_job.h"
+#include "shoal/core/crc32c.h"
+#include "shoal/server/variable_service.h"
+#include "shoal/session/local_cluster.h"
+#include "shoal/session/task_runner.h"
+#include "shoal/transport/inproc/inproc_transport.h"
+
+namespace shoal {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path TempDir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("shoal_ckpt_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+void FlipByte(const fs::path& file, size_t offset) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.get(c);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.put(static_cast<char>(c ^ 0x20));
+}
+
+TEST(Crc32cTest, MatchesTheKnownValueAndCanBeContinued) {
+  const std::string text = "123456789";
+  EXPECT_EQ(Crc32c(text.data(), text.size()), 0xE3069283u);
+  EXPECT_EQ(Crc32c(text.data() + 4, 5, Crc32c(text.data(), 4)), 0xE3069283u);
+  std::string zeros(32, '\0');
+  EXPECT_EQ(Crc32c(zeros.data(), zeros.size()), 0x8A9136AAu);  // RFC 3720 B.4
+}
+
+std::vector<SavedVariable> TwoVariables() {
+  torch::manual_seed(3);
+  SavedVariable a{"dense_1/kernel", "adam", torch::randn({5, 3}), {{torch::randn({5, 3}), torch::rand({5, 3})}, 17}};
+  SavedVariable b{"dense_1/bias", "sgd", torch::randn({3}), {}};
+  return {a, b};
+}
+
+TEST(CheckpointShardTest, RoundTripsValuesAndSlotsBitForBit) {
+  const fs::path dir = TempDir("roundtrip");
+  const std::string path = (dir / "shard-0.ckpt").string();
+  const auto saved = TwoVariables();
+  ASSERT_TRUE(WriteShard(path, saved).ok());
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  auto read = ReadShard(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ((*read)[i].name, saved[i].name);
+    EXPECT_EQ((*read)[i].optimizer, saved[i].optimizer);
+    EXPECT_TRUE((*read)[i].value.equal(saved[i].value));
+    EXPECT_EQ((*read)[i].slots.step, saved[i].slots.step);
+    ASSERT_EQ((*read)[i].slots.tensors.size(), saved[i].slots.tensors.size());
+    for (size_t j = 0; j < saved[i].slots.tensors.size(); ++j) {
+      EXPECT_TRUE((*read)[i].slots.tensors[j].equal(saved[i].slots.tensors[j]));
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointShardTest, CorruptionIsDataLossNamingTheFileAndTheVariable) {
+  const fs::path dir = TempDir("corrupt");
+  const fs::path path = dir / "shard-0.ckpt";
+  ASSERT_TRUE(WriteShard(path.string(), TwoVariables()).ok());
+  const size_t size = fs::file_size(path);
+
+  // A byte in the last tensor's data (the bias value, near the end).
+  fs::copy_file(path, dir / "flipped.ckpt");
+  FlipByte(dir / "flipped.ckpt", size - 20);
+  auto flipped = ReadShard((dir / "flipped.ckpt").string());
+  EXPECT_EQ(flipped.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(flipped.status().message().find("flipped.ckpt"), std::string::npos) << flipped.status();
+  EXPECT_NE(flipped.status().message().find("variable 'dense_1/bias'"), std::string::npos) << flipped.status();
+
+  // A byte in the first record's header.
+  fs::copy_file(path, dir / "header.ckpt");
+  FlipByte(dir / "header.ckpt", 26);
+  auto header = ReadShard((dir / "header.ckpt").string());
+  EXPECT_EQ(header.status().code(), absl::StatusCode::kDataLoss) << header.status();
+
+  // Cut short, and not a shard at all.
+  fs::copy_file(path, dir / "short.ckpt");
+  fs::resize_file(dir / "short.ckpt", size / 2);
+  auto truncated = ReadShard((dir / "short.ckpt").string());
+  EXPECT_EQ(truncated.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(truncated.status().message().find("truncated"), std::string::npos) << truncated.status();
+  std::ofstream(dir / "text.ckpt") << "not a checkpoint at all";
+  EXPECT_EQ(ReadShard((dir / "text.ckpt").string()).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ReadShard((dir / "missing.ckpt").string()).status().code(), absl::StatusCode::kNotFound);
+  fs::remove_all(dir);
+}
+
+// `ps` ps tasks in this process, with a client placed over `specs`.
+struct SmallCluster {
+  SmallCluster(int ps, const std::vector<VariableSpec>& specs, const PlacementOptions& options)
+      : cluster(ClusterSpec::Local(ps, 1)), transport(&network) {
+    for (const TaskId& task : cluster.AllTasks()) {
+      services.push_back(std::make_unique<VariableService>(VariableServiceOptions{task.ToString()}));
+      servers.push_back(transport.Serve(cluster.AddressOf(task).value(), services.back().get()).value());
+    }
+    auto placement = std::make_shared<const Placement>(Placement::Create(specs, cluster, options).value());
+    client = Client::Create(cluster, &transport, placement).value();
+  }
+  ClusterSpec cluster;
+  InProcNetwork network;
+  InProcTransport transport;
+  std::vector<std::unique_ptr<VariableService>> services;
+  std::vector<std::unique_ptr<ServerHandle>> servers;
+  std::unique_ptr<Client> client;
+};
+
+TEST(CheckpointTest, RestoresOntoAnotherNumberOfPsTasksWithTheSlots) {
+  const fs::path dir = TempDir("replace");
+  const std::vector<VariableSpec> specs = {{"big", {64, 8}}, {"small", {8}}, {"other", {4, 4}}};
+  const std::vector<std::string> names = {"big", "small", "other"};
+  wire::OptimizerConfig adam;
+  adam.set_kind("adam");
+  std::vector<VariableInit> inits;
+  torch::manual_seed(1);
+  for (const auto& spec : specs) inits.push_back({spec.name, torch::randn(spec.shape), adam});
+
+  // Two ps tasks, "big" whole; train a few steps so the slots are not zero.
+  SmallCluster two(2, specs, {});
+  ASSERT_TRUE(two.client->CreateVariables(inits).ok());
+  for (int step = 0; step < 3; ++step) {
+    std::vector<torch::Tensor> grads;
+    for (const auto& spec : specs) grads.push_back(torch::randn(spec.shape));
+    ASSERT_TRUE(two.client->ApplyGradients(names, grads).ok());
+  }
+  auto saved_path = SaveCheckpoint(*two.client, dir.string(), 3);
+  ASSERT_TRUE(saved_path.ok()) << saved_path.status();
+  auto saved = LoadCheckpoint(*saved_path);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+
+  // Three ps tasks, "big" split into row slices across them.
+  PlacementOptions partitioned;
+  partitioned.min_partition_bytes = 1024;
+  SmallCluster three(3, specs, partitioned);
+  ASSERT_TRUE(three.client->placement().Locate("big")->partitioned());
+  std::vector<VariableInit> zeros = inits;
+  for (auto& init : zeros) init.value = torch::zeros_like(init.value);
+  ASSERT_TRUE(three.client->CreateVariables(zeros).ok());
+  auto selected = SelectVariables(*saved, names, {{64, 8}, {8}, {4, 4}}, *saved_path);
+  ASSERT_TRUE(selected.ok()) << selected.status();
+  ASSERT_TRUE(RestoreVariables(*three.client, *selected, names).ok());
+
+  // What the three tasks now hold, saved again, is what the two held.
+  auto again_path = SaveCheckpoint(*three.client, (dir / "again").string(), 3);
+  ASSERT_TRUE(again_path.ok()) << again_path.status();
+  auto index = ReadCheckpointIndex(*again_path);
+  ASSERT_TRUE(index.ok());
+  EXPECT_EQ(index->shards.size(), 3u);
+  auto again = SelectVariables(LoadCheckpoint(*again_path).value(), names, {{64, 8}, {8}, {4, 4}}, *again_path);
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_TRUE((*again)[i].value.equal((*selected)[i].value)) << names[i];
+    EXPECT_EQ((*again)[i].slots.step, 3) << names[i];
+    ASSERT_EQ((*again)[i].slots.tensors.size(), 2u) << names[i];
+    for (size_t j = 0; j < 2; ++j) EXPECT_TRUE((*again)[i].slots.tensors[j].equal((*selected)[i].slots.tensors[j]));
+    EXPECT_GT((*selected)[i].slots.tensors[1].abs().sum().item<double>(), 0) << names[i];
+  }
+  // A model that does not match the checkpoint is refused, naming why.
+  EXPECT_EQ(SelectVariables(*saved, {"missing"}, {{1}}, *saved_path).status().code(), absl::StatusCode::kNotFound);
+  auto wrong = SelectVariables(*saved, {"small"}, {{9}}, *saved_path);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.status().message().find("'small'"), std::string::npos) << wrong.status();
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointTest, AnUnfinishedCheckpointIsNeverTheLatestAndPruningKeepsTheNewest) {
+  const fs::path dir = TempDir("latest");
+  const std::vector<VariableSpec> specs = {{"w", {4}}};
+  SmallCluster cluster(1, specs, {});
+  wire::OptimizerConfig sgd;
+  sgd.set_kind("sgd");
+  ASSERT_TRUE(cluster.client->CreateVariables({{"w", torch::ones({4}), sgd}}).ok());
+  for (int64_t step : {10, 20, 30}) ASSERT_TRUE(SaveCheckpoint(*cluster.client, dir.string(), step).ok());
+  // A save cut short: its shard is there, its index is not.
+  fs::create_directories(dir / "ckpt-40");
+  fs::copy_file(dir / "ckpt-30" / "shard-0.ckpt", dir / "ckpt-40" / "shard-0.ckpt");
+  EXPECT_EQ(LatestCheckpoint(dir.string()).value(), (dir / "ckpt-30").string());
+  // A corrupt index is not complete either.
+  fs::create_directories(dir / "ckpt-50");
+  std::ofstream(dir / "ckpt-50" / "index.json") << "{\"format_version\": 1, \"step\": ";
+  EXPECT_EQ(LatestCheckpoint(dir.string()).value(), (dir / "ckpt-30").string());
+
+  ASSERT_TRUE(PruneCheckpoints(dir.string(), 2).ok());
+  std::vector<int64_t> left;
+  for (const auto& c : ListCheckpoints(dir.string())) left.push_back(c.step);
+  // Kept: the two newest complete ones, and the unfinished ones newer than them.
+  EXPECT_EQ(left, (std::vector<int64_t>{20, 30, 40, 50}));
+  EXPECT_EQ(LatestCheckpoint((dir / "none").string()).status().code(), absl::StatusCode::kNotFound);
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointTrainingTest, AJobStartedAgainResumesFromItsLastCheckpoint) {
+  const fs::path dir = TempDir("resume");
+  JobConfig config = QuickJob("sync");
+  config.data.train_examples = 3000;
+  config.training.max_steps = 40;
+  config.checkpoint.dir = dir.string();
+  config.checkpoint.every_steps = 15;
+  auto first = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->restored_from.empty());
+  EXPECT_EQ(first->last_checkpoint, (fs::absolute(dir) / "ckpt-40").string());
+  std::vector<int64_t> steps;
+  for (const auto& c : ListCheckpoints(dir.string())) steps.push_back(c.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{15, 30, 40}));
+
+  // Started again with a longer budget: it goes on from step 40.
+  config.training.max_steps = 80;
+  auto second = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->restored_from, (fs::absolute(dir) / "ckpt-40").string());
+  EXPECT_EQ(second->global_step, 80);
+  EXPECT_GE(second->test_accuracy, first->test_accuracy - 0.02);
+  EXPECT_GT(second->test_accuracy, 0.6);
+
+  // A corrupt latest checkpoint stops the job instead of training afresh.
+  FlipByte(fs::path(second->last_checkpoint) / "shard-0.ckpt", 200);
+  config.training.max_steps = 100;
+  config.transport.startup_timeout_s = 5;  // the other workers wait this long for the failed chief
+  auto third = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kDataLoss) << third.status();
+  EXPECT_NE(third.status().message().find("ckpt-80"), std::string::npos) << third.status();
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shoal
