@@ -202,3 +202,107 @@ TEST(GrpcTransportTest, ManyLongPollsDoNotStarveTheCallThatEndsThem) {
 
 }  // namespace
 }  // namespace shoal
+
+namespace shoal {
+namespace {
+
+// A create request for variable "secret_test" [2].
+Request CreateRequest() {
+  Request request;
+  auto* def = request.header.mutable_create_variables()->add_variables();
+  def->set_name("secret_test");
+  def->add_shape(2);
+  def->mutable_optimizer()->set_kind("sgd");
+  request.tensors.push_back(torch::zeros({2}));
+  return request;
+}
+
+absl::Status CallWith(const GrpcOptions& options, const std::string& address, const Request& request) {
+  GrpcTransport transport(options);
+  auto channel = transport.Connect({"ps", 0}, address);
+  if (!channel.ok()) return channel.status();
+  Response response;
+  return CallAndWait(**channel, request, &response, absl::Now() + absl::Seconds(5));
+}
+
+TEST(GrpcSecurityTest, ACallWithoutTheTokenIsUnauthenticatedAndChangesNothing) {
+  GrpcOptions server_options;
+  server_options.token = "s3cret-token";
+  GrpcTransport transport(server_options);
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport.Serve("127.0.0.1:0", &service).value();
+
+  GrpcOptions none, wrong, right;
+  wrong.token = "s3cret-tokem";
+  right.token = "s3cret-token";
+  for (const auto& [options, what] : {std::pair{none, "no token"}, std::pair{wrong, "a wrong token"}}) {
+    absl::Status status = CallWith(options, server->address(), CreateRequest());
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << status;
+    EXPECT_NE(status.message().find("/job:ps/task:0 refused a call with " + std::string(what)), std::string::npos)
+        << status;
+    EXPECT_FALSE(service.store().Lookup({"secret_test"})[0].present);  // no handler ran
+  }
+  EXPECT_TRUE(CallWith(right, server->address(), CreateRequest()).ok());
+  EXPECT_TRUE(service.store().Lookup({"secret_test"})[0].present);
+}
+
+GrpcTlsOptions Tls(const std::string& ca, const std::string& cert, bool mutual) {
+  const std::string dir = std::string(SHOAL_SOURCE_DIR) + "/tests/data/tls/";
+  GrpcTlsOptions tls;
+  tls.ca_file = ca.empty() ? "" : dir + ca + ".pem";
+  if (!cert.empty()) {
+    tls.cert_file = dir + cert + ".pem";
+    tls.key_file = dir + cert + ".key";
+  }
+  tls.mutual = mutual;
+  return tls;
+}
+
+TEST(GrpcSecurityTest, TlsServesOnlyClientsThatSpeakIt) {
+  GrpcOptions server_options;
+  server_options.tls = Tls("ca", "server", /*mutual=*/false);
+  GrpcTransport transport(server_options);
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport.Serve("127.0.0.1:0", &service).value();
+
+  GrpcOptions tls_client;
+  tls_client.tls = Tls("ca", "", false);
+  EXPECT_TRUE(CallWith(tls_client, server->address(), LookupRequest()).ok());
+  GrpcOptions plain;  // no TLS: the handshake fails
+  EXPECT_EQ(CallWith(plain, server->address(), LookupRequest()).code(), absl::StatusCode::kUnavailable);
+  GrpcOptions stranger;  // a CA that did not sign the server's certificate
+  stranger.tls = Tls("stranger_ca", "", false);
+  EXPECT_EQ(CallWith(stranger, server->address(), LookupRequest()).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(GrpcSecurityTest, MutualTlsRequiresAClientCertificateFromTheCa) {
+  GrpcOptions server_options;
+  server_options.tls = Tls("ca", "server", /*mutual=*/true);
+  GrpcTransport transport(server_options);
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport.Serve("127.0.0.1:0", &service).value();
+
+  GrpcOptions client;
+  client.tls = Tls("ca", "client", true);
+  EXPECT_TRUE(CallWith(client, server->address(), LookupRequest()).ok());
+  GrpcOptions no_certificate;
+  no_certificate.tls = Tls("ca", "", false);
+  EXPECT_FALSE(CallWith(no_certificate, server->address(), LookupRequest()).ok());
+  GrpcOptions stranger;
+  stranger.tls = Tls("ca", "stranger", true);
+  EXPECT_FALSE(CallWith(stranger, server->address(), LookupRequest()).ok());
+}
+
+TEST(GrpcSecurityTest, MissingCertificateFilesAreAClearError) {
+  GrpcOptions options;
+  options.tls = Tls("ca", "server", false);
+  options.tls.key_file = "/nonexistent/server.key";
+  GrpcTransport transport(options);
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport.Serve("127.0.0.1:0", &service);
+  ASSERT_FALSE(server.ok());
+  EXPECT_NE(server.status().message().find("/nonexistent/server.key"), std::string::npos) << server.status();
+}
+
+}  // namespace
+}  // namespace shoal

@@ -43,6 +43,29 @@ TEST(TrainingTest, TwoPsAndTwoWorkerProcessesOverGrpcLearn) {
   EXPECT_GT(report->test_accuracy, 0.75);
 }
 
+// Every process with the same token and mutual TLS: the whole job runs
+// secured, end to end.
+TEST(TrainingTest, ProcessesTrainOverMutualTlsWithAToken) {
+  const std::string tls = std::string(SHOAL_SOURCE_DIR) + "/tests/data/tls/";
+  const std::string token_file =
+      (std::filesystem::temp_directory_path() / ("shoal_token_" + std::to_string(getpid()))).string();
+  std::ofstream(token_file) << "a-token-for-this-test\n";
+  JobConfig config = QuickJob();
+  config.data.train_examples = 3000;
+  config.training.max_steps = 100;
+  config.security.token_file = token_file;
+  config.security.tls_ca_file = tls + "ca.pem";
+  // One certificate for every task: it names 127.0.0.1 and serves both ends.
+  config.security.tls_cert_file = tls + "server.pem";
+  config.security.tls_key_file = tls + "server.key";
+  config.security.mutual_tls = true;
+  auto report = TrainInLocalProcesses(config, SHOAL_BINARY, /*show_progress=*/false);
+  std::filesystem::remove(token_file);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GE(report->global_step, 100);
+  EXPECT_GT(report->test_accuracy, 0.6);
+}
+
 TEST(TrainingTest, MissingDataIsAClearError) {
   JobConfig config = QuickJob();
   config.data.dir = "/nonexistent/fashion";

@@ -137,6 +137,9 @@ absl::StatusOr<JobConfig> ConfigFromFlags(Flags& flags) {
   }
   if (flags.Has("metrics_dir")) config.hooks.metrics_dir = flags.Get("metrics_dir");
   if (flags.Has("checkpoint_dir")) config.checkpoint.dir = flags.Get("checkpoint_dir");
+  // A token in the environment wins over the config's token file; it stays
+  // out of every file the launcher writes (its children inherit it).
+  if (const char* token = std::getenv("SHOAL_TOKEN"); token != nullptr && *token != '\0') config.security.token = token;
   SHOAL_RETURN_IF_ERROR(override_int("ps", &config.cluster.ps));
   SHOAL_RETURN_IF_ERROR(override_int("workers", &config.cluster.workers));
   SHOAL_RETURN_IF_ERROR(override_int("epochs", &config.training.epochs));

@@ -218,6 +218,15 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(checkpoint.Get("keep", &c->checkpoint.keep));
   SHOAL_RETURN_IF_ERROR(checkpoint.CheckNoUnknownKeys());
 
+  Section security = top.Child("security");
+  SHOAL_RETURN_IF_ERROR(security.Check());
+  SHOAL_RETURN_IF_ERROR(security.Get("token_file", &c->security.token_file));
+  SHOAL_RETURN_IF_ERROR(security.Get("tls_ca_file", &c->security.tls_ca_file));
+  SHOAL_RETURN_IF_ERROR(security.Get("tls_cert_file", &c->security.tls_cert_file));
+  SHOAL_RETURN_IF_ERROR(security.Get("tls_key_file", &c->security.tls_key_file));
+  SHOAL_RETURN_IF_ERROR(security.Get("mutual_tls", &c->security.mutual_tls));
+  SHOAL_RETURN_IF_ERROR(security.CheckNoUnknownKeys());
+
   Section placement = top.Child("placement");
   SHOAL_RETURN_IF_ERROR(placement.Check());
   SHOAL_RETURN_IF_ERROR(placement.Get("strategy", &c->placement.strategy));
@@ -492,6 +501,11 @@ std::string JobConfigToYaml(const JobConfig& c) {
       << c.checkpoint.dir << YAML::Key << "every_steps" << YAML::Value << c.checkpoint.every_steps << YAML::Key
       << "every_seconds" << YAML::Value << c.checkpoint.every_seconds << YAML::Key << "keep" << YAML::Value
       << c.checkpoint.keep << YAML::EndMap;
+  const SecurityConfig& sec = c.security;  // the token itself is never written out
+  out << YAML::Key << "security" << YAML::Value << YAML::BeginMap << YAML::Key << "token_file" << YAML::Value
+      << sec.token_file << YAML::Key << "tls_ca_file" << YAML::Value << sec.tls_ca_file << YAML::Key
+      << "tls_cert_file" << YAML::Value << sec.tls_cert_file << YAML::Key << "tls_key_file" << YAML::Value
+      << sec.tls_key_file << YAML::Key << "mutual_tls" << YAML::Value << sec.mutual_tls << YAML::EndMap;
   std::vector<std::string> rules;
   for (const auto& r : c.placement.scope_rules) rules.push_back(r.pattern + "=" + r.task.ToString());
   out << YAML::Key << "placement" << YAML::Value << YAML::BeginMap << YAML::Key << "strategy" << YAML::Value

@@ -129,6 +129,22 @@ struct CheckpointConfig {
   int keep = 5;
 };
 
+// Securing a cluster on a network (gRPC only; in-process needs none).
+struct SecurityConfig {
+  // A file holding a shared token that every call carries and every server
+  // checks. The CLI also takes it from the environment (SHOAL_TOKEN) into
+  // `token`, which is never written out with the config.
+  std::string token_file;
+  std::string token;
+  // TLS from PEM files: servers present cert_file/key_file, clients verify
+  // them against ca_file; with mutual_tls servers require client
+  // certificates signed by ca_file, and clients present theirs.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  bool mutual_tls = false;
+};
+
 struct TransportConfig {
   double rpc_timeout_s = 60;
   double startup_timeout_s = 120;  // how long tasks wait for each other at start
@@ -146,6 +162,7 @@ struct JobConfig {
   GatedModelConfig gated;  // mode gated (model/gated_ensemble.h)
   HooksConfig hooks;
   CheckpointConfig checkpoint;
+  SecurityConfig security;
   PlacementOptions placement;
   TransportConfig transport;
 };

@@ -2,6 +2,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
+#include "shoal/core/file.h"
 #include "shoal/core/status.h"
 #include "shoal/session/progress.h"
 #include "shoal/strategy/gated_strategy.h"
@@ -11,10 +14,21 @@
 namespace shoal {
 namespace {
 
-GrpcOptions GrpcOptionsFor(const JobConfig& config) {
+absl::StatusOr<GrpcOptions> GrpcOptionsFor(const JobConfig& config) {
   GrpcOptions options;
   options.max_message_bytes = static_cast<size_t>(config.transport.max_message_mb) << 20;
   options.connections_per_peer = config.transport.connections_per_peer;
+  const SecurityConfig& security = config.security;
+  options.token = security.token;
+  if (options.token.empty() && !security.token_file.empty()) {
+    SHOAL_ASSIGN_OR_RETURN(std::string text, ReadTextFile(security.token_file, "token file"));
+    options.token = std::string(absl::StripAsciiWhitespace(text));
+    if (options.token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("token file '", security.token_file, "' is empty"));
+    }
+  }
+  options.tls = GrpcTlsOptions{security.tls_ca_file, security.tls_cert_file, security.tls_key_file,
+                               security.mutual_tls};
   return options;
 }
 
@@ -83,7 +97,8 @@ WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& clus
 
 absl::Status RunServerTask(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
                            const TaskOptions& options) {
-  GrpcTransport transport(GrpcOptionsFor(config));
+  SHOAL_ASSIGN_OR_RETURN(GrpcOptions grpc_options, GrpcOptionsFor(config));
+  GrpcTransport transport(grpc_options);
   std::unique_ptr<VariableService> service;
   std::unique_ptr<ServerHandle> server;
   SHOAL_RETURN_IF_ERROR(Serve(config, cluster, task, options, transport, &service, &server));
@@ -100,7 +115,8 @@ absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, 
     return absl::InvalidArgumentError(absl::StrCat(task.ToString(), " is not a training task (chief or worker)"));
   }
   SHOAL_ASSIGN_OR_RETURN(DataSplits data, LoadData(config));
-  GrpcTransport transport(GrpcOptionsFor(config));
+  SHOAL_ASSIGN_OR_RETURN(GrpcOptions grpc_options, GrpcOptionsFor(config));
+  GrpcTransport transport(grpc_options);
   std::unique_ptr<VariableService> service;
   std::unique_ptr<ServerHandle> server;
   SHOAL_RETURN_IF_ERROR(Serve(config, cluster, task, options, transport, &service, &server));

@@ -5,7 +5,10 @@
 #include <grpcpp/grpcpp.h>
 #include <malloc.h>
 
+#include <algorithm>
 #include <atomic>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -129,27 +132,95 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
   grpc::ByteBuffer request_buffer_, response_buffer_;
 };
 
-// Answers calls to methods other than kMethod.
-class UnimplementedReactor final : public grpc::ServerGenericBidiReactor {
+// Refuses a call without reading it: an unknown method, a missing token.
+class RefusingReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  explicit UnimplementedReactor(const std::string& method) {
-    Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "unknown method " + method));
-  }
+  explicit RefusingReactor(grpc::Status status) { Finish(status); }
   void OnDone() override { delete this; }
 };
 
+// The token's metadata key (lower case, as HTTP/2 requires).
+constexpr char kTokenKey[] = "shoal-token";
+
+// Equal strings, in time that depends only on their lengths, so that timing
+// the answers tells a stranger nothing about the token.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  unsigned char differ = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? a[i] : 0, y = i < b.size() ? b[i] : 0;
+    differ |= x ^ y;
+  }
+  return differ == 0;
+}
+
 class GenericService final : public grpc::CallbackGenericService {
  public:
-  GenericService(VariableService* service, size_t max_bytes) : service_(service), max_bytes_(max_bytes) {}
+  GenericService(VariableService* service, size_t max_bytes, std::string token)
+      : service_(service), max_bytes_(max_bytes), token_(std::move(token)) {}
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override {
-    if (context->method() != kMethod) return new UnimplementedReactor(context->method());
+    if (!token_.empty()) {
+      const auto& metadata = context->client_metadata();
+      auto sent = metadata.find(kTokenKey);
+      const absl::string_view given =
+          sent == metadata.end() ? absl::string_view() : absl::string_view(sent->second.data(), sent->second.size());
+      if (sent == metadata.end() || !ConstantTimeEquals(given, token_)) {
+        return new RefusingReactor(grpc::Status(
+            grpc::StatusCode::UNAUTHENTICATED,
+            absl::StrCat(service_->options().task_name, " refused a call with ",
+                         sent == metadata.end() ? "no token" : "a wrong token")));
+      }
+    }
+    if (context->method() != kMethod) {
+      return new RefusingReactor(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "unknown method " + context->method()));
+    }
     return new CallReactor(service_, max_bytes_);
   }
 
  private:
   VariableService* service_;
   size_t max_bytes_;
+  std::string token_;
 };
+
+// Reads a PEM file named in the TLS options.
+absl::StatusOr<std::string> ReadPem(const std::string& path, const std::string& what) {
+  if (path.empty()) return std::string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("TLS ", what, " '", path, "' cannot be read"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const GrpcTlsOptions& tls) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  if (tls.cert_file.empty() || tls.key_file.empty()) {
+    return absl::InvalidArgumentError("TLS: a server needs a certificate and its key (tls cert_file, key_file)");
+  }
+  grpc::SslServerCredentialsOptions options(
+      tls.mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  SHOAL_ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem(tls.ca_file, "CA file"));
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  SHOAL_ASSIGN_OR_RETURN(pair.private_key, ReadPem(tls.key_file, "key file"));
+  SHOAL_ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(tls.cert_file, "certificate file"));
+  options.pem_key_cert_pairs.push_back(pair);
+  if (tls.mutual && options.pem_root_certs.empty()) {
+    return absl::InvalidArgumentError("TLS: mutual TLS needs a CA file to verify clients with");
+  }
+  return grpc::SslServerCredentials(options);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const GrpcTlsOptions& tls) {
+  if (!tls.enabled()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions options;
+  SHOAL_ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem(tls.ca_file, "CA file"));
+  if (tls.mutual) {
+    SHOAL_ASSIGN_OR_RETURN(options.pem_private_key, ReadPem(tls.key_file, "key file"));
+    SHOAL_ASSIGN_OR_RETURN(options.pem_cert_chain, ReadPem(tls.cert_file, "certificate file"));
+  }
+  return grpc::SslCredentials(options);
+}
 
 class GrpcServerHandle final : public ServerHandle {
  public:
@@ -181,9 +252,10 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& where
 
 class GrpcChannel final : public Channel {
  public:
-  GrpcChannel(TaskId task, std::string address, const GrpcOptions& options)
+  GrpcChannel(TaskId task, std::string address, const GrpcOptions& options,
+              std::shared_ptr<grpc::ChannelCredentials> credentials)
       : Channel(std::move(task)), address_(std::move(address)), where_(absl::StrCat(this->task().ToString(), " at ", address_)),
-        max_bytes_(options.max_message_bytes) {
+        max_bytes_(options.max_message_bytes), token_(options.token) {
     for (int i = 0; i < std::max(1, options.connections_per_peer); ++i) {
       grpc::ChannelArguments args;
       args.SetMaxReceiveMessageSize(MessageLimit(max_bytes_));
@@ -197,7 +269,7 @@ class GrpcChannel final : public Channel {
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
       auto set_int = [&](const char* key, int value) { args.SetInt(key, value); };
       TuneForBulkTransfer(set_int);
-      channels_.push_back(grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+      channels_.push_back(grpc::CreateCustomChannel(address_, credentials, args));
       stubs_.push_back(std::make_unique<grpc::GenericStub>(channels_.back()));
     }
   }
@@ -219,6 +291,7 @@ class GrpcChannel final : public Channel {
     state->done = std::move(done);
     state->request_buffer = ToByteBuffer(*std::move(encoded));
     state->context.set_deadline(absl::ToChronoTime(deadline));
+    if (!token_.empty()) state->context.AddMetadata(kTokenKey, token_);
     PickStub().UnaryCall(&state->context, kMethod, grpc::StubOptions(), &state->request_buffer, &state->response_buffer,
                    [this, state](grpc::Status status) {
                      absl::Status result = Finish(status, state);
@@ -261,6 +334,7 @@ class GrpcChannel final : public Channel {
   std::string address_;
   std::string where_;
   size_t max_bytes_;
+  std::string token_;
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
   std::atomic<size_t> next_stub_{0};
@@ -275,10 +349,12 @@ void KeepLargeAllocationsMapped() {
 
 absl::StatusOr<std::unique_ptr<ServerHandle>> GrpcTransport::Serve(const std::string& address,
                                                                    VariableService* service) {
-  auto generic = std::make_unique<GenericService>(service, options_.max_message_bytes);
+  auto generic = std::make_unique<GenericService>(service, options_.max_message_bytes, options_.token);
+  auto credentials = ServerCredentials(options_.tls);
+  if (!credentials.ok()) return Annotate(credentials.status(), service->options().task_name);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, *credentials, &port);
   // Linux would let a second server share the port (SO_REUSEPORT) and split
   // the traffic between two tasks; a busy address must be an error instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -298,7 +374,8 @@ absl::StatusOr<std::unique_ptr<ServerHandle>> GrpcTransport::Serve(const std::st
 }
 
 absl::StatusOr<std::shared_ptr<Channel>> GrpcTransport::Connect(const TaskId& task, const std::string& address) {
-  return std::shared_ptr<Channel>(new GrpcChannel(task, address, options_));
+  SHOAL_ASSIGN_OR_RETURN(auto credentials, ChannelCredentials(options_.tls));
+  return std::shared_ptr<Channel>(new GrpcChannel(task, address, options_, std::move(credentials)));
 }
 
 }  // namespace shoal

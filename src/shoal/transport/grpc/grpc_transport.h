@@ -8,7 +8,8 @@
 //
 // Each channel keeps `connections_per_peer` real TCP connections and spreads
 // calls over them; callers keep several calls in flight. Servers bind where
-// told; the launcher and examples use loopback unless told otherwise.
+// told; the launcher and examples use loopback unless told otherwise. A
+// shared token and TLS (or mutual TLS) secure a cluster on a network.
 #ifndef SHOAL_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
 #define SHOAL_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
 
@@ -16,10 +17,25 @@
 
 namespace shoal {
 
+// TLS from PEM files. With a certificate, servers serve TLS and clients
+// verify servers against `ca_file`; with `mutual`, servers also require a
+// client certificate signed by `ca_file`, and clients present theirs.
+struct GrpcTlsOptions {
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+  bool mutual = false;
+  bool enabled() const { return !ca_file.empty() || !cert_file.empty(); }
+};
+
 struct GrpcOptions {
   size_t max_message_bytes = 512ull << 20;  // tensor payload; larger is ResourceExhausted
   int connections_per_peer = 2;
   int server_threads = 0;  // 0: gRPC's default callback executor
+  // A shared secret: clients send it with every call, servers refuse a call
+  // without it (UNAUTHENTICATED, before any handler runs). Empty: none.
+  std::string token;
+  GrpcTlsOptions tls;
 };
 
 class GrpcTransport final : public Transport {
