@@ -39,7 +39,8 @@ constexpr char kUsage[] = R"(shoal: parameter-server training in C++
 usage:
   shoal train  [--config FILE] [--mode MODE] [--processes] [--ps N] [--workers N]
                [--epochs N] [--batch_size N] [--max_steps N] [--data_dir DIR]
-               [--metrics_dir DIR] [--checkpoint_dir DIR] [--result_file FILE] [--quiet]
+               [--metrics_dir DIR] [--checkpoint_dir DIR] [--max_restarts N]
+               [--result_file FILE] [--quiet]
       Runs a job on a local cluster (default: 2 ps, 2 workers, async, the
       784-256-128-10 MLP on Fashion-MNIST for 5 epochs). --processes runs each
       task as its own process talking gRPC on loopback. MODE: async, sync,
@@ -142,6 +143,7 @@ absl::StatusOr<JobConfig> ConfigFromFlags(Flags& flags) {
   if (const char* token = std::getenv("SHOAL_TOKEN"); token != nullptr && *token != '\0') config.security.token = token;
   SHOAL_RETURN_IF_ERROR(override_int("ps", &config.cluster.ps));
   SHOAL_RETURN_IF_ERROR(override_int("workers", &config.cluster.workers));
+  SHOAL_RETURN_IF_ERROR(override_int("max_restarts", &config.cluster.max_restarts));
   SHOAL_RETURN_IF_ERROR(override_int("epochs", &config.training.epochs));
   SHOAL_RETURN_IF_ERROR(override_int("batch_size", &config.training.batch_size));
   SHOAL_RETURN_IF_ERROR(override_int("max_steps", &config.training.max_steps));
@@ -196,6 +198,7 @@ void PrintReport(const TrainReport& report) {
                  report.bytes_received / 1e6 / report.epochs_trained);
   }
   if (!report.stop_reason.empty()) absl::PrintF("stopped early: %s\n", report.stop_reason);
+  for (const std::string& restart : report.restarts) absl::PrintF("restart: %s\n", restart);
   if (!report.members.empty()) {
     absl::PrintF("population (test accuracy above is member %d's, the fittest on validation):\n%s",
                  report.best_member, report.population_summary);

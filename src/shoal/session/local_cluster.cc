@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "shoal/core/status.h"
 #include "shoal/session/task_runner.h"
 
@@ -160,8 +162,7 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
   std::ofstream(cluster_file) << cluster.ToJson();
   std::ofstream(config_file) << JobConfigToYaml(config);
 
-  std::vector<Child> children;
-  for (const TaskId& task : cluster.AllTasks()) {
+  auto args_for = [&](const TaskId& task) {
     std::vector<std::string> args = {task.job == "ps" ? "server" : "worker", "--cluster", cluster_file,
                                      "--task", task.ToString(), "--config", config_file};
     if (cluster.IsChief(task)) {
@@ -170,7 +171,11 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
     } else if (task.job == "worker") {
       args.push_back("--quiet");
     }
-    auto pid = Spawn(shoal_binary, args);
+    return args;
+  };
+  std::vector<Child> children;
+  for (const TaskId& task : cluster.AllTasks()) {
+    auto pid = Spawn(shoal_binary, args_for(task));
     if (!pid.ok()) {
       StopAll(children);
       return pid.status();
@@ -179,8 +184,11 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
   }
 
   // Training time is unknown in advance; what must not happen is a silent
-  // hang, so each task's exit is watched and any failure ends the job.
+  // hang, so each task's exit is watched. A worker task that fails is
+  // started again while the restart budget lasts (it rejoins as a restarted
+  // worker does); any other failure ends the job.
   absl::Status failure;
+  std::vector<std::string> restarts;
   bool all_done = false;
   while (!all_done && failure.ok()) {
     all_done = true;
@@ -188,7 +196,24 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
       if (!c.exited && waitpid(c.pid, &c.status, WNOHANG) == c.pid) {
         c.exited = true;
         if (!(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)) {
-          failure = absl::InternalError(absl::StrCat(c.task.ToString(), " ", DescribeExit(c.status)));
+          const std::string what = absl::StrCat(c.task.ToString(), " ", DescribeExit(c.status));
+          if (c.task.job == "ps" || static_cast<int>(restarts.size()) >= config.cluster.max_restarts) {
+            failure = absl::InternalError(
+                c.task.job == "ps" || config.cluster.max_restarts == 0
+                    ? what
+                    : absl::StrCat(what, "; the restart budget (cluster.max_restarts = ", config.cluster.max_restarts,
+                                   ") is spent: ", absl::StrJoin(restarts, "; ")));
+          } else {
+            restarts.push_back(absl::StrCat(what, ", restarted (", restarts.size() + 1, " of ",
+                                            config.cluster.max_restarts, ")"));
+            absl::FPrintF(stderr, "shoal: %s\n", restarts.back());
+            auto pid = Spawn(shoal_binary, args_for(c.task));
+            if (!pid.ok()) {
+              failure = pid.status();
+            } else {
+              c = Child{c.task, *pid};
+            }
+          }
         }
       }
       all_done = all_done && c.exited;
@@ -204,7 +229,9 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
   nlohmann::json result = nlohmann::json::parse(in, nullptr, false);
   std::filesystem::remove_all(dir);
   if (result.is_discarded()) return absl::InternalError("the chief left no readable result");
-  return ReportFromJson(result);
+  SHOAL_ASSIGN_OR_RETURN(TrainReport report, ReportFromJson(result));
+  report.restarts = restarts;
+  return report;
 }
 
 }  // namespace shoal

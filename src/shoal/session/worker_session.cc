@@ -17,7 +17,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainReport, test_accuracy, glob
                                                 tensor_bytes_sent, epochs_trained, members, best_member,
                                                 peer_bytes_read, population_summary, network_test_accuracies,
                                                 uniform_average_accuracy, any_network_right, network_mean_weights,
-                                                restored_from, last_checkpoint)
+                                                restored_from, last_checkpoint, restarts)
 
 nlohmann::json ReportToJson(const TrainReport& report) { return report; }
 
