@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "quick_job.h"
+#include "shoal/checkpoint/checkpoint.h"
 #include "shoal/session/local_cluster.h"
 
 namespace shoal {
@@ -92,6 +93,37 @@ TEST(FaultTest, ASpentRestartBudgetStopsTheJobWithAReport) {
       << report.status();
 }
 
+// With checkpoints a killed ps task is started again, empty; the workers
+// see it unreachable, then without its variables, and wait; the chief
+// restores the newest checkpoint onto every task and training goes on.
+TEST(FaultTest, AKilledPsIsRestartedAndRestoredFromTheLastCheckpoint) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("shoal_fault_ckpt_" + std::to_string(getpid()))).string();
+  std::filesystem::remove_all(dir);
+  JobConfig config = LongAsyncJob(1);
+  config.checkpoint.dir = dir;
+  config.checkpoint.every_steps = 100;
+  auto job = std::async(std::launch::async, [&] {
+    return TrainInLocalProcesses(config, SHOAL_BINARY, /*show_progress=*/false);
+  });
+  const pid_t ps = FindChild("--task /job:ps/task:1");
+  ASSERT_GT(ps, 0);
+  // Kill it once a checkpoint exists.
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (!LatestCheckpoint(dir).ok() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(LatestCheckpoint(dir).ok());
+  ASSERT_EQ(kill(ps, SIGKILL), 0);
+  auto report = job.get();
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->restarts.size(), 1u);
+  EXPECT_NE(report->restarts[0].find("/job:ps/task:1 was killed by signal 9"), std::string::npos);
+  ASSERT_GE(report->recoveries.size(), 1u);
+  EXPECT_NE(report->recoveries[0].find("restored " + dir), std::string::npos) << report->recoveries[0];
+  EXPECT_GE(report->global_step, 1200);
+  EXPECT_GT(report->test_accuracy, 0.75);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(FaultTest, AKilledPsStopsTheJobNamingIt) {
   auto job = std::async(std::launch::async, [] {
     return TrainInLocalProcesses(LongAsyncJob(3), SHOAL_BINARY, /*show_progress=*/false);
@@ -100,7 +132,7 @@ TEST(FaultTest, AKilledPsStopsTheJobNamingIt) {
   ASSERT_GT(ps, 0);
   absl::SleepFor(absl::Seconds(3));
   ASSERT_EQ(kill(ps, SIGKILL), 0);
-  auto report = job.get();  // a ps is never restarted: it would come back without its variables
+  auto report = job.get();  // without checkpoints a ps is not restarted: it would come back empty
   ASSERT_FALSE(report.ok());
   EXPECT_NE(report.status().message().find("/job:ps/task:1 was killed by signal 9"), std::string::npos)
       << report.status();

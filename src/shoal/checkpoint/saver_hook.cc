@@ -1,5 +1,6 @@
 #include "shoal/checkpoint/saver_hook.h"
 
+#include "absl/strings/str_format.h"
 #include "shoal/core/status.h"
 
 namespace shoal {
@@ -14,7 +15,13 @@ absl::Status CheckpointSaverHook::AfterStep(const StepInfo& step, StopRequest* s
   const bool steps_due = config_.every_steps > 0 && step.global_step - last_step_ >= config_.every_steps;
   const bool time_due = config_.every_seconds > 0 && absl::Now() - last_time_ >= absl::Seconds(config_.every_seconds);
   if (!steps_due && !time_due) return absl::OkStatus();
-  SHOAL_RETURN_IF_ERROR(SaveAndPrune(*client_, config_, step.global_step).status());
+  auto saved = SaveAndPrune(*client_, config_, step.global_step);
+  if (!saved.ok()) {
+    // A task is down (it may come back and be restored): this save is lost,
+    // training is not. The unfinished folder never counts as a checkpoint.
+    if (!absl::IsUnavailable(saved.status()) && !absl::IsFailedPrecondition(saved.status())) return saved.status();
+    absl::FPrintF(stderr, "checkpoint at global step %d not saved: %s\n", step.global_step, saved.status().message());
+  }
   last_step_ = step.global_step;
   last_time_ = absl::Now();
   return absl::OkStatus();

@@ -25,9 +25,10 @@ struct ClusterConfig {
   int workers = 2;
   bool processes = false;    // separate processes over gRPC on loopback
   std::string cluster_file;  // a real cluster (shoal server / worker)
-  // processes: how many times the launcher restarts worker tasks that fail,
-  // all together, before it stops the job. A failed ps task always stops it
-  // (a restarted ps would come up without its variables).
+  // processes: how many times the launcher restarts tasks that fail, all
+  // together, before it stops the job. A ps task is restarted only when the
+  // job keeps checkpoints (it comes back empty; the chief restores it), and
+  // only asynchronous training recovers from that so far.
   int max_restarts = 0;
 };
 

@@ -186,7 +186,8 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
   // Training time is unknown in advance; what must not happen is a silent
   // hang, so each task's exit is watched. A worker task that fails is
   // started again while the restart budget lasts (it rejoins as a restarted
-  // worker does); any other failure ends the job.
+  // worker does), and so is a ps task when the job keeps checkpoints (the
+  // chief restores it); any other failure ends the job.
   absl::Status failure;
   std::vector<std::string> restarts;
   bool all_done = false;
@@ -197,9 +198,12 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
         c.exited = true;
         if (!(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)) {
           const std::string what = absl::StrCat(c.task.ToString(), " ", DescribeExit(c.status));
-          if (c.task.job == "ps" || static_cast<int>(restarts.size()) >= config.cluster.max_restarts) {
+          // A ps task comes back empty: only a checkpoint can give it its
+          // variables back, so without checkpoints it is not restarted.
+          const bool restartable = c.task.job != "ps" || !config.checkpoint.dir.empty();
+          if (!restartable || static_cast<int>(restarts.size()) >= config.cluster.max_restarts) {
             failure = absl::InternalError(
-                c.task.job == "ps" || config.cluster.max_restarts == 0
+                !restartable || config.cluster.max_restarts == 0
                     ? what
                     : absl::StrCat(what, "; the restart budget (cluster.max_restarts = ", config.cluster.max_restarts,
                                    ") is spent: ", absl::StrJoin(restarts, "; ")));

@@ -17,7 +17,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainReport, test_accuracy, glob
                                                 tensor_bytes_sent, epochs_trained, members, best_member,
                                                 peer_bytes_read, population_summary, network_test_accuracies,
                                                 uniform_average_accuracy, any_network_right, network_mean_weights,
-                                                restored_from, last_checkpoint, restarts)
+                                                restored_from, last_checkpoint, restarts, recoveries)
 
 nlohmann::json ReportToJson(const TrainReport& report) { return report; }
 
@@ -106,6 +106,7 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   report->seconds = absl::ToDoubleSeconds(absl::Now() - start);
   SHOAL_ASSIGN_OR_RETURN(report->global_step, context.client->AddToCounter(kGlobalStep, 0));
   report->restored_from = context.restored_from;
+  report->recoveries = context.recoveries;
   if (!context.config->checkpoint.dir.empty()) {
     SHOAL_ASSIGN_OR_RETURN(report->last_checkpoint,
                            SaveAndPrune(*context.client, context.config->checkpoint, report->global_step));

@@ -30,6 +30,7 @@ struct TrainReport {
   std::string restored_from;            // the checkpoint the chief resumed from; empty if none
   std::string last_checkpoint;          // the checkpoint saved at the end; empty if none
   std::vector<std::string> restarts;    // the local launcher's: which task failed how, and its restart
+  std::vector<std::string> recoveries;  // the chief's restores after a task lost its variables mid-job
   // What the workers' clients sent and received during training (frames:
   // headers and tensors; start-up left out), all workers together, and the
   // epochs trained, for rates per epoch.

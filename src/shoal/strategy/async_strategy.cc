@@ -14,17 +14,30 @@ absl::StatusOr<WorkerResult> AsyncStrategy::RunWorker(WorkerContext& context) {
                         config.training.seed * 1000003 + context.worker_index);
   WorkerResult result;
   int64_t global_step = 0;
-  while (true) {
+  // One step; false when training is over.
+  auto step_once = [&]() -> absl::StatusOr<bool> {
     SHOAL_ASSIGN_OR_RETURN(BatchResult batch, PullAndComputeGradients(*context.client, model, batches));
     StepInfo step = MakeStepInfo(result.local_steps + 1, global_step, batch, model);
     const std::vector<torch::Tensor> gradients = model.Gradients();
     SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, gradients, step, &result));
-    if (!send) break;
+    if (!send) return false;
     SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> counters,
                            context.client->ApplyGradients(names, gradients, {{kGlobalStep, 1}, {kStopRequested, 0}}));
     step.global_step = global_step = counters[0];
     SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, step, &result));
-    if (!go_on || counters[1] > 0 || global_step >= context.max_steps) break;
+    return go_on && counters[1] == 0 && global_step < context.max_steps;
+  };
+  while (true) {
+    absl::StatusOr<bool> go_on = step_once();
+    if (!go_on.ok() && Recoverable(context, go_on.status())) {
+      // A ps task died (and is perhaps back, empty): wait for the chief to
+      // restore the last checkpoint, then carry on from it.
+      SHOAL_RETURN_IF_ERROR(
+          RecoverLostVariables(context, names, model.variables(), config.training.optimizer, go_on.status()));
+      continue;
+    }
+    SHOAL_RETURN_IF_ERROR(go_on.status());
+    if (!*go_on) break;
   }
   return result;
 }

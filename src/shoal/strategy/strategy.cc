@@ -112,6 +112,71 @@ absl::StatusOr<bool> FinishStep(WorkerContext& context, StepInfo& step, WorkerRe
   return false;
 }
 
+namespace {
+
+// Loads the checkpoint's variables `names` (shaped as `values`).
+absl::StatusOr<std::vector<CheckpointVariable>> LoadForModel(const std::string& checkpoint,
+                                                             const std::vector<std::string>& names,
+                                                             const std::vector<torch::Tensor>& values) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& v : values) shapes.emplace_back(v.sizes().begin(), v.sizes().end());
+  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(checkpoint));
+  return SelectVariables(std::move(all), names, shapes, checkpoint);
+}
+
+// Sets global_step to `step`, whatever it is now.
+absl::Status SetGlobalStep(Client& client, int64_t step) {
+  SHOAL_ASSIGN_OR_RETURN(int64_t now, client.AddToCounter(kGlobalStep, 0));
+  return client.AddToCounter(kGlobalStep, step - now).status();
+}
+
+}  // namespace
+
+bool Recoverable(const WorkerContext& context, const absl::Status& error) {
+  return !context.config->checkpoint.dir.empty() && (absl::IsUnavailable(error) || absl::IsNotFound(error));
+}
+
+absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std::string>& names,
+                                  const std::vector<torch::Tensor>& shapes_from,
+                                  const wire::OptimizerConfig& optimizer, const absl::Status& error) {
+  Client& client = *context.client;
+  const absl::Duration timeout = absl::Seconds(context.config->transport.startup_timeout_s);
+  absl::FPrintF(stderr, "%s: %s; waiting for the job to recover\n", context.task.ToString(), error.message());
+  if (!context.is_chief) {
+    absl::Status back = client.WaitForVariables(names, timeout);
+    if (back.ok()) return back;
+    return Annotate(error, absl::StrCat("the variables did not come back: ", back.message()));
+  }
+  const absl::Time give_up = absl::Now() + timeout;
+  while (true) {
+    auto exist = client.VariablesExist(names);
+    if (exist.ok()) {
+      if (std::all_of(exist->begin(), exist->end(), [](bool e) { return e; })) return absl::OkStatus();
+      break;  // every task answers, and some lack their variables: restore
+    }
+    if (absl::Now() > give_up) {
+      return Annotate(error, absl::StrCat("no recovery within ", absl::FormatDuration(timeout), ": ",
+                                          exist.status().message()));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  auto latest = LatestCheckpoint(context.config->checkpoint.dir);
+  if (!latest.ok()) return Annotate(error, absl::StrCat("cannot recover: ", latest.status().message()));
+  SHOAL_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(*latest));
+  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored, LoadForModel(*latest, names, shapes_from));
+  SHOAL_RETURN_IF_ERROR(SetGlobalStep(client, index.step));
+  std::vector<VariableInit> inits;
+  for (size_t i = 0; i < restored.size(); ++i) {
+    inits.push_back({names[i], restored[i].value, optimizer, context.config->training.use_locking});
+  }
+  SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));  // the lost ones, with the checkpoint's values
+  SHOAL_RETURN_IF_ERROR(RestoreVariables(client, restored, names));  // and every one back to it
+  context.recoveries.push_back(absl::StrCat("restored ", *latest, " (global step ", index.step, ") after: ",
+                                            error.message()));
+  absl::FPrintF(stderr, "%s: %s\n", context.task.ToString(), context.recoveries.back());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> WaitForCounter(WorkerContext& context, const std::string& name, int64_t target,
                                        absl::Duration timeout, const std::string& what, const TaskId* completer) {
   Client& client = *context.client;
@@ -197,23 +262,17 @@ absl::Status InitializeOrWait(WorkerContext& context, const std::vector<std::str
                               const std::vector<torch::Tensor>& values, const wire::OptimizerConfig& optimizer) {
   if (context.is_chief) {
     std::vector<torch::Tensor> initial;
-    std::vector<std::vector<int64_t>> shapes;
-    for (const auto& v : values) {
-      initial.push_back(v.detach());
-      shapes.emplace_back(v.sizes().begin(), v.sizes().end());
-    }
+    for (const auto& v : values) initial.push_back(v.detach());
     SHOAL_ASSIGN_OR_RETURN(std::string checkpoint, CheckpointToRestore(context, names));
     std::vector<CheckpointVariable> restored;
     int64_t step = 0;
     if (!checkpoint.empty()) {
       SHOAL_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(checkpoint));
-      SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(checkpoint));
-      SHOAL_ASSIGN_OR_RETURN(restored, SelectVariables(std::move(all), names, shapes, checkpoint));
+      SHOAL_ASSIGN_OR_RETURN(restored, LoadForModel(checkpoint, names, values));
       for (size_t i = 0; i < restored.size(); ++i) initial[i] = restored[i].value;
       step = index.step;
       // The step first, so that no worker sees restored values at step 0.
-      SHOAL_ASSIGN_OR_RETURN(int64_t now, context.client->AddToCounter(kGlobalStep, 0));
-      SHOAL_RETURN_IF_ERROR(context.client->AddToCounter(kGlobalStep, step - now).status());
+      SHOAL_RETURN_IF_ERROR(SetGlobalStep(*context.client, step));
     }
     std::vector<VariableInit> inits;
     for (size_t i = 0; i < initial.size(); ++i) {

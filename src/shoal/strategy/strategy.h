@@ -55,6 +55,8 @@ struct WorkerContext {
   // global step, where this session's training began.
   std::string restored_from;
   int64_t restored_step = 0;
+  // The chief's restores after a task lost its variables mid-job.
+  std::vector<std::string> recoveries;
   // Hooks run after the configured ones (tests, programs embedding shoal).
   std::vector<std::shared_ptr<TrainingHook>> extra_hooks;
 };
@@ -127,6 +129,21 @@ absl::StatusOr<bool> JobStopRequested(Client& client);
 // every other worker waits for them, up to the start-up timeout.
 absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model,
                               const wire::OptimizerConfig* optimizer = nullptr);
+
+// Whether a step that failed with `error` may recover: the job keeps
+// checkpoints, and a task was unreachable or had lost its variables (a ps
+// task killed, and perhaps restarted empty).
+bool Recoverable(const WorkerContext& context, const absl::Status& error);
+
+// After a recoverable failure: the chief waits until every task answers
+// and, if some lack their variables, restores the newest checkpoint onto all
+// of them (values, slots, global_step: the whole job goes back to it, so
+// that no task serves fresh initial values); the others wait until the
+// variables exist again. Up to the start-up timeout; then `error`, with what
+// was waited for.
+absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std::string>& names,
+                                  const std::vector<torch::Tensor>& shapes_from,
+                                  const wire::OptimizerConfig& optimizer, const absl::Status& error);
 
 // Waits until counter `name` reaches `target`, polling, or the job is stopped
 // or aborted, or `timeout` runs out; `what` names the wait in errors, and
