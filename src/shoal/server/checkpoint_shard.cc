@@ -136,7 +136,10 @@ absl::StatusOr<std::vector<SavedVariable>> ReadShard(const std::string& path) {
   if (!in) return absl::NotFoundError(absl::StrCat("checkpoint shard '", path, "' cannot be opened"));
   std::stringstream buffer;
   buffer << in.rdbuf();
-  const std::string bytes = buffer.str();
+  return ParseShard(buffer.str(), path);
+}
+
+absl::StatusOr<std::vector<SavedVariable>> ParseShard(const std::string& bytes, const std::string& path) {
   Reader reader(bytes, path);
   const char* tag = nullptr;
   SHOAL_RETURN_IF_ERROR(reader.Take(kTagSize, "the magic number", &tag));

@@ -39,6 +39,9 @@ struct SavedVariable {
 absl::Status WriteShard(const std::string& path, const std::vector<SavedVariable>& variables);
 
 absl::StatusOr<std::vector<SavedVariable>> ReadShard(const std::string& path);
+// The same from the file's bytes; `path` names it in errors (fuzzing reads
+// shards from memory).
+absl::StatusOr<std::vector<SavedVariable>> ParseShard(const std::string& bytes, const std::string& path);
 
 // Writes `bytes` to `path` atomically (temp file, fsync, rename, fsync of the
 // directory); checkpoint indexes use it too.
