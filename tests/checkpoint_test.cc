@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "inproc_servers.h"
 #include "quick_job.h"
 #include "shoal/core/crc32c.h"
 #include "shoal/server/variable_service.h"
@@ -109,19 +110,12 @@ TEST(CheckpointShardTest, CorruptionIsDataLossNamingTheFileAndTheVariable) {
 // `ps` ps tasks in this process, with a client placed over `specs`.
 struct SmallCluster {
   SmallCluster(int ps, const std::vector<VariableSpec>& specs, const PlacementOptions& options)
-      : cluster(ClusterSpec::Local(ps, 1)), transport(&network) {
-    for (const TaskId& task : cluster.AllTasks()) {
-      services.push_back(std::make_unique<VariableService>(VariableServiceOptions{task.ToString()}));
-      servers.push_back(transport.Serve(cluster.AddressOf(task).value(), services.back().get()).value());
-    }
+      : cluster(ClusterSpec::Local(ps, 1)), servers(DefaultJobConfig(), cluster) {
     auto placement = std::make_shared<const Placement>(Placement::Create(specs, cluster, options).value());
-    client = Client::Create(cluster, &transport, placement).value();
+    client = Client::Create(cluster, &servers.transport, placement).value();
   }
   ClusterSpec cluster;
-  InProcNetwork network;
-  InProcTransport transport;
-  std::vector<std::unique_ptr<VariableService>> services;
-  std::vector<std::unique_ptr<ServerHandle>> servers;
+  InProcServers servers;
   std::unique_ptr<Client> client;
 };
 

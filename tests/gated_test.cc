@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "inproc_servers.h"
 #include "quick_job.h"
 #include "shoal/server/variable_service.h"
 #include "shoal/session/local_cluster.h"
@@ -222,15 +223,10 @@ GatedRun RunGated(JobConfig config, int workers, const std::set<int>& absent = {
   config.cluster.workers = workers;
   const ClusterSpec cluster = ClusterSpec::Local(config.cluster.ps, workers);
   auto data = LoadData(config).value();
-  InProcNetwork network;
-  InProcTransport transport(&network);
-  std::vector<std::unique_ptr<VariableService>> services;
-  std::vector<std::unique_ptr<ServerHandle>> servers;
-  for (const TaskId& task : cluster.AllTasks()) {
-    if (task.job == "worker" && absent.count(task.index)) continue;
-    services.push_back(MakeVariableService(config, task));
-    servers.push_back(transport.Serve(cluster.AddressOf(task).value(), services.back().get()).value());
-  }
+  std::set<TaskId> absent_tasks;
+  for (int w : absent) absent_tasks.insert(TaskId{"worker", w});
+  InProcServers servers(config, cluster, absent_tasks);
+  InProcTransport& transport = servers.transport;
   auto placement = MakePlacement(config, cluster).value();
   GatedRun run;
   run.results.assign(workers, absl::UnknownError("not run"));

@@ -217,6 +217,16 @@ Request CreateRequest() {
   return request;
 }
 
+// A ps task served over gRPC with `options`.
+struct SecuredServer {
+  explicit SecuredServer(const GrpcOptions& options)
+      : transport(options), service(VariableServiceOptions{"/job:ps/task:0"}),
+        server(transport.Serve("127.0.0.1:0", &service).value()) {}
+  GrpcTransport transport;
+  VariableService service;
+  std::unique_ptr<ServerHandle> server;
+};
+
 absl::Status CallWith(const GrpcOptions& options, const std::string& address, const Request& request) {
   GrpcTransport transport(options);
   auto channel = transport.Connect({"ps", 0}, address);
@@ -228,9 +238,9 @@ absl::Status CallWith(const GrpcOptions& options, const std::string& address, co
 TEST(GrpcSecurityTest, ACallWithoutTheTokenIsUnauthenticatedAndChangesNothing) {
   GrpcOptions server_options;
   server_options.token = "s3cret-token";
-  GrpcTransport transport(server_options);
-  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
-  auto server = transport.Serve("127.0.0.1:0", &service).value();
+  SecuredServer secured(server_options);
+  auto& server = secured.server;
+  VariableService& service = secured.service;
 
   GrpcOptions none, wrong, right;
   wrong.token = "s3cret-tokem";
@@ -261,9 +271,8 @@ GrpcTlsOptions Tls(const std::string& ca, const std::string& cert, bool mutual) 
 TEST(GrpcSecurityTest, TlsServesOnlyClientsThatSpeakIt) {
   GrpcOptions server_options;
   server_options.tls = Tls("ca", "server", /*mutual=*/false);
-  GrpcTransport transport(server_options);
-  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
-  auto server = transport.Serve("127.0.0.1:0", &service).value();
+  SecuredServer secured(server_options);
+  auto& server = secured.server;
 
   GrpcOptions tls_client;
   tls_client.tls = Tls("ca", "", false);
@@ -278,9 +287,8 @@ TEST(GrpcSecurityTest, TlsServesOnlyClientsThatSpeakIt) {
 TEST(GrpcSecurityTest, MutualTlsRequiresAClientCertificateFromTheCa) {
   GrpcOptions server_options;
   server_options.tls = Tls("ca", "server", /*mutual=*/true);
-  GrpcTransport transport(server_options);
-  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
-  auto server = transport.Serve("127.0.0.1:0", &service).value();
+  SecuredServer secured(server_options);
+  auto& server = secured.server;
 
   GrpcOptions client;
   client.tls = Tls("ca", "client", true);

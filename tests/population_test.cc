@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "inproc_servers.h"
 #include "quick_job.h"
 #include "shoal/population/lineage.h"
 #include "shoal/server/variable_service.h"
@@ -295,15 +296,8 @@ TEST(PopulationTrainingTest, AnUnreachableMemberIsSkipped) {
   config.training.max_steps = 4 * 60;
   const ClusterSpec cluster = ClusterSpec::Local(1, 4);
   auto data = LoadData(config).value();
-  InProcNetwork network;
-  InProcTransport transport(&network);
-  std::vector<std::unique_ptr<VariableService>> services;
-  std::vector<std::unique_ptr<ServerHandle>> servers;
-  for (const TaskId& task : cluster.AllTasks()) {
-    if (task == TaskId{"worker", 3}) continue;  // never started
-    services.push_back(MakeVariableService(config, task));
-    servers.push_back(transport.Serve(cluster.AddressOf(task).value(), services.back().get()).value());
-  }
+  InProcServers servers(config, cluster, {TaskId{"worker", 3}});  // member 3's task never starts
+  InProcTransport& transport = servers.transport;
   auto placement = MakePlacement(config, cluster).value();
   std::vector<absl::StatusOr<WorkerResult>> results(3, absl::UnknownError("not run"));
   std::vector<std::thread> threads;

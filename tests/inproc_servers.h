@@ -1,0 +1,35 @@
+// Every task of a cluster serving in this process over the in-process
+// transport, for tests that run strategies or clients by hand.
+#ifndef SHOAL_TESTS_INPROC_SERVERS_H_
+#define SHOAL_TESTS_INPROC_SERVERS_H_
+
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "shoal/session/config.h"
+#include "shoal/session/task_runner.h"
+#include "shoal/transport/inproc/inproc_transport.h"
+
+namespace shoal {
+
+struct InProcServers {
+  // Serves every task of `cluster` but those in `absent` (never started).
+  InProcServers(const JobConfig& config, const ClusterSpec& cluster, const std::set<TaskId>& absent = {})
+      : transport(&network) {
+    for (const TaskId& task : cluster.AllTasks()) {
+      if (absent.count(task)) continue;
+      services.push_back(MakeVariableService(config, task));
+      servers.push_back(transport.Serve(cluster.AddressOf(task).value(), services.back().get()).value());
+    }
+  }
+
+  InProcNetwork network;
+  InProcTransport transport;
+  std::vector<std::unique_ptr<VariableService>> services;
+  std::vector<std::unique_ptr<ServerHandle>> servers;
+};
+
+}  // namespace shoal
+
+#endif  // SHOAL_TESTS_INPROC_SERVERS_H_
