@@ -124,6 +124,33 @@ TEST(FaultTest, AKilledPsIsRestartedAndRestoredFromTheLastCheckpoint) {
   std::filesystem::remove_all(dir);
 }
 
+// The chief killed and started again: it finds the variables live on the
+// ps tasks (newer than any checkpoint), goes on from them, and reports.
+TEST(FaultTest, AKilledChiefIsRestartedAndTheJobGoesOn) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("shoal_fault_chief_" + std::to_string(getpid()))).string();
+  std::filesystem::remove_all(dir);
+  JobConfig config = LongAsyncJob(1);
+  config.checkpoint.dir = dir;
+  config.checkpoint.every_steps = 100;
+  auto job = std::async(std::launch::async, [&] {
+    return TrainInLocalProcesses(config, SHOAL_BINARY, /*show_progress=*/false);
+  });
+  const pid_t chief = FindChild("--task /job:worker/task:0");
+  ASSERT_GT(chief, 0);
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (!LatestCheckpoint(dir).ok() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_EQ(kill(chief, SIGKILL), 0);
+  auto report = job.get();
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->restarts.size(), 1u);
+  EXPECT_NE(report->restarts[0].find("/job:worker/task:0 was killed by signal 9"), std::string::npos);
+  EXPECT_TRUE(report->restored_from.empty());  // the ps tasks kept the newer live values
+  EXPECT_GE(report->global_step, 1200);
+  EXPECT_GT(report->test_accuracy, 0.75);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(FaultTest, AKilledPsStopsTheJobNamingIt) {
   auto job = std::async(std::launch::async, [] {
     return TrainInLocalProcesses(LongAsyncJob(3), SHOAL_BINARY, /*show_progress=*/false);
