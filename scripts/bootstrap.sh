@@ -13,6 +13,7 @@ packages=(
   libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev libcairo2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
+  iproute2  # the network-partition test (ip netns)
 )
 # shellcheck disable=SC2206
 packages+=(${SHOAL_EXTRA_PACKAGES:-})

@@ -133,7 +133,8 @@ absl::Status SetGlobalStep(Client& client, int64_t step) {
 }  // namespace
 
 bool Recoverable(const WorkerContext& context, const absl::Status& error) {
-  return !context.config->checkpoint.dir.empty() && (absl::IsUnavailable(error) || absl::IsNotFound(error));
+  return !context.config->checkpoint.dir.empty() &&
+         (absl::IsUnavailable(error) || absl::IsNotFound(error) || absl::IsDeadlineExceeded(error));
 }
 
 absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std::string>& names,

@@ -131,8 +131,9 @@ absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model,
                               const wire::OptimizerConfig* optimizer = nullptr);
 
 // Whether a step that failed with `error` may recover: the job keeps
-// checkpoints, and a task was unreachable or had lost its variables (a ps
-// task killed, and perhaps restarted empty).
+// checkpoints, and a task was unreachable, did not answer in time (a network
+// partition) or had lost its variables (a ps task killed, and perhaps
+// restarted empty).
 bool Recoverable(const WorkerContext& context, const absl::Status& error);
 
 // After a recoverable failure: the chief waits until every task answers
