@@ -203,6 +203,33 @@ TEST(CheckpointTest, AnUnfinishedCheckpointIsNeverTheLatestAndPruningKeepsTheNew
   fs::remove_all(dir);
 }
 
+// A task started again in the same place is a new incarnation: it answers
+// with another number, and a client that knew the old one counts a restart.
+TEST(CheckpointTest, ARestartedServerIsANewIncarnation) {
+  const ClusterSpec cluster = ClusterSpec::Local(1, 1);
+  const std::vector<VariableSpec> specs = {{"w", {2}}};
+  auto placement = std::make_shared<const Placement>(Placement::Create(specs, cluster, {}).value());
+  InProcNetwork network;
+  InProcTransport transport(&network);
+  const std::string address = cluster.AddressOf(TaskId{"ps", 0}).value();
+  auto client = Client::Create(cluster, &transport, placement).value();
+  wire::OptimizerConfig sgd;
+  sgd.set_kind("sgd");
+  VariableService first(VariableServiceOptions{"/job:ps/task:0"});
+  {
+    auto server = transport.Serve(address, &first).value();
+    ASSERT_TRUE(client->CreateVariables({{"w", torch::ones({2}), sgd}}).ok());
+    ASSERT_TRUE(client->Read({"w"}).ok());
+  }
+  EXPECT_EQ(client->restarts_seen(), 0);
+  VariableService second(VariableServiceOptions{"/job:ps/task:0"});
+  EXPECT_NE(first.incarnation(), second.incarnation());
+  auto server = transport.Serve(address, &second).value();
+  // The new process holds nothing: a read is NOT_FOUND, never fresh values.
+  EXPECT_EQ(client->Read({"w"}).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client->restarts_seen(), 1);
+}
+
 TEST(CheckpointTrainingTest, AJobStartedAgainResumesFromItsLastCheckpoint) {
   const fs::path dir = TempDir("resume");
   JobConfig config = QuickJob("sync");

@@ -230,5 +230,31 @@ TEST(SyncTrainingTest, AKilledWorkerProcessFailsTheStepNamingItInsteadOfHanging)
   EXPECT_NE(message.find("missing /job:worker/task:1"), std::string::npos) << message;
 }
 
+// With a backup (3 workers, 2 gradients a step), a killed worker costs
+// nothing: the steps go on with the other two and the job ends.
+TEST(SyncTrainingTest, AKilledBackupWorkerLeavesTheStepsGoingOn) {
+  JobConfig config = QuickJob("sync");
+  config.training.replicas_to_aggregate = 2;
+  config.training.max_steps = 400;
+  config.transport.rpc_timeout_s = 5;  // how long the chief waits for the dead worker at the end
+  ProcessCluster cluster("shoal_kill_backup", 1, 3, config);
+  pid_t ps = cluster.Start("server", "ps:0");
+  pid_t chief = cluster.Start("worker", "worker:0", "chief.err");
+  pid_t worker = cluster.Start("worker", "worker:1");
+  pid_t backup = cluster.Start("worker", "worker:2");
+  absl::SleepFor(absl::Seconds(4));  // start-up and some synchronous steps
+  kill(backup, SIGKILL);
+  waitpid(backup, nullptr, 0);
+  const int status = WaitFor(chief, absl::Seconds(90));
+  WaitFor(worker, absl::Seconds(10));
+  for (pid_t pid : {chief, worker, ps}) kill(pid, SIGKILL);
+  WaitFor(ps, absl::Seconds(10));
+  ASSERT_NE(status, -1) << "the chief hung after a backup worker died";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cluster.ReadFile("chief.err");
+  const std::string result = cluster.ReadFile("worker:0.json");
+  EXPECT_NE(result.find("\"global_step\": 400"), std::string::npos) << result;
+  EXPECT_NE(result.find("\"unfinished_workers\": 1"), std::string::npos) << result;
+}
+
 }  // namespace
 }  // namespace shoal

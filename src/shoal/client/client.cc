@@ -109,6 +109,14 @@ absl::Status Client::RunAll(TaskCalls& calls) {
     bytes_sent_.fetch_add(MessageBytes(call.request.header, call.request.tensors), std::memory_order_relaxed);
     bytes_received_.fetch_add(MessageBytes(call.response.header, call.response.tensors), std::memory_order_relaxed);
     tensor_bytes_sent_.fetch_add(TensorBytes(call.request.tensors), std::memory_order_relaxed);
+    const uint64_t incarnation = call.response.header.incarnation();
+    if (incarnation == 0) continue;  // no answer from the server
+    absl::MutexLock lock(&incarnation_mu_);
+    auto [known, first] = incarnations_.emplace(task, incarnation);
+    if (!first && known->second != incarnation) {
+      known->second = incarnation;
+      restarts_seen_.fetch_add(1, std::memory_order_relaxed);
+    }
   }
   return first_error;
 }

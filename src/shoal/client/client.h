@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "shoal/cluster/cluster_spec.h"
@@ -132,6 +133,11 @@ class Client {
 
   const Placement& placement() const { return *placement_; }
 
+  // How many times a task answered with another incarnation than before:
+  // it was restarted (and has lost what it held) since this client last
+  // heard from it.
+  int64_t restarts_seen() const { return restarts_seen_.load(std::memory_order_relaxed); }
+
   // Bytes this client has sent and received (frames: header and tensors),
   // counted alike over every transport; and of those, the tensor bytes sent.
   int64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
@@ -167,6 +173,9 @@ class Client {
   std::atomic<int64_t> bytes_sent_{0};
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> tensor_bytes_sent_{0};
+  std::atomic<int64_t> restarts_seen_{0};
+  absl::Mutex incarnation_mu_;
+  std::map<TaskId, uint64_t> incarnations_ ABSL_GUARDED_BY(incarnation_mu_);
 };
 
 }  // namespace shoal

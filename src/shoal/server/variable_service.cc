@@ -1,5 +1,7 @@
 #include "shoal/server/variable_service.h"
 
+#include <random>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -44,6 +46,14 @@ void VariableService::Handle(const Request& request, Response* response) {
   }
   response->header.set_status_code(static_cast<int>(status.code()));
   response->header.set_status_message(std::string(status.message()));
+  response->header.set_incarnation(incarnation_);
+}
+
+uint64_t VariableService::DrawIncarnation() {
+  std::random_device device;
+  uint64_t value = 0;
+  while (value == 0) value = (uint64_t{device()} << 32) ^ device() ^ static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  return value;
 }
 
 absl::Status VariableService::Dispatch(const Request& request, Response* response) {

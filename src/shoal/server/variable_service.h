@@ -29,7 +29,7 @@ struct VariableServiceOptions {
 class VariableService {
  public:
   explicit VariableService(VariableServiceOptions options)
-      : options_(std::move(options)), store_(options_.task_name) {}
+      : options_(std::move(options)), store_(options_.task_name), incarnation_(DrawIncarnation()) {}
 
   // Serves one request. Always fills response->header.status_code.
   void Handle(const Request& request, Response* response);
@@ -44,12 +44,16 @@ class VariableService {
   absl::Notification& shutdown_requested() { return shutdown_requested_; }
   VariableStore& store() { return store_; }
   const VariableServiceOptions& options() const { return options_; }
+  // This server's incarnation, in every response header.
+  uint64_t incarnation() const { return incarnation_; }
 
  private:
   absl::Status Dispatch(const Request& request, Response* response);
+  static uint64_t DrawIncarnation();
 
   const VariableServiceOptions options_;
   VariableStore store_;
+  const uint64_t incarnation_;
   std::once_flag shutdown_once_;
   absl::Notification shutdown_requested_;
 };

@@ -31,6 +31,7 @@ struct TrainReport {
   std::string last_checkpoint;          // the checkpoint saved at the end; empty if none
   std::vector<std::string> restarts;    // the local launcher's: which task failed how, and its restart
   std::vector<std::string> recoveries;  // the chief's restores after a task lost its variables mid-job
+  int unfinished_workers = 0;           // workers that had not finished when the chief evaluated (dead ones)
   // What the workers' clients sent and received during training (frames:
   // headers and tensors; start-up left out), all workers together, and the
   // epochs trained, for rates per epoch.

@@ -173,7 +173,8 @@ absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std:
   SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));  // the lost ones, with the checkpoint's values
   SHOAL_RETURN_IF_ERROR(RestoreVariables(client, restored, names));  // and every one back to it
   context.recoveries.push_back(absl::StrCat("restored ", *latest, " (global step ", index.step, ") after: ",
-                                            error.message()));
+                                            error.message(), " (tasks seen restarted so far: ",
+                                            client.restarts_seen(), ")"));
   absl::FPrintF(stderr, "%s: %s\n", context.task.ToString(), context.recoveries.back());
   return absl::OkStatus();
 }
