@@ -124,31 +124,40 @@ TEST(FaultTest, AKilledPsIsRestartedAndRestoredFromTheLastCheckpoint) {
   std::filesystem::remove_all(dir);
 }
 
-// The chief killed and started again: it finds the variables live on the
-// ps tasks (newer than any checkpoint), goes on from them, and reports.
+// The chief killed and started again. With restore: if_lost it finds the
+// variables live on the ps tasks (newer than any checkpoint) and goes on
+// from them; with restore: always it rolls them back to the newest
+// checkpoint, as TensorFlow's chief does. Either way the job goes on.
 TEST(FaultTest, AKilledChiefIsRestartedAndTheJobGoesOn) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("shoal_fault_chief_" + std::to_string(getpid()))).string();
-  std::filesystem::remove_all(dir);
-  JobConfig config = LongAsyncJob(1);
-  config.checkpoint.dir = dir;
-  config.checkpoint.every_steps = 100;
-  auto job = std::async(std::launch::async, [&] {
-    return TrainInLocalProcesses(config, SHOAL_BINARY, /*show_progress=*/false);
-  });
-  const pid_t chief = FindChild("--task /job:worker/task:0");
-  ASSERT_GT(chief, 0);
-  const absl::Time give_up = absl::Now() + absl::Seconds(60);
-  while (!LatestCheckpoint(dir).ok() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(100));
-  ASSERT_EQ(kill(chief, SIGKILL), 0);
-  auto report = job.get();
-  ASSERT_TRUE(report.ok()) << report.status();
-  ASSERT_EQ(report->restarts.size(), 1u);
-  EXPECT_NE(report->restarts[0].find("/job:worker/task:0 was killed by signal 9"), std::string::npos);
-  EXPECT_TRUE(report->restored_from.empty());  // the ps tasks kept the newer live values
-  EXPECT_GE(report->global_step, 1200);
-  EXPECT_GT(report->test_accuracy, 0.75);
-  std::filesystem::remove_all(dir);
+  for (const std::string restore : {"if_lost", "always"}) {
+    const std::string dir = (std::filesystem::temp_directory_path() /
+                             ("shoal_fault_chief_" + restore + "_" + std::to_string(getpid()))).string();
+    std::filesystem::remove_all(dir);
+    JobConfig config = LongAsyncJob(1);
+    config.checkpoint.dir = dir;
+    config.checkpoint.every_steps = 100;
+    config.checkpoint.restore = restore;
+    auto job = std::async(std::launch::async, [&] {
+      return TrainInLocalProcesses(config, SHOAL_BINARY, /*show_progress=*/false);
+    });
+    const pid_t chief = FindChild("--task /job:worker/task:0");
+    ASSERT_GT(chief, 0) << restore;
+    const absl::Time give_up = absl::Now() + absl::Seconds(60);
+    while (!LatestCheckpoint(dir).ok() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_EQ(kill(chief, SIGKILL), 0);
+    auto report = job.get();
+    ASSERT_TRUE(report.ok()) << restore << ": " << report.status();
+    ASSERT_EQ(report->restarts.size(), 1u) << restore;
+    EXPECT_NE(report->restarts[0].find("/job:worker/task:0 was killed by signal 9"), std::string::npos);
+    if (restore == "if_lost") {
+      EXPECT_TRUE(report->restored_from.empty());  // the ps tasks kept the newer live values
+    } else {
+      EXPECT_NE(report->restored_from.find(dir), std::string::npos) << report->restored_from;
+    }
+    EXPECT_GE(report->global_step, 1200) << restore;
+    EXPECT_GT(report->test_accuracy, 0.75) << restore;
+    std::filesystem::remove_all(dir);
+  }
 }
 
 TEST(FaultTest, AKilledPsStopsTheJobNamingIt) {

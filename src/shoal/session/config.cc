@@ -217,6 +217,7 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(checkpoint.Get("every_steps", &c->checkpoint.every_steps));
   SHOAL_RETURN_IF_ERROR(checkpoint.Get("every_seconds", &c->checkpoint.every_seconds));
   SHOAL_RETURN_IF_ERROR(checkpoint.Get("keep", &c->checkpoint.keep));
+  SHOAL_RETURN_IF_ERROR(checkpoint.Get("restore", &c->checkpoint.restore));
   SHOAL_RETURN_IF_ERROR(checkpoint.CheckNoUnknownKeys());
 
   Section security = top.Child("security");
@@ -410,6 +411,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
     return absl::InvalidArgumentError("config: 'checkpoint.every_steps' and 'checkpoint.every_seconds' must not be negative");
   }
   SHOAL_RETURN_IF_ERROR(Positive("checkpoint.keep", c.checkpoint.keep));
+  SHOAL_RETURN_IF_ERROR(OneOf("checkpoint.restore", c.checkpoint.restore, {"if_lost", "always"}));
   SHOAL_RETURN_IF_ERROR(OneOf("placement.strategy", c.placement.strategy, {"round_robin", "greedy"}));
   SHOAL_RETURN_IF_ERROR(Positive("transport.rpc_timeout_s", c.transport.rpc_timeout_s));
   SHOAL_RETURN_IF_ERROR(Positive("transport.startup_timeout_s", c.transport.startup_timeout_s));
@@ -503,7 +505,7 @@ std::string JobConfigToYaml(const JobConfig& c) {
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value
       << c.checkpoint.dir << YAML::Key << "every_steps" << YAML::Value << c.checkpoint.every_steps << YAML::Key
       << "every_seconds" << YAML::Value << c.checkpoint.every_seconds << YAML::Key << "keep" << YAML::Value
-      << c.checkpoint.keep << YAML::EndMap;
+      << c.checkpoint.keep << YAML::Key << "restore" << YAML::Value << c.checkpoint.restore << YAML::EndMap;
   const SecurityConfig& sec = c.security;  // the token itself is never written out
   out << YAML::Key << "security" << YAML::Value << YAML::BeginMap << YAML::Key << "token_file" << YAML::Value
       << sec.token_file << YAML::Key << "tls_ca_file" << YAML::Value << sec.tls_ca_file << YAML::Key

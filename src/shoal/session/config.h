@@ -132,6 +132,11 @@ struct CheckpointConfig {
   int64_t every_steps = 0;
   double every_seconds = 0;
   int keep = 5;
+  // When a (re)starting chief restores the newest checkpoint: if_lost, only
+  // when the ps tasks lack some variable (live values are newer: nothing is
+  // thrown away); always, as TensorFlow's chief does, rolling live ps tasks
+  // back to the checkpoint.
+  std::string restore = "if_lost";
 };
 
 // Securing a cluster on a network (gRPC only; in-process needs none).

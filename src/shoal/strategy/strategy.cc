@@ -241,14 +241,16 @@ absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model, const wi
 namespace {
 
 // The checkpoint the chief should restore: the newest under checkpoint.dir,
-// unless the ps tasks still hold every variable (a restarted chief goes on
-// from their live values, which are newer). Empty when there is none.
+// unless the ps tasks still hold every variable and checkpoint.restore is
+// if_lost (a restarted chief then goes on from their live values, which are
+// newer). Empty when there is none.
 absl::StatusOr<std::string> CheckpointToRestore(WorkerContext& context, const std::vector<std::string>& names) {
   const std::string& dir = context.config->checkpoint.dir;
   if (dir.empty()) return std::string();
   auto latest = LatestCheckpoint(dir);
   if (absl::IsNotFound(latest.status())) return std::string();
   SHOAL_RETURN_IF_ERROR(latest.status());
+  if (context.config->checkpoint.restore == "always") return *latest;
   SHOAL_ASSIGN_OR_RETURN(std::vector<bool> exist, context.client->VariablesExist(names));
   if (std::all_of(exist.begin(), exist.end(), [](bool e) { return e; })) {
     absl::FPrintF(stderr, "%s: the variables are live on their tasks; not restoring %s\n", context.task.ToString(),
