@@ -114,20 +114,30 @@ absl::StatusOr<bool> FinishStep(WorkerContext& context, StepInfo& step, WorkerRe
 
 namespace {
 
-// Loads the checkpoint's variables `names` (shaped as `values`).
-absl::StatusOr<std::vector<CheckpointVariable>> LoadForModel(const std::string& checkpoint,
-                                                             const std::vector<std::string>& names,
-                                                             const std::vector<torch::Tensor>& values) {
+// Puts `checkpoint` onto the cluster for the variables `names` (shaped as
+// `values`, created with `optimizer`): global_step first, so that no worker
+// sees restored values at another step; then the variables, created with the
+// checkpoint's values where a task lacks them; then every value and slot, so
+// that tasks that kept theirs go back to the checkpoint too. Returns its step.
+absl::StatusOr<int64_t> RestoreOnto(WorkerContext& context, const std::string& checkpoint,
+                                    const std::vector<std::string>& names, const std::vector<torch::Tensor>& values,
+                                    const wire::OptimizerConfig& optimizer) {
+  Client& client = *context.client;
+  SHOAL_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(checkpoint));
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& v : values) shapes.emplace_back(v.sizes().begin(), v.sizes().end());
   SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(checkpoint));
-  return SelectVariables(std::move(all), names, shapes, checkpoint);
-}
-
-// Sets global_step to `step`, whatever it is now.
-absl::Status SetGlobalStep(Client& client, int64_t step) {
+  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored,
+                         SelectVariables(std::move(all), names, shapes, checkpoint));
   SHOAL_ASSIGN_OR_RETURN(int64_t now, client.AddToCounter(kGlobalStep, 0));
-  return client.AddToCounter(kGlobalStep, step - now).status();
+  SHOAL_RETURN_IF_ERROR(client.AddToCounter(kGlobalStep, index.step - now).status());
+  std::vector<VariableInit> inits;
+  for (size_t i = 0; i < restored.size(); ++i) {
+    inits.push_back({names[i], restored[i].value, optimizer, context.config->training.use_locking});
+  }
+  SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));
+  SHOAL_RETURN_IF_ERROR(RestoreVariables(client, restored, names));
+  return index.step;
 }
 
 }  // namespace
@@ -163,16 +173,8 @@ absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std:
   }
   auto latest = LatestCheckpoint(context.config->checkpoint.dir);
   if (!latest.ok()) return Annotate(error, absl::StrCat("cannot recover: ", latest.status().message()));
-  SHOAL_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(*latest));
-  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored, LoadForModel(*latest, names, shapes_from));
-  SHOAL_RETURN_IF_ERROR(SetGlobalStep(client, index.step));
-  std::vector<VariableInit> inits;
-  for (size_t i = 0; i < restored.size(); ++i) {
-    inits.push_back({names[i], restored[i].value, optimizer, context.config->training.use_locking});
-  }
-  SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));  // the lost ones, with the checkpoint's values
-  SHOAL_RETURN_IF_ERROR(RestoreVariables(client, restored, names));  // and every one back to it
-  context.recoveries.push_back(absl::StrCat("restored ", *latest, " (global step ", index.step, ") after: ",
+  SHOAL_ASSIGN_OR_RETURN(int64_t step, RestoreOnto(context, *latest, names, shapes_from, optimizer));
+  context.recoveries.push_back(absl::StrCat("restored ", *latest, " (global step ", step, ") after: ",
                                             error.message(), " (tasks seen restarted so far: ",
                                             client.restarts_seen(), ")"));
   absl::FPrintF(stderr, "%s: %s\n", context.task.ToString(), context.recoveries.back());
@@ -265,29 +267,18 @@ absl::StatusOr<std::string> CheckpointToRestore(WorkerContext& context, const st
 absl::Status InitializeOrWait(WorkerContext& context, const std::vector<std::string>& names,
                               const std::vector<torch::Tensor>& values, const wire::OptimizerConfig& optimizer) {
   if (context.is_chief) {
-    std::vector<torch::Tensor> initial;
-    for (const auto& v : values) initial.push_back(v.detach());
     SHOAL_ASSIGN_OR_RETURN(std::string checkpoint, CheckpointToRestore(context, names));
-    std::vector<CheckpointVariable> restored;
-    int64_t step = 0;
-    if (!checkpoint.empty()) {
-      SHOAL_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(checkpoint));
-      SHOAL_ASSIGN_OR_RETURN(restored, LoadForModel(checkpoint, names, values));
-      for (size_t i = 0; i < restored.size(); ++i) initial[i] = restored[i].value;
-      step = index.step;
-      // The step first, so that no worker sees restored values at step 0.
-      SHOAL_RETURN_IF_ERROR(SetGlobalStep(*context.client, step));
-    }
-    std::vector<VariableInit> inits;
-    for (size_t i = 0; i < initial.size(); ++i) {
-      inits.push_back({names[i], initial[i], optimizer, context.config->training.use_locking});
-    }
-    SHOAL_RETURN_IF_ERROR(context.client->CreateVariables(inits));
-    if (!checkpoint.empty()) {
-      SHOAL_RETURN_IF_ERROR(RestoreVariables(*context.client, restored, names));
+    if (checkpoint.empty()) {
+      std::vector<VariableInit> inits;
+      for (size_t i = 0; i < values.size(); ++i) {
+        inits.push_back({names[i], values[i].detach(), optimizer, context.config->training.use_locking});
+      }
+      SHOAL_RETURN_IF_ERROR(context.client->CreateVariables(inits));
+    } else {
+      SHOAL_ASSIGN_OR_RETURN(context.restored_step, RestoreOnto(context, checkpoint, names, values, optimizer));
       context.restored_from = checkpoint;
-      context.restored_step = step;
-      absl::FPrintF(stderr, "%s: restored %s (global step %d)\n", context.task.ToString(), checkpoint, step);
+      absl::FPrintF(stderr, "%s: restored %s (global step %d)\n", context.task.ToString(), checkpoint,
+                    context.restored_step);
     }
   } else {
     SHOAL_RETURN_IF_ERROR(
