@@ -47,6 +47,13 @@ pid_t FindChild(const std::string& needle, pid_t not_this = -1) {
   return -1;
 }
 
+// Waits up to 60 s for the job to have saved a checkpoint under `dir`.
+bool WaitForACheckpoint(const std::string& dir) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (!LatestCheckpoint(dir).ok() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(100));
+  return LatestCheckpoint(dir).ok();
+}
+
 JobConfig LongAsyncJob(int max_restarts) {
   JobConfig config = QuickJob();
   config.training.max_steps = 1200;  // about 15 s over processes: time to kill one
@@ -109,9 +116,7 @@ TEST(FaultTest, AKilledPsIsRestartedAndRestoredFromTheLastCheckpoint) {
   const pid_t ps = FindChild("--task /job:ps/task:1");
   ASSERT_GT(ps, 0);
   // Kill it once a checkpoint exists.
-  const absl::Time give_up = absl::Now() + absl::Seconds(60);
-  while (!LatestCheckpoint(dir).ok() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(100));
-  ASSERT_TRUE(LatestCheckpoint(dir).ok());
+  ASSERT_TRUE(WaitForACheckpoint(dir));
   ASSERT_EQ(kill(ps, SIGKILL), 0);
   auto report = job.get();
   ASSERT_TRUE(report.ok()) << report.status();
@@ -142,8 +147,7 @@ TEST(FaultTest, AKilledChiefIsRestartedAndTheJobGoesOn) {
     });
     const pid_t chief = FindChild("--task /job:worker/task:0");
     ASSERT_GT(chief, 0) << restore;
-    const absl::Time give_up = absl::Now() + absl::Seconds(60);
-    while (!LatestCheckpoint(dir).ok() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(100));
+    WaitForACheckpoint(dir);
     ASSERT_EQ(kill(chief, SIGKILL), 0);
     auto report = job.get();
     ASSERT_TRUE(report.ok()) << restore << ": " << report.status();

@@ -135,8 +135,10 @@ absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& checkpoin
   return index;
 }
 
-absl::StatusOr<std::vector<CheckpointVariable>> LoadCheckpoint(const std::string& checkpoint) {
+absl::StatusOr<std::vector<CheckpointVariable>> LoadCheckpoint(const std::string& checkpoint,
+                                                               CheckpointIndex* index_out) {
   SHOAL_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(checkpoint));
+  if (index_out != nullptr) *index_out = index;
   std::vector<std::map<std::string, SavedVariable>> shards;
   for (const std::string& file : index.shards) {
     SHOAL_ASSIGN_OR_RETURN(std::vector<SavedVariable> saved, ReadShard((fs::path(checkpoint) / file).string()));

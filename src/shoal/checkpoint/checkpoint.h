@@ -76,7 +76,9 @@ absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& checkpoin
 
 // Reads every shard of `checkpoint`, checking every checksum, and
 // reassembles each variable; DataLoss names the file and the variable.
-absl::StatusOr<std::vector<CheckpointVariable>> LoadCheckpoint(const std::string& checkpoint);
+// `index`, if given, receives the index it read.
+absl::StatusOr<std::vector<CheckpointVariable>> LoadCheckpoint(const std::string& checkpoint,
+                                                               CheckpointIndex* index = nullptr);
 
 // Assigns the values and slots of `variables` (named `names`, in that order)
 // through the client: onto whatever placement the client has.

@@ -283,8 +283,8 @@ absl::Status CheckpointTool(const std::string& action, const std::string& path) 
     return absl::InvalidArgumentError(absl::StrCat("unknown checkpoint action '", action, "'; use list, inspect or verify"));
   }
   SHOAL_ASSIGN_OR_RETURN(std::string checkpoint, CheckpointAt(path));
-  SHOAL_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(checkpoint));
-  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> variables, LoadCheckpoint(checkpoint));
+  CheckpointIndex index;
+  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> variables, LoadCheckpoint(checkpoint, &index));
   if (action == "verify") {
     absl::PrintF("%s: step %d, %d variables in %d shards; every checksum matches\n", checkpoint, index.step,
                  variables.size(), index.shards.size());

@@ -123,10 +123,10 @@ absl::StatusOr<int64_t> RestoreOnto(WorkerContext& context, const std::string& c
                                     const std::vector<std::string>& names, const std::vector<torch::Tensor>& values,
                                     const wire::OptimizerConfig& optimizer) {
   Client& client = *context.client;
-  SHOAL_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(checkpoint));
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& v : values) shapes.emplace_back(v.sizes().begin(), v.sizes().end());
-  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(checkpoint));
+  CheckpointIndex index;
+  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(checkpoint, &index));
   SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored,
                          SelectVariables(std::move(all), names, shapes, checkpoint));
   SHOAL_ASSIGN_OR_RETURN(int64_t now, client.AddToCounter(kGlobalStep, 0));
