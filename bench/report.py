@@ -20,15 +20,22 @@ def transport():
         name = run["name"].split("/")
         kind, size = name[0].replace("BM_", ""), int(name[1])
         threads = next((p.split(":")[1] for p in name if p.startswith("threads:")), "1")
-        table.setdefault(size, {})[f"{kind}_t{threads}" if kind == "GrpcPushPull" else kind] = \
-            run["bytes_per_second"] / GB
+        threaded = any(p.startswith("threads:") for p in name)
+        table.setdefault(size, {})[f"{kind}_t{threads}" if threaded else kind] = run["bytes_per_second"] / GB
     sizes = {}
     for size, row in sorted(table.items()):
-        grpc = max(v for k, v in row.items() if k.startswith("GrpcPushPull"))
+        def best(kind):
+            return max(v for k, v in row.items() if k.startswith(kind + "_t"))
+        grpc, bare, raw = best("GrpcPushPull"), best("BareGrpcPushPull"), best("RawTcpPushPull")
         sizes[f"{size // 1024}KiB"] = {
             "gb_per_s_per_direction": {k: round(v, 3) for k, v in row.items()},
             "grpc_best_vs_tcp_stream": round(grpc / row["RawTcpStream"], 3),
             "grpc_best_vs_tcp_echo": round(grpc / row["RawTcpEcho"], 3),
+            # the ceilings: the same exchange over plain sockets and over bare gRPC
+            "grpc_best_vs_raw_tcp_push_pull_best": round(grpc / raw, 3),
+            "grpc_best_vs_bare_grpc_best": round(grpc / bare, 3),
+            "bare_grpc_best_vs_raw_tcp_push_pull_best": round(bare / raw, 3),
+            "raw_tcp_push_pull_best_vs_tcp_stream": round(raw / row["RawTcpStream"], 3),
             "inproc_vs_tcp_stream": round(row["InProcPushPull"] / row["RawTcpStream"], 3),
         }
     return sizes

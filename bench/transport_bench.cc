@@ -8,6 +8,13 @@
 // as fast as the socket takes them; "echo" sends S bytes and waits for S back
 // (request/response).
 //
+// Two ceilings run the same exchange as shoal, with the same calls in flight:
+// "RawTcpPushPull" over plain sockets (one connection per thread, no copies
+// beyond the kernel's), and "BareGrpcPushPull" over gRPC with nothing of
+// shoal's on top (same channel settings, the server keeps the received bytes
+// by reference and answers a pull with them). shoal against them is its own
+// overhead; they against the stream are what the machine's loopback allows.
+//
 //   build/bench/transport_bench --benchmark_format=json
 #include <arpa/inet.h>
 #include <benchmark/benchmark.h>
@@ -18,12 +25,20 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <thread>
 
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "shoal/client/client.h"
 #include "shoal/transport/grpc/grpc_transport.h"
+#include "shoal/transport/grpc/grpc_tuning.h"
 #include "shoal/transport/inproc/inproc_transport.h"
 
 namespace shoal {
@@ -33,33 +48,135 @@ const std::vector<int64_t> kSizes = {1 << 10, 64 << 10, 1 << 20, 16 << 20};
 
 std::string VariableName(int64_t bytes) { return absl::StrCat("x_", bytes); }
 
-// Starts a ps server in a child process (before this process uses gRPC,
-// which does not survive fork) and returns its address. The child ends with
-// this process.
-std::string ForkGrpcServer() {
-  int fds[2];
-  if (pipe(fds) != 0) std::abort();
-  pid_t pid = fork();
-  if (pid < 0) std::abort();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    close(fds[0]);
-    GrpcTransport transport;
-    VariableService service(VariableServiceOptions{"/job:ps/task:0"});
-    auto server = transport.Serve("127.0.0.1:0", &service);
-    std::string address = server.ok() ? (*server)->address() : "";
-    address.push_back('\n');
-    if (::write(fds[1], address.data(), address.size()) < 0) _exit(1);
-    service.shutdown_requested().WaitForNotification();
-    _exit(0);
+// --- bare gRPC: the same exchange with nothing of shoal's on top ----------
+
+constexpr char kBarePush[] = "/bare/Push";
+constexpr char kBarePull[] = "/bare/Pull";
+
+// Push keeps the received bytes (the ByteBuffer shares its slices, no copy);
+// pull answers with the bytes last pushed.
+class BareService final : public grpc::CallbackGenericService {
+ public:
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override {
+    return new Reactor(this, context->method() == kBarePush);
   }
-  close(fds[1]);
-  std::string address;
+
+ private:
+  class Reactor final : public grpc::ServerGenericBidiReactor {
+   public:
+    Reactor(BareService* service, bool push) : service_(service), push_(push) { StartRead(&request_); }
+    void OnReadDone(bool ok) override {
+      if (!ok) return Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request"));
+      {
+        std::lock_guard<std::mutex> lock(service_->mu_);
+        if (push_) {
+          service_->value_ = request_;
+          grpc::Slice empty;
+          response_ = grpc::ByteBuffer(&empty, 1);
+        } else {
+          response_ = service_->value_;
+        }
+      }
+      StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    BareService* service_;
+    bool push_;
+    grpc::ByteBuffer request_, response_;
+  };
+
+  std::mutex mu_;
+  grpc::ByteBuffer value_;
+};
+
+// Unary calls spread over two connections, as GrpcTransport's channels do.
+class BareClient {
+ public:
+  explicit BareClient(const std::string& address) {
+    for (int i = 0; i < 2; ++i) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(-1);
+      args.SetMaxSendMessageSize(-1);
+      args.SetInt("shoal.connection_index", i);
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      TuneForBulkTransfer(args);
+      stubs_.push_back(std::make_unique<grpc::GenericStub>(
+          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    }
+  }
+
+  grpc::Status Call(const char* method, const grpc::ByteBuffer& request, grpc::ByteBuffer* response) {
+    grpc::ClientContext context;
+    absl::Notification done;
+    grpc::Status status;
+    grpc::GenericStub& stub = *stubs_[next_.fetch_add(1) % stubs_.size()];
+    stub.UnaryCall(&context, method, grpc::StubOptions(), &request, response, [&](grpc::Status s) {
+      status = std::move(s);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    return status;
+  }
+
+ private:
+  std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
+  std::atomic<size_t> next_{0};
+};
+
+// --- servers in a child process ------------------------------------------
+
+struct ServerAddresses {
+  std::string shoal;  // a ps task
+  std::string bare;   // the bare gRPC service
+};
+
+std::string ReadLine(int fd) {
+  std::string line;
   char c;
-  while (::read(fds[0], &c, 1) == 1 && c != '\n') address.push_back(c);
-  close(fds[0]);
-  if (address.empty()) std::abort();
-  return address;
+  while (::read(fd, &c, 1) == 1 && c != '\n') line.push_back(c);
+  return line;
+}
+
+// Starts a ps server and the bare gRPC service in a child process (before
+// this process uses gRPC, which does not survive fork), as in a real job: in
+// one process the client's and the server's gRPC threads would share one
+// pool. The child ends with this process.
+const ServerAddresses& ForkGrpcServers() {
+  static const ServerAddresses* addresses = [] {
+    int fds[2];
+    if (pipe(fds) != 0) std::abort();
+    pid_t pid = fork();
+    if (pid < 0) std::abort();
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      close(fds[0]);
+      GrpcTransport transport;
+      VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+      auto server = transport.Serve("127.0.0.1:0", &service);
+      BareService bare;
+      grpc::ServerBuilder builder;
+      int bare_port = 0;
+      builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &bare_port);
+      builder.SetMaxReceiveMessageSize(-1);
+      builder.SetMaxSendMessageSize(-1);
+      builder.RegisterCallbackGenericService(&bare);
+      TuneForBulkTransfer(builder);
+      std::unique_ptr<grpc::Server> bare_server = builder.BuildAndStart();
+      std::string lines = absl::StrCat(server.ok() ? (*server)->address() : "", "\n",
+                                       bare_port > 0 ? absl::StrCat("127.0.0.1:", bare_port) : "", "\n");
+      if (::write(fds[1], lines.data(), lines.size()) < 0) _exit(1);
+      service.shutdown_requested().WaitForNotification();
+      _exit(0);
+    }
+    close(fds[1]);
+    auto* result = new ServerAddresses{ReadLine(fds[0]), ReadLine(fds[0])};
+    close(fds[0]);
+    if (result->shoal.empty() || result->bare.empty()) std::abort();
+    return result;
+  }();
+  return *addresses;
 }
 
 // One ps task serving a variable of each size, and a client for it.
@@ -76,7 +193,7 @@ struct Setup {
     if (grpc) {
       // The ps runs in its own process, as in a real job: in one process the
       // client's and the server's gRPC threads would share one pool.
-      address = ForkGrpcServer();
+      address = ForkGrpcServers().shoal;
       transport = std::make_unique<GrpcTransport>();
     } else {
       transport = std::make_unique<InProcTransport>(&network);
@@ -123,6 +240,25 @@ void PushPull(benchmark::State& state, Setup& setup) {
 void BM_InProcPushPull(benchmark::State& state) { PushPull(state, InProcSetup()); }
 void BM_GrpcPushPull(benchmark::State& state) { PushPull(state, GrpcSetup()); }
 
+void BM_BareGrpcPushPull(benchmark::State& state) {
+  const int64_t bytes = state.range(0);
+  static BareClient* client = new BareClient(ForkGrpcServers().bare);
+  const std::vector<char> payload(bytes, 'x');
+  grpc::Slice slice(payload.data(), payload.size(), grpc::Slice::STATIC_SLICE);
+  const grpc::ByteBuffer request(&slice, 1);
+  grpc::Slice empty;
+  const grpc::ByteBuffer pull_request(&empty, 1);
+  for (auto _ : state) {
+    grpc::ByteBuffer acknowledgement, value;
+    grpc::Status pushed = client->Call(kBarePush, request, &acknowledgement);
+    if (!pushed.ok()) state.SkipWithError(("bare push: " + pushed.error_message()).c_str());
+    if (!client->Call(kBarePull, pull_request, &value).ok() || value.Length() != static_cast<size_t>(bytes)) {
+      state.SkipWithError("bare pull failed");
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
 // --- raw TCP on loopback -------------------------------------------------
 
 bool WriteAll(int fd, const char* p, size_t n) {
@@ -144,8 +280,15 @@ bool ReadAll(int fd, char* p, size_t n) {
   return true;
 }
 
-// A peer that reads framed messages ([u64 length][u8 mode][bytes]) and, by
-// mode, echoes them (1), acknowledges with one byte (2), or just drops them (0).
+// What a framed message ([u64 length][u8 mode][bytes]) asks of the peer.
+enum Mode : uint8_t {
+  kDrop = 0,      // read the bytes, answer nothing
+  kEcho = 1,      // answer with the bytes
+  kAck = 2,       // answer with one byte
+  kSendBack = 3,  // no bytes follow; answer with `length` bytes (a pull)
+};
+
+// One connection and the thread that serves its other end.
 class RawTcpPeer {
  public:
   RawTcpPeer() {
@@ -168,12 +311,12 @@ class RawTcpPeer {
   }
   int fd() const { return client_; }
 
-  void Send(const char* data, uint64_t bytes, uint8_t mode) {
+  void Send(const char* data, uint64_t bytes, Mode mode) {
     char header[9];
     std::memcpy(header, &bytes, 8);
     header[8] = static_cast<char>(mode);
     WriteAll(client_, header, 9);
-    WriteAll(client_, data, bytes);
+    if (mode != kSendBack) WriteAll(client_, data, bytes);
   }
 
  private:
@@ -183,10 +326,11 @@ class RawTcpPeer {
     while (ReadAll(server_, header, 9)) {
       uint64_t bytes;
       std::memcpy(&bytes, header, 8);
+      const Mode mode = static_cast<Mode>(header[8]);
       if (buffer.size() < bytes) buffer.resize(bytes);
-      if (!ReadAll(server_, buffer.data(), bytes)) break;
-      if (header[8] == 1) WriteAll(server_, buffer.data(), bytes);
-      if (header[8] == 2) WriteAll(server_, "k", 1);
+      if (mode != kSendBack && !ReadAll(server_, buffer.data(), bytes)) break;
+      if (mode == kEcho || mode == kSendBack) WriteAll(server_, buffer.data(), bytes);
+      if (mode == kAck) WriteAll(server_, "k", 1);
     }
   }
 
@@ -194,8 +338,13 @@ class RawTcpPeer {
   std::thread thread_;
 };
 
-RawTcpPeer& TcpPeer() {
-  static auto* peer = new RawTcpPeer();
+// The connection of benchmark thread `index` (stream and echo use thread 0's).
+RawTcpPeer& TcpPeer(int index = 0) {
+  static std::mutex mu;
+  static auto* peers = new std::map<int, std::unique_ptr<RawTcpPeer>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto& peer = (*peers)[index];
+  if (peer == nullptr) peer = std::make_unique<RawTcpPeer>();
   return *peer;
 }
 
@@ -203,9 +352,9 @@ void BM_RawTcpStream(benchmark::State& state) {
   const int64_t bytes = state.range(0);
   std::vector<char> message(bytes, 'x');
   RawTcpPeer& peer = TcpPeer();
-  for (auto _ : state) peer.Send(message.data(), bytes, 0);
+  for (auto _ : state) peer.Send(message.data(), bytes, kDrop);
   char ack;
-  peer.Send(message.data(), 0, 2);  // everything sent has been read once this is acknowledged
+  peer.Send(message.data(), 0, kAck);  // everything sent has been read once this is acknowledged
   ReadAll(peer.fd(), &ack, 1);
   state.SetBytesProcessed(state.iterations() * bytes);
 }
@@ -215,7 +364,24 @@ void BM_RawTcpEcho(benchmark::State& state) {
   std::vector<char> message(bytes, 'x'), reply(bytes);
   RawTcpPeer& peer = TcpPeer();
   for (auto _ : state) {
-    peer.Send(message.data(), bytes, 1);
+    peer.Send(message.data(), bytes, kEcho);
+    ReadAll(peer.fd(), reply.data(), bytes);
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
+// shoal's exchange over plain sockets: push S bytes and wait for the
+// acknowledgement, then ask for S bytes and read them; one connection per
+// benchmark thread.
+void BM_RawTcpPushPull(benchmark::State& state) {
+  const int64_t bytes = state.range(0);
+  std::vector<char> message(bytes, 'x'), reply(bytes);
+  RawTcpPeer& peer = TcpPeer(state.thread_index());
+  char ack;
+  for (auto _ : state) {
+    peer.Send(message.data(), bytes, kAck);
+    ReadAll(peer.fd(), &ack, 1);
+    peer.Send(nullptr, bytes, kSendBack);
     ReadAll(peer.fd(), reply.data(), bytes);
   }
   state.SetBytesProcessed(state.iterations() * bytes);
@@ -226,23 +392,20 @@ void Sizes(benchmark::internal::Benchmark* b) {
   b->UseRealTime()->MinTime(0.5);
 }
 
+// The same calls in flight for shoal and its two ceilings.
+void InFlight(benchmark::internal::Benchmark* b) {
+  Sizes(b);
+  b->Threads(1)->Threads(2)->Threads(4)->Threads(8);
+}
+
 BENCHMARK(BM_RawTcpStream)->Apply(Sizes);
 BENCHMARK(BM_RawTcpEcho)->Apply(Sizes);
+BENCHMARK(BM_RawTcpPushPull)->Apply(InFlight);
 BENCHMARK(BM_InProcPushPull)->Apply(Sizes);
-BENCHMARK(BM_GrpcPushPull)->Apply(Sizes)->Threads(1)->Threads(2)->Threads(4)->Threads(8);
+BENCHMARK(BM_BareGrpcPushPull)->Apply(InFlight);
+BENCHMARK(BM_GrpcPushPull)->Apply(InFlight);
 
-}  // namespace
-}  // namespace shoal
-
-int main(int argc, char** argv) {
-  shoal::KeepLargeAllocationsMapped();
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
-namespace shoal {
-namespace {
+// Diagnostics, outside bench/run.sh: each direction alone.
 void BM_GrpcPullOnly(benchmark::State& state) {
   Setup& setup = GrpcSetup();
   const std::vector<std::string> names = {VariableName(state.range(0))};
@@ -258,5 +421,17 @@ void BM_GrpcPushOnly(benchmark::State& state) {
 }
 BENCHMARK(BM_GrpcPullOnly)->Apply(Sizes)->Threads(1)->Threads(4);
 BENCHMARK(BM_GrpcPushOnly)->Apply(Sizes)->Threads(1)->Threads(4);
+
 }  // namespace
 }  // namespace shoal
+
+int main(int argc, char** argv) {
+  shoal::KeepLargeAllocationsMapped();
+  // Fork from the main thread: the servers' process dies with the thread
+  // that forked it (PR_SET_PDEATHSIG), and benchmark threads come and go.
+  shoal::ForkGrpcServers();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "shoal/core/codec.h"
 #include "shoal/core/status.h"
+#include "shoal/transport/grpc/grpc_tuning.h"
 
 namespace shoal {
 namespace {
@@ -26,12 +27,10 @@ int MessageLimit(size_t max_tensor_bytes) {
   return limit > static_cast<size_t>(INT32_MAX) ? INT32_MAX : static_cast<int>(limit);
 }
 
-// HTTP/2 and TCP settings for bulk tensors: the largest frames HTTP/2
-// allows, a flow-control lookahead that lets a 16 MiB message go without
-// waiting for window updates, and large socket reads. Applied to channels and
+// Applies the bulk-transfer settings through `set_int`, to channels and
 // servers alike.
-template <typename Args>
-void TuneForBulkTransfer(Args& set_int) {
+template <typename SetInt>
+void SetBulkTransferArguments(SetInt set_int) {
   set_int(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1);
   set_int(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 20);
   set_int(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 8 << 20);
@@ -267,8 +266,7 @@ class GrpcChannel final : public Channel {
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
       args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-      auto set_int = [&](const char* key, int value) { args.SetInt(key, value); };
-      TuneForBulkTransfer(set_int);
+      TuneForBulkTransfer(args);
       channels_.push_back(grpc::CreateCustomChannel(address_, credentials, args));
       stubs_.push_back(std::make_unique<grpc::GenericStub>(channels_.back()));
     }
@@ -342,6 +340,14 @@ class GrpcChannel final : public Channel {
 
 }  // namespace
 
+void TuneForBulkTransfer(grpc::ChannelArguments& args) {
+  SetBulkTransferArguments([&](const char* key, int value) { args.SetInt(key, value); });
+}
+
+void TuneForBulkTransfer(grpc::ServerBuilder& builder) {
+  SetBulkTransferArguments([&](const char* key, int value) { builder.AddChannelArgument(key, value); });
+}
+
 void KeepLargeAllocationsMapped() {
   mallopt(M_MMAP_THRESHOLD, 512 << 20);
   mallopt(M_TRIM_THRESHOLD, 1024 << 20);
@@ -361,8 +367,7 @@ absl::StatusOr<std::unique_ptr<ServerHandle>> GrpcTransport::Serve(const std::st
   builder.SetMaxReceiveMessageSize(MessageLimit(options_.max_message_bytes));
   builder.SetMaxSendMessageSize(MessageLimit(options_.max_message_bytes));
   builder.RegisterCallbackGenericService(generic.get());
-  auto set_int = [&](const char* key, int value) { builder.AddChannelArgument(key, value); };
-  TuneForBulkTransfer(set_int);
+  TuneForBulkTransfer(builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve ", service->options().task_name, " at '", address,
