@@ -39,9 +39,11 @@ class SyncReplicasTest : public ::testing::Test {
   }
 
   // Worker w's gradients, as in the TensorFlow test: 0.1 + 0.2 w and 0.9 + 0.2 w.
-  absl::StatusOr<int> Push(int w, int64_t local_step) {
+  // With apply_at > 0 the server applies the step when the gradient that
+  // completes it arrives, as SyncStrategy runs it.
+  absl::StatusOr<int> Push(int w, int64_t local_step, int apply_at = 0) {
     return client_->Accumulate(names_, {torch::full({1}, 0.1f + 0.2f * w), torch::full({1}, 0.9f + 0.2f * w)},
-                               local_step, Worker(w));
+                               local_step, Worker(w), apply_at);
   }
   static std::string Worker(int w) { return TaskId{"worker", w}.ToString(); }
   absl::Status Apply(int replicas, int64_t new_step, absl::Duration timeout = absl::Seconds(2)) {
@@ -117,6 +119,63 @@ TEST_F(SyncReplicasTest, NanGradientIsRefusedAndNotAccumulated) {
   EXPECT_FLOAT_EQ(Value("var_0"), -0.4f);
 }
 
+TEST_F(SyncReplicasTest, TheGradientThatCompletesAStepAppliesIt) {
+  ASSERT_EQ(Push(0, 0, /*apply_at=*/2).value(), 0);
+  auto early = client_->ReadAtStep(names_, 1, absl::ZeroDuration());
+  ASSERT_TRUE(early.ok()) << early.status();
+  EXPECT_FALSE(early->ready);
+  EXPECT_TRUE(early->values.empty());
+  EXPECT_EQ(early->heard_from, std::vector<std::string>{Worker(0)});
+  EXPECT_FLOAT_EQ(Value("var_0"), 0.0f);  // half a step applies nothing
+  ASSERT_EQ(Push(1, 0, 2).value(), 0);
+  auto after = client_->ReadAtStep(names_, 1, absl::ZeroDuration());
+  ASSERT_TRUE(after.ok() && after->ready) << after.status();
+  EXPECT_EQ(after->step, 1);
+  EXPECT_FLOAT_EQ(after->values[0].item<float>(), -0.4f);
+  EXPECT_FLOAT_EQ(after->values[1].item<float>(), -1.0f);
+  ASSERT_EQ(Push(0, 1, 2).value(), 0);
+  ASSERT_EQ(Push(1, 1, 2).value(), 0);
+  EXPECT_FLOAT_EQ(Value("var_0"), -0.8f);
+  EXPECT_FLOAT_EQ(Value("var_1"), -3.0f);
+}
+
+TEST_F(SyncReplicasTest, WithABackupTheStragglersGradientIsDroppedAndItReadsTheNewStep) {
+  ASSERT_EQ(Push(0, 0, 2).value(), 0);
+  ASSERT_EQ(Push(1, 0, 2).value(), 0);
+  EXPECT_EQ(Push(2, 0, 2).value(), 2);  // late: stale, dropped, nothing applied
+  EXPECT_FLOAT_EQ(Value("var_0"), -0.4f);
+  auto next = client_->ReadAtStep(names_, 1, absl::Seconds(1));
+  ASSERT_TRUE(next.ok() && next->ready) << next.status();
+  EXPECT_EQ(next->step, 1);
+  ASSERT_EQ(Push(1, 1, 2).value(), 0);
+  ASSERT_EQ(Push(2, 1, 2).value(), 0);
+  EXPECT_FLOAT_EQ(Value("var_0"), -0.4f - (0.3f + 0.5f) / 2 * 2.0f);
+  EXPECT_FLOAT_EQ(Value("var_1"), -1.0f - (1.1f + 1.3f) / 2 * 2.0f);
+}
+
+TEST_F(SyncReplicasTest, AReadAtStepWaitsForTheStepsLastGradient) {
+  ASSERT_TRUE(Push(0, 0, 2).ok());
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(Push(1, 0, 2).ok());
+  });
+  auto next = client_->ReadAtStep(names_, 1, absl::Seconds(2));
+  late.join();
+  ASSERT_TRUE(next.ok() && next->ready) << next.status();
+  EXPECT_FLOAT_EQ(next->values[0].item<float>(), -0.4f);
+}
+
+TEST_F(SyncReplicasTest, BadAccumulateAndReadAtStepArgumentsChangeNothing) {
+  EXPECT_EQ(Push(0, 0, /*apply_at=*/-1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->ReadAtStep(names_, 0, absl::ZeroDuration()).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->ReadAtStep({"var_0", "nope"}, 1, absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(Push(0, 0, 2).ok());  // the refused gradient was not counted: this one does not complete the step
+  EXPECT_FLOAT_EQ(Value("var_0"), 0.0f);
+  ASSERT_TRUE(Push(1, 0, 2).ok());
+  EXPECT_FLOAT_EQ(Value("var_0"), -0.4f);
+}
+
 // N workers with batch b, aggregated synchronously, take the same steps as
 // one worker with batch N*b: the mean of per-worker mean gradients is the
 // mean gradient of the whole batch.
@@ -140,7 +199,8 @@ TEST(SyncEquivalenceTest, TwoWorkersMatchOneWorkerWithTheCombinedBatch) {
     sgd.step();
   }
 
-  // Two workers through shoal's accumulators, each on its half.
+  // Two workers through shoal's accumulators, each on its half, the step
+  // applied by the server when the second gradient arrives.
   InProcNetwork network;
   InProcTransport transport(&network);
   VariableService service(VariableServiceOptions{"/job:ps/task:0"});
@@ -165,9 +225,11 @@ TEST(SyncEquivalenceTest, TwoWorkersMatchOneWorkerWithTheCombinedBatch) {
       CrossEntropyLoss(replica.Forward(inputs[step].narrow(0, w * kBatch, kBatch)),
                        labels[step].narrow(0, w * kBatch, kBatch))
           .backward();
-      ASSERT_EQ(client->Accumulate(names, replica.Gradients(), step, TaskId{"worker", w}.ToString()).value(), 0);
+      // As SyncStrategy sends them: the second gradient applies the step.
+      ASSERT_EQ(client->Accumulate(names, replica.Gradients(), step, TaskId{"worker", w}.ToString(), kWorkers).value(), 0);
     }
-    ASSERT_TRUE(client->ApplyAccumulated(names, kWorkers, step + 1, absl::Seconds(2), {}).ok());
+    auto next = client->ReadAtStep(names, step + 1, absl::ZeroDuration());
+    ASSERT_TRUE(next.ok() && next->ready) << next.status();
   }
   auto values = client->Read(names).value();
   for (size_t i = 0; i < values.size(); ++i) {

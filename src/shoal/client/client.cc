@@ -188,19 +188,25 @@ absl::Status Client::WaitForVariables(const std::vector<std::string>& names, abs
   }
 }
 
-absl::StatusOr<std::vector<torch::Tensor>> Client::Read(const std::vector<std::string>& names) {
-  SHOAL_ASSIGN_OR_RETURN(auto placements, LocateAll(names));
-  TaskCalls calls;
+absl::Status Client::ReadShards(const std::vector<std::string>& names,
+                                const std::function<void(wire::ReadRequest*)>& configure,
+                                std::vector<VariablePlacement>* placements, TaskCalls* calls) {
+  SHOAL_ASSIGN_OR_RETURN(*placements, LocateAll(names));
   for (size_t i = 0; i < names.size(); ++i) {
-    for (size_t s = 0; s < placements[i].shards.size(); ++s) {
-      TaskCall& call = calls[placements[i].shards[s].task];
-      call.request.header.mutable_read()->add_names(placements[i].shards[s].stored_name);
+    for (size_t s = 0; s < (*placements)[i].shards.size(); ++s) {
+      TaskCall& call = (*calls)[(*placements)[i].shards[s].task];
+      call.request.header.mutable_read()->add_names((*placements)[i].shards[s].stored_name);
       call.pieces.emplace_back(i, s);
     }
   }
-  SHOAL_RETURN_IF_ERROR(RunAll(calls));
-  std::vector<std::vector<torch::Tensor>> parts(names.size());
-  for (size_t i = 0; i < names.size(); ++i) parts[i].resize(placements[i].shards.size());
+  for (auto& [task, call] : *calls) configure(call.request.header.mutable_read());
+  return RunAll(*calls);
+}
+
+absl::StatusOr<std::vector<torch::Tensor>> Client::Reassemble(const std::vector<VariablePlacement>& placements,
+                                                              TaskCalls& calls) const {
+  std::vector<std::vector<torch::Tensor>> parts(placements.size());
+  for (size_t i = 0; i < placements.size(); ++i) parts[i].resize(placements[i].shards.size());
   for (auto& [task, call] : calls) {
     if (call.response.tensors.size() != call.pieces.size()) {
       return absl::DataLossError(absl::StrCat(task.ToString(), " answered a read of ", call.pieces.size(),
@@ -211,9 +217,44 @@ absl::StatusOr<std::vector<torch::Tensor>> Client::Read(const std::vector<std::s
     }
   }
   std::vector<torch::Tensor> values;
-  values.reserve(names.size());
+  values.reserve(placements.size());
   for (auto& p : parts) values.push_back(p.size() == 1 ? std::move(p[0]) : torch::cat(p, 0));
   return values;
+}
+
+absl::StatusOr<std::vector<torch::Tensor>> Client::Read(const std::vector<std::string>& names) {
+  std::vector<VariablePlacement> placements;
+  TaskCalls calls;
+  SHOAL_RETURN_IF_ERROR(ReadShards(names, [](wire::ReadRequest*) {}, &placements, &calls));
+  return Reassemble(placements, calls);
+}
+
+absl::StatusOr<Client::StepValues> Client::ReadAtStep(const std::vector<std::string>& names, int64_t min_step,
+                                                      absl::Duration wait) {
+  if (min_step < 1) return absl::InvalidArgumentError(absl::StrCat("ReadAtStep: min_step ", min_step, " is not a step"));
+  std::vector<VariablePlacement> placements;
+  TaskCalls calls;
+  SHOAL_RETURN_IF_ERROR(ReadShards(
+      names,
+      [&](wire::ReadRequest* read) {
+        read->set_min_step(min_step);
+        read->set_wait_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(wait)));
+      },
+      &placements, &calls));
+  StepValues result;
+  result.step = INT64_MAX;
+  for (auto& [task, call] : calls) {
+    const wire::ReadResponse& read = call.response.header.read();
+    if (read.pending()) {
+      result.heard_from.assign(read.contributors().begin(), read.contributors().end());
+      return result;
+    }
+    for (int64_t step : read.steps()) result.step = std::min(result.step, step);
+  }
+  if (calls.empty()) result.step = min_step;
+  SHOAL_ASSIGN_OR_RETURN(result.values, Reassemble(placements, calls));
+  result.ready = true;
+  return result;
 }
 
 absl::Status Client::AddPerShard(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
@@ -303,7 +344,7 @@ absl::StatusOr<int64_t> Client::PollCounter(const std::string& name, int64_t at_
 
 absl::StatusOr<int> Client::Accumulate(const std::vector<std::string>& names,
                                        const std::vector<torch::Tensor>& gradients, int64_t local_step,
-                                       const std::string& worker) {
+                                       const std::string& worker, int apply_at) {
   TaskCalls calls;
   SHOAL_RETURN_IF_ERROR(AddPerShard(names, gradients, "accumulate",
                                     [&](wire::RequestHeader& h, const std::string& name, size_t, const torch::Tensor&) {
@@ -311,6 +352,7 @@ absl::StatusOr<int> Client::Accumulate(const std::vector<std::string>& names,
                                       accumulate->add_names(name);
                                       accumulate->set_local_step(local_step);
                                       accumulate->set_worker(worker);
+                                      accumulate->set_apply_at(apply_at);
                                     },
                                     &calls));
   SHOAL_RETURN_IF_ERROR(RunAll(calls));

@@ -73,6 +73,17 @@ class Client {
   // see an update half done, as in TensorFlow's asynchronous training.
   absl::StatusOr<std::vector<torch::Tensor>> Read(const std::vector<std::string>& names);
 
+  // Synchronous training, the barrier and the pull in one call: the values
+  // once every named variable's accumulator has reached `min_step` (that
+  // step's gradients applied), waiting at most `wait` (capped by servers).
+  struct StepValues {
+    bool ready = false;  // false: `wait` ran out first, and no values
+    int64_t step = 0;    // the lowest accumulator step, taken before the values
+    std::vector<torch::Tensor> values;
+    std::vector<std::string> heard_from;  // not ready: workers a waiting task heard from
+  };
+  absl::StatusOr<StepValues> ReadAtStep(const std::vector<std::string>& names, int64_t min_step, absl::Duration wait);
+
   absl::Status Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values);
 
   // Sends gradients to be applied by each variable's optimizer, and bumps
@@ -97,8 +108,10 @@ class Client {
 
   // Synchronous training: sends this worker's gradients for `local_step` to
   // the variables' accumulators. Returns how many were dropped as stale.
+  // With apply_at > 0 the servers apply each accumulator's mean as soon as
+  // it holds apply_at gradients (no ApplyAccumulated needed).
   absl::StatusOr<int> Accumulate(const std::vector<std::string>& names, const std::vector<torch::Tensor>& gradients,
-                                 int64_t local_step, const std::string& worker);
+                                 int64_t local_step, const std::string& worker, int apply_at = 0);
 
   // The chief's side of a synchronous step: on every task, waits for
   // `replicas_to_aggregate` tensors per variable, uses their mean as `rule`
@@ -157,6 +170,14 @@ class Client {
   // Sends every call in parallel and waits for all; returns the first error.
   absl::Status RunAll(TaskCalls& calls);
   absl::StatusOr<Channel*> ChannelFor(const TaskId& task) const;
+  // Reads every shard of the named variables, each request shaped by
+  // `configure`, into `calls`; `placements` gets where each variable lives.
+  absl::Status ReadShards(const std::vector<std::string>& names,
+                          const std::function<void(wire::ReadRequest*)>& configure,
+                          std::vector<VariablePlacement>* placements, TaskCalls* calls);
+  // The variables' values from answered read calls, partitions put together.
+  absl::StatusOr<std::vector<torch::Tensor>> Reassemble(const std::vector<VariablePlacement>& placements,
+                                                        TaskCalls& calls) const;
   absl::StatusOr<std::vector<int64_t>> Update(wire::UpdateRule rule, const std::vector<std::string>& names,
                                               const std::vector<torch::Tensor>& updates,
                                               const std::vector<CounterDelta>& counters);

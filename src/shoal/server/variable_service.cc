@@ -33,7 +33,8 @@ absl::Status ResponseStatus(const wire::ResponseHeader& header) {
 bool VariableService::MayWait(const Request& request) {
   const wire::RequestHeader& h = request.header;
   return (h.has_counter() && h.counter().wait_ms() > 0) ||
-         (h.has_apply_accumulated() && h.apply_accumulated().wait_ms() > 0);
+         (h.has_apply_accumulated() && h.apply_accumulated().wait_ms() > 0) ||
+         (h.has_read() && h.read().min_step() > 0 && h.read().wait_ms() > 0);
 }
 
 void VariableService::Handle(const Request& request, Response* response) {
@@ -73,9 +74,25 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       return absl::OkStatus();
     }
     case wire::RequestHeader::kRead: {
+      const std::vector<std::string> names = Names(h.read().names());
+      auto* out = response->header.mutable_read();
+      if (h.read().min_step() > 0) {
+        std::vector<int64_t> steps;
+        std::vector<std::string> contributors;
+        SHOAL_ASSIGN_OR_RETURN(
+            bool reached, store_.WaitForStep(names, h.read().min_step(),
+                                             absl::Milliseconds(std::clamp<int64_t>(h.read().wait_ms(), 0, kMaxWaitMs)),
+                                             &steps, &contributors));
+        CopyInts(steps, out->mutable_steps());
+        if (!reached) {
+          out->set_pending(true);
+          for (const auto& w : contributors) out->add_contributors(w);
+          return absl::OkStatus();
+        }
+      }
       std::vector<int64_t> versions;
-      SHOAL_RETURN_IF_ERROR(store_.Read(Names(h.read().names()), &response->tensors, &versions));
-      CopyInts(versions, response->header.mutable_read()->mutable_versions());
+      SHOAL_RETURN_IF_ERROR(store_.Read(names, &response->tensors, &versions));
+      CopyInts(versions, out->mutable_versions());
       return absl::OkStatus();
     }
     case wire::RequestHeader::kAssign: {
@@ -122,9 +139,13 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
     }
     case wire::RequestHeader::kAccumulate: {
       const auto& accumulate = h.accumulate();
+      if (accumulate.apply_at() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("accumulate on ", options_.task_name, ": apply_at is ",
+                                                       accumulate.apply_at(), ", must not be negative"));
+      }
       std::vector<bool> accepted;
       SHOAL_RETURN_IF_ERROR(store_.Accumulate(Names(accumulate.names()), request.tensors, accumulate.local_step(),
-                                              accumulate.worker(), &accepted));
+                                              accumulate.worker(), &accepted, accumulate.apply_at()));
       for (bool a : accepted) response->header.mutable_accumulate()->add_accepted(a);
       return absl::OkStatus();
     }

@@ -209,7 +209,7 @@ int64_t VariableStore::WaitForCounter(const std::string& name, int64_t at_least,
 
 absl::Status VariableStore::Accumulate(const std::vector<std::string>& names,
                                        const std::vector<torch::Tensor>& gradients, int64_t local_step,
-                                       const std::string& worker, std::vector<bool>* accepted) {
+                                       const std::string& worker, std::vector<bool>* accepted, int apply_at) {
   std::vector<std::shared_ptr<Variable>> vars;
   SHOAL_RETURN_IF_ERROR(Find(names, &vars));
   SHOAL_RETURN_IF_ERROR(CheckTensors(vars, gradients, "gradient", /*require_finite=*/true));
@@ -227,10 +227,56 @@ absl::Status VariableStore::Accumulate(const std::vector<std::string>& names,
         var.contributors.push_back(worker);
       }
       (*accepted)[i] = true;
+      if (apply_at > 0 && var.accumulated >= apply_at) {
+        ApplyAccumulator(var, wire::MEAN_GRADIENT, std::max(var.accumulator_step, local_step) + 1);
+      }
     }
   }
   accumulated_.notify_all();
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> VariableStore::WaitForStep(const std::vector<std::string>& names, int64_t min_step,
+                                                absl::Duration wait, std::vector<int64_t>* steps,
+                                                std::vector<std::string>* contributors) {
+  std::vector<std::shared_ptr<Variable>> vars;
+  SHOAL_RETURN_IF_ERROR(Find(names, &vars));
+  auto reached = [&] {
+    return std::all_of(vars.begin(), vars.end(), [&](const auto& v) { return v->accumulator_step >= min_step; });
+  };
+  std::unique_lock lock(accumulate_mu_);
+  const bool ready = accumulated_.wait_for(lock, absl::ToChronoNanoseconds(wait), reached);
+  steps->clear();
+  for (const auto& v : vars) steps->push_back(v->accumulator_step);
+  if (!vars.empty()) *contributors = vars[0]->contributors;
+  return ready;
+}
+
+void VariableStore::ApplyAccumulator(Variable& var, wire::AccumulatedRule rule, int64_t new_step) {
+  {
+    std::unique_lock<std::mutex> update(var.update_mu, std::defer_lock);
+    if (Exclusive(var)) update.lock();
+    torch::NoGradGuard no_grad;
+    torch::Tensor mean = var.gradient_sum.div(var.accumulated);
+    switch (rule) {
+      case wire::ASSIGN_MEAN:
+        var.value.copy_(mean);
+        break;
+      case wire::BLOCK_MOMENTUM:
+        std::atomic_load(&var.optimizer)->Apply(var.value, var.value - mean, var.slots);
+        break;
+      case wire::SUM_GRADIENT:
+        std::atomic_load(&var.optimizer)->Apply(var.value, var.gradient_sum, var.slots);
+        break;
+      default:
+        std::atomic_load(&var.optimizer)->Apply(var.value, mean, var.slots);
+    }
+    var.version.fetch_add(1);
+  }
+  var.gradient_sum.zero_();
+  var.accumulated = 0;
+  var.contributors.clear();
+  var.accumulator_step = new_step;
 }
 
 absl::StatusOr<VariableStore::ApplyAccumulatedResult> VariableStore::ApplyAccumulated(
@@ -258,34 +304,9 @@ absl::StatusOr<VariableStore::ApplyAccumulatedResult> VariableStore::ApplyAccumu
     for (const auto& v : vars) result.counts.push_back(v->accumulated);
     return result;
   }
-  torch::NoGradGuard no_grad;
   for (const auto& v : vars) {
-    Variable& var = *v;
-    result.counts.push_back(var.accumulated);
-    if (var.accumulator_step >= new_step) continue;  // this step was applied before
-    {
-      std::unique_lock<std::mutex> update(var.update_mu, std::defer_lock);
-      if (Exclusive(var)) update.lock();
-      torch::Tensor mean = var.gradient_sum.div(var.accumulated);
-      switch (rule) {
-        case wire::ASSIGN_MEAN:
-          var.value.copy_(mean);
-          break;
-        case wire::BLOCK_MOMENTUM:
-          std::atomic_load(&var.optimizer)->Apply(var.value, var.value - mean, var.slots);
-          break;
-        case wire::SUM_GRADIENT:
-          std::atomic_load(&var.optimizer)->Apply(var.value, var.gradient_sum, var.slots);
-          break;
-        default:
-          std::atomic_load(&var.optimizer)->Apply(var.value, mean, var.slots);
-      }
-      var.version.fetch_add(1);
-    }
-    var.gradient_sum.zero_();
-    var.accumulated = 0;
-    var.contributors.clear();
-    var.accumulator_step = new_step;
+    result.counts.push_back(v->accumulated);
+    if (v->accumulator_step < new_step) ApplyAccumulator(*v, rule, new_step);  // else applied before
   }
   result.applied = true;
   return result;

@@ -72,9 +72,18 @@ class VariableStore {
 
   // Synchronous training. Adds each gradient to its variable's accumulator
   // unless it is stale (local_step older than the accumulator's step);
-  // `accepted` says which were taken. Validated like ApplyGradients.
+  // `accepted` says which were taken. Validated like ApplyGradients. With
+  // apply_at > 0, an accumulator that now holds apply_at gradients applies
+  // their mean with the variable's optimizer and moves to the next step.
   absl::Status Accumulate(const std::vector<std::string>& names, const std::vector<torch::Tensor>& gradients,
-                          int64_t local_step, const std::string& worker, std::vector<bool>* accepted);
+                          int64_t local_step, const std::string& worker, std::vector<bool>* accepted,
+                          int apply_at = 0);
+
+  // Waits at most `wait` until every named accumulator has reached
+  // `min_step`. Returns whether they have; `steps` gets each one's step and
+  // `contributors` the workers heard from for the first one's current step.
+  absl::StatusOr<bool> WaitForStep(const std::vector<std::string>& names, int64_t min_step, absl::Duration wait,
+                                   std::vector<int64_t>* steps, std::vector<std::string>* contributors);
 
   struct ApplyAccumulatedResult {
     bool applied = false;
@@ -132,6 +141,9 @@ class VariableStore {
   // Whether updates to `var` take its update_mu: with use_locking, and always
   // for optimizers that keep slots.
   static bool Exclusive(const Variable& var);
+  // Uses the mean of var's accumulated tensors as `rule` says, empties the
+  // accumulator and moves it to `new_step`. Under accumulate_mu_.
+  static void ApplyAccumulator(Variable& var, wire::AccumulatedRule rule, int64_t new_step);
   // Resolves every name or returns NotFound naming the first unknown one.
   absl::Status Find(const std::vector<std::string>& names,
                     std::vector<std::shared_ptr<Variable>>* found) const;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/core/status.h"
@@ -227,6 +228,39 @@ absl::StatusOr<bool> ApplyAccumulatedOrStop(WorkerContext& context, const std::v
     }
     context.client->AddToCounter(kJobAborted, 1).IgnoreError();  // release the others
     return applied;
+  }
+}
+
+absl::StatusOr<Client::StepValues> ReadAtStepOrStop(WorkerContext& context, const std::vector<std::string>& names,
+                                                    int64_t min_step, int replicas) {
+  Client& client = *context.client;
+  const absl::Duration timeout = absl::Seconds(context.config->training.sync_timeout_s);
+  const absl::Time give_up = absl::Now() + timeout;
+  while (true) {
+    // The server's longest wait; a stop or an abort is seen between waits.
+    SHOAL_ASSIGN_OR_RETURN(Client::StepValues pulled, client.ReadAtStep(names, min_step, absl::Milliseconds(200)));
+    if (pulled.ready) return pulled;
+    SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(client));
+    if (stopped) return pulled;
+    SHOAL_ASSIGN_OR_RETURN(int64_t aborted, client.AddToCounter(kJobAborted, 0));
+    if (aborted > 0) {
+      return absl::AbortedError(absl::StrCat(context.task.ToString(), ": another task ended the job during step ",
+                                             min_step, " (a synchronous step could not complete)"));
+    }
+    if (absl::Now() > give_up) {
+      std::vector<std::string> missing;
+      for (const TaskId& w : context.workers) {
+        const std::string name = w.ToString();
+        if (std::find(pulled.heard_from.begin(), pulled.heard_from.end(), name) == pulled.heard_from.end()) {
+          missing.push_back(name);
+        }
+      }
+      client.AddToCounter(kJobAborted, 1).IgnoreError();  // release the others
+      return absl::DeadlineExceededError(absl::StrCat(
+          context.task.ToString(), ": synchronous step ", min_step, ": only ", pulled.heard_from.size(), " of ",
+          replicas, " gradients arrived within ", absl::FormatDuration(timeout), "; missing ",
+          missing.empty() ? "(unknown)" : absl::StrJoin(missing, ", ")));
+    }
   }
 }
 

@@ -165,6 +165,15 @@ absl::Status InitializeOrWait(WorkerContext& context, const std::vector<std::str
 absl::StatusOr<bool> ApplyAccumulatedOrStop(WorkerContext& context, const std::vector<std::string>& names,
                                             int replicas, int64_t new_step, wire::AccumulatedRule rule);
 
+// Every worker's end of a synchronous step whose accumulators apply
+// themselves (Accumulate with apply_at): the values of step `min_step` once
+// the servers have applied it (Client::ReadAtStep), polled in short waits so
+// that a stop is seen; not ready means the job was stopped. After
+// sync_timeout_s, DeadlineExceeded naming the workers whose gradients did not
+// arrive, and the job is aborted so the others stop too.
+absl::StatusOr<Client::StepValues> ReadAtStepOrStop(WorkerContext& context, const std::vector<std::string>& names,
+                                                    int64_t min_step, int replicas);
+
 }  // namespace shoal
 
 #endif  // SHOAL_STRATEGY_STRATEGY_H_

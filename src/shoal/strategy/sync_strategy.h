@@ -1,14 +1,16 @@
 // SyncStrategy: synchronous training with TensorFlow's SyncReplicasOptimizer
 // semantics.
 //
-// Each step every worker reads the variables, computes gradients on its own
-// batch and sends them, tagged with its local step, to the variables'
-// accumulators. The chief waits until each accumulator holds R =
-// replicas_to_aggregate gradients, has every server apply the average with
-// the variable's optimizer, and advances global_step: the barrier. A worker's
-// next step starts only once global_step has moved past its local step, and
-// then takes the new global step as its local step, so every worker reads the
-// same, latest values.
+// Each step every worker computes gradients on its own batch from the same
+// values and sends them, tagged with its local step, to the variables'
+// accumulators. The gradient that brings an accumulator to R =
+// replicas_to_aggregate makes its server apply the mean with the variable's
+// optimizer and move the accumulator to the next step, right there: the
+// values SyncReplicas' chief would apply, without a round trip through it.
+// The barrier: a worker's next step starts only once every accumulator has
+// reached it; one call (Client::ReadAtStep) waits for that and pulls the new
+// values, so every worker reads the same, latest values. The chief keeps
+// global_step equal to the steps applied.
 //
 // Backup workers: with N workers and R < N, a step completes on the first R
 // gradients; a straggler's late gradient is older than the accumulator's step
@@ -16,10 +18,9 @@
 // continues from the new values. R > N is refused: one worker never
 // contributes several gradients to a step.
 //
-// No hang: a step that cannot gather R gradients within sync_timeout_s fails
-// on the chief, naming the workers it did not hear from, and the chief marks
-// the job aborted so the other workers stop too; a worker whose chief is gone
-// fails after the same timeout.
+// No hang: a worker whose step cannot gather R gradients within
+// sync_timeout_s fails, naming the workers it did not hear from, and marks
+// the job aborted so the other workers stop too.
 #ifndef SHOAL_STRATEGY_SYNC_STRATEGY_H_
 #define SHOAL_STRATEGY_SYNC_STRATEGY_H_
 
