@@ -96,12 +96,7 @@ class BareClient {
  public:
   explicit BareClient(const std::string& address) {
     for (int i = 0; i < 2; ++i) {
-      grpc::ChannelArguments args;
-      args.SetMaxReceiveMessageSize(-1);
-      args.SetMaxSendMessageSize(-1);
-      args.SetInt("shoal.connection_index", i);
-      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-      TuneForBulkTransfer(args);
+      const grpc::ChannelArguments args = PeerChannelArguments(i, /*message_limit=*/-1);
       stubs_.push_back(std::make_unique<grpc::GenericStub>(
           grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
     }
@@ -159,10 +154,8 @@ const ServerAddresses& ForkGrpcServers() {
       grpc::ServerBuilder builder;
       int bare_port = 0;
       builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &bare_port);
-      builder.SetMaxReceiveMessageSize(-1);
-      builder.SetMaxSendMessageSize(-1);
+      ConfigureServer(builder, /*message_limit=*/-1);
       builder.RegisterCallbackGenericService(&bare);
-      TuneForBulkTransfer(builder);
       std::unique_ptr<grpc::Server> bare_server = builder.BuildAndStart();
       std::string lines = absl::StrCat(server.ok() ? (*server)->address() : "", "\n",
                                        bare_port > 0 ? absl::StrCat("127.0.0.1:", bare_port) : "", "\n");

@@ -363,6 +363,17 @@ absl::StatusOr<int> Client::Accumulate(const std::vector<std::string>& names,
   return dropped;
 }
 
+absl::Status IncompleteStepError(int64_t step, int arrived, int replicas, absl::Duration timeout,
+                                 const std::vector<std::string>& workers, const std::vector<std::string>& heard_from) {
+  std::vector<std::string> missing;
+  for (const auto& w : workers) {
+    if (std::find(heard_from.begin(), heard_from.end(), w) == heard_from.end()) missing.push_back(w);
+  }
+  return absl::DeadlineExceededError(absl::StrCat("synchronous step ", step, ": only ", arrived, " of ", replicas,
+                                                  " gradients arrived within ", absl::FormatDuration(timeout),
+                                                  "; missing ", missing.empty() ? "(unknown)" : absl::StrJoin(missing, ", ")));
+}
+
 absl::Status Client::ApplyAccumulated(const std::vector<std::string>& names, int replicas_to_aggregate,
                                       int64_t new_step, absl::Duration timeout,
                                       const std::vector<std::string>& workers, wire::AccumulatedRule rule) {
@@ -395,14 +406,7 @@ absl::Status Client::ApplyAccumulated(const std::vector<std::string>& names, int
       for (int count : answer.counts()) fewest = std::min(fewest, count);
     }
     if (!pending.empty() && absl::Now() > give_up) {
-      std::vector<std::string> missing;
-      for (const auto& w : workers) {
-        if (std::find(heard_from.begin(), heard_from.end(), w) == heard_from.end()) missing.push_back(w);
-      }
-      return absl::DeadlineExceededError(absl::StrCat(
-          "synchronous step ", new_step, ": only ", fewest, " of ", replicas_to_aggregate,
-          " gradients arrived within ", absl::FormatDuration(timeout), "; missing ",
-          missing.empty() ? "(unknown)" : absl::StrJoin(missing, ", ")));
+      return IncompleteStepError(new_step, fewest, replicas_to_aggregate, timeout, workers, heard_from);
     }
   }
   return absl::OkStatus();

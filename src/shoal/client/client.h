@@ -49,6 +49,12 @@ struct CounterDelta {
   int64_t delta = 1;
 };
 
+// DeadlineExceeded for a synchronous step that gathered only `arrived` of
+// `replicas` gradients within `timeout`, naming those of `workers` not in
+// `heard_from`.
+absl::Status IncompleteStepError(int64_t step, int arrived, int replicas, absl::Duration timeout,
+                                 const std::vector<std::string>& workers, const std::vector<std::string>& heard_from);
+
 class Client {
  public:
   // Connects (lazily) to every task of `cluster` through `transport`.

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/core/status.h"
@@ -182,6 +181,30 @@ absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std:
   return absl::OkStatus();
 }
 
+namespace {
+
+std::vector<std::string> WorkerNames(const WorkerContext& context) {
+  std::vector<std::string> names;
+  for (const TaskId& w : context.workers) names.push_back(w.ToString());
+  return names;
+}
+
+// Between the long polls of a barrier: whether a hook stopped the job, or
+// Aborted when a task gave up on a synchronous exchange (`what`) and set
+// job_aborted to release the others.
+absl::StatusOr<bool> StoppedOrAborted(WorkerContext& context, absl::string_view what) {
+  SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(*context.client));
+  if (stopped) return true;
+  SHOAL_ASSIGN_OR_RETURN(int64_t aborted, context.client->AddToCounter(kJobAborted, 0));
+  if (aborted > 0) {
+    return absl::AbortedError(absl::StrCat(context.task.ToString(), ": another task ended the job during ", what,
+                                           " (a synchronous exchange could not complete)"));
+  }
+  return false;
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> WaitForCounter(WorkerContext& context, const std::string& name, int64_t target,
                                        absl::Duration timeout, const std::string& what, const TaskId* completer) {
   Client& client = *context.client;
@@ -191,13 +214,8 @@ absl::StatusOr<int64_t> WaitForCounter(WorkerContext& context, const std::string
     // calls a second, which keeps the barrier's traffic negligible.
     SHOAL_ASSIGN_OR_RETURN(int64_t value, client.PollCounter(name, target, absl::Milliseconds(200)));
     if (value >= target) return value;
-    SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(client));
+    SHOAL_ASSIGN_OR_RETURN(bool stopped, StoppedOrAborted(context, what));
     if (stopped) return 0;
-    SHOAL_ASSIGN_OR_RETURN(int64_t aborted, client.AddToCounter(kJobAborted, 0));
-    if (aborted > 0) {
-      return absl::AbortedError(absl::StrCat(context.task.ToString(), ": the chief ended the job during ", what,
-                                             " (a synchronous exchange could not complete)"));
-    }
     if (absl::Now() > give_up) {
       return absl::DeadlineExceededError(
           absl::StrCat(context.task.ToString(), " waited ", absl::FormatDuration(timeout), " for ", what,
@@ -210,8 +228,7 @@ absl::StatusOr<int64_t> WaitForCounter(WorkerContext& context, const std::string
 
 absl::StatusOr<bool> ApplyAccumulatedOrStop(WorkerContext& context, const std::vector<std::string>& names,
                                             int replicas, int64_t new_step, wire::AccumulatedRule rule) {
-  std::vector<std::string> workers;
-  for (const TaskId& w : context.workers) workers.push_back(w.ToString());
+  const std::vector<std::string> workers = WorkerNames(context);
   const absl::Duration timeout = absl::Seconds(context.config->training.sync_timeout_s);
   const absl::Time give_up = absl::Now() + timeout;
   while (true) {
@@ -240,26 +257,13 @@ absl::StatusOr<Client::StepValues> ReadAtStepOrStop(WorkerContext& context, cons
     // The server's longest wait; a stop or an abort is seen between waits.
     SHOAL_ASSIGN_OR_RETURN(Client::StepValues pulled, client.ReadAtStep(names, min_step, absl::Milliseconds(200)));
     if (pulled.ready) return pulled;
-    SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(client));
+    SHOAL_ASSIGN_OR_RETURN(bool stopped, StoppedOrAborted(context, absl::StrCat("step ", min_step)));
     if (stopped) return pulled;
-    SHOAL_ASSIGN_OR_RETURN(int64_t aborted, client.AddToCounter(kJobAborted, 0));
-    if (aborted > 0) {
-      return absl::AbortedError(absl::StrCat(context.task.ToString(), ": another task ended the job during step ",
-                                             min_step, " (a synchronous step could not complete)"));
-    }
     if (absl::Now() > give_up) {
-      std::vector<std::string> missing;
-      for (const TaskId& w : context.workers) {
-        const std::string name = w.ToString();
-        if (std::find(pulled.heard_from.begin(), pulled.heard_from.end(), name) == pulled.heard_from.end()) {
-          missing.push_back(name);
-        }
-      }
       client.AddToCounter(kJobAborted, 1).IgnoreError();  // release the others
-      return absl::DeadlineExceededError(absl::StrCat(
-          context.task.ToString(), ": synchronous step ", min_step, ": only ", pulled.heard_from.size(), " of ",
-          replicas, " gradients arrived within ", absl::FormatDuration(timeout), "; missing ",
-          missing.empty() ? "(unknown)" : absl::StrJoin(missing, ", ")));
+      return Annotate(IncompleteStepError(min_step, static_cast<int>(pulled.heard_from.size()), replicas, timeout,
+                                          WorkerNames(context), pulled.heard_from),
+                      context.task.ToString());
     }
   }
 }

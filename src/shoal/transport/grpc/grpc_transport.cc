@@ -27,8 +27,9 @@ int MessageLimit(size_t max_tensor_bytes) {
   return limit > static_cast<size_t>(INT32_MAX) ? INT32_MAX : static_cast<int>(limit);
 }
 
-// Applies the bulk-transfer settings through `set_int`, to channels and
-// servers alike.
+// Bulk tensors: the largest frames HTTP/2 allows, a flow-control lookahead
+// that lets a 16 MiB message go without waiting for window updates, and
+// large socket reads; applied through `set_int` to channels and servers.
 template <typename SetInt>
 void SetBulkTransferArguments(SetInt set_int) {
   set_int(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, (1 << 24) - 1);
@@ -256,17 +257,7 @@ class GrpcChannel final : public Channel {
       : Channel(std::move(task)), address_(std::move(address)), where_(absl::StrCat(this->task().ToString(), " at ", address_)),
         max_bytes_(options.max_message_bytes), token_(options.token) {
     for (int i = 0; i < std::max(1, options.connections_per_peer); ++i) {
-      grpc::ChannelArguments args;
-      args.SetMaxReceiveMessageSize(MessageLimit(max_bytes_));
-      args.SetMaxSendMessageSize(MessageLimit(max_bytes_));
-      // A distinct argument and a private subchannel pool give each stub its own TCP connection.
-      args.SetInt("shoal.connection_index", i);
-      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-      // Reconnect quickly: tasks of a job start in any order.
-      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-      TuneForBulkTransfer(args);
+      const grpc::ChannelArguments args = PeerChannelArguments(i, MessageLimit(max_bytes_));
       channels_.push_back(grpc::CreateCustomChannel(address_, credentials, args));
       stubs_.push_back(std::make_unique<grpc::GenericStub>(channels_.back()));
     }
@@ -340,11 +331,27 @@ class GrpcChannel final : public Channel {
 
 }  // namespace
 
-void TuneForBulkTransfer(grpc::ChannelArguments& args) {
+grpc::ChannelArguments PeerChannelArguments(int index, int message_limit) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(message_limit);
+  args.SetMaxSendMessageSize(message_limit);
+  // A distinct argument and a private subchannel pool give each connection
+  // index its own TCP connection.
+  args.SetInt("shoal.connection_index", index);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   SetBulkTransferArguments([&](const char* key, int value) { args.SetInt(key, value); });
+  return args;
 }
 
-void TuneForBulkTransfer(grpc::ServerBuilder& builder) {
+void ConfigureServer(grpc::ServerBuilder& builder, int message_limit) {
+  // Linux would let a second server share the port (SO_REUSEPORT) and split
+  // the traffic between two tasks; a busy address must be an error instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(message_limit);
+  builder.SetMaxSendMessageSize(message_limit);
   SetBulkTransferArguments([&](const char* key, int value) { builder.AddChannelArgument(key, value); });
 }
 
@@ -361,13 +368,8 @@ absl::StatusOr<std::unique_ptr<ServerHandle>> GrpcTransport::Serve(const std::st
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(address, *credentials, &port);
-  // Linux would let a second server share the port (SO_REUSEPORT) and split
-  // the traffic between two tasks; a busy address must be an error instead.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(MessageLimit(options_.max_message_bytes));
-  builder.SetMaxSendMessageSize(MessageLimit(options_.max_message_bytes));
+  ConfigureServer(builder, MessageLimit(options_.max_message_bytes));
   builder.RegisterCallbackGenericService(generic.get());
-  TuneForBulkTransfer(builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve ", service->options().task_name, " at '", address,

@@ -1,6 +1,6 @@
-// The HTTP/2 and TCP settings GrpcTransport gives its channels and servers,
-// shared with the transport benchmark's bare-gRPC ceiling so that both run
-// gRPC alike. Includes grpcpp: for this folder and bench/ only.
+// The gRPC settings GrpcTransport gives its channels and servers, shared
+// with the transport benchmark's bare-gRPC ceiling so that both run gRPC
+// alike. Includes grpcpp: for this folder and bench/ only.
 #ifndef SHOAL_TRANSPORT_GRPC_GRPC_TUNING_H_
 #define SHOAL_TRANSPORT_GRPC_GRPC_TUNING_H_
 
@@ -8,11 +8,14 @@
 
 namespace shoal {
 
-// Bulk tensors: the largest frames HTTP/2 allows, a flow-control lookahead
-// that lets a 16 MiB message go without waiting for window updates, and
-// large socket reads.
-void TuneForBulkTransfer(grpc::ChannelArguments& args);
-void TuneForBulkTransfer(grpc::ServerBuilder& builder);
+// The arguments of connection `index` to a peer: a TCP connection of its
+// own, quick reconnects (tasks start in any order), messages up to
+// `message_limit` bytes (-1: any), and settings for bulk tensors.
+grpc::ChannelArguments PeerChannelArguments(int index, int message_limit);
+
+// A server's settings: messages up to `message_limit` bytes (-1: any), an
+// address no other server may share, and settings for bulk tensors.
+void ConfigureServer(grpc::ServerBuilder& builder, int message_limit);
 
 }  // namespace shoal
 
