@@ -156,7 +156,8 @@ absl::StatusOr<std::vector<bool>> Client::VariablesExist(const std::vector<std::
   for (auto& [task, call] : calls) {
     const auto& lookup = call.response.header.lookup();
     if (lookup.present_size() != static_cast<int>(call.pieces.size())) {
-      return absl::DataLossError(absl::StrCat(task.ToString(), " answered a lookup malformed"));
+      return absl::DataLossError(absl::StrCat(task.ToString(), " answered a lookup of ", call.pieces.size(),
+                                              " variables with ", lookup.present_size(), " answers"));
     }
     for (int k = 0; k < lookup.present_size(); ++k) {
       if (!lookup.present(k)) exist[call.pieces[k].first] = false;

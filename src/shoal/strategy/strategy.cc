@@ -114,6 +114,10 @@ absl::StatusOr<bool> FinishStep(WorkerContext& context, StepInfo& step, WorkerRe
 
 namespace {
 
+bool AllExist(const std::vector<bool>& exist) {
+  return std::all_of(exist.begin(), exist.end(), [](bool e) { return e; });
+}
+
 // Puts `checkpoint` onto the cluster for the variables `names` (shaped as
 // `values`, created with `optimizer`): global_step first, so that no worker
 // sees restored values at another step; then the variables, created with the
@@ -162,7 +166,7 @@ absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std:
   while (true) {
     auto exist = client.VariablesExist(names);
     if (exist.ok()) {
-      if (std::all_of(exist->begin(), exist->end(), [](bool e) { return e; })) return absl::OkStatus();
+      if (AllExist(*exist)) return absl::OkStatus();
       break;  // every task answers, and some lack their variables: restore
     }
     if (absl::Now() > give_up) {
@@ -217,11 +221,11 @@ absl::StatusOr<int64_t> WaitForCounter(WorkerContext& context, const std::string
     SHOAL_ASSIGN_OR_RETURN(bool stopped, StoppedOrAborted(context, what));
     if (stopped) return 0;
     if (absl::Now() > give_up) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(context.task.ToString(), " waited ", absl::FormatDuration(timeout), " for ", what,
-                       "; ", completer ? "" : "the chief ",
-                       completer ? completer->ToString() : context.workers.empty() ? "" : context.workers[0].ToString(),
-                       " did not complete it"));
+      const std::string who =
+          completer != nullptr ? completer->ToString()
+                               : absl::StrCat("the chief ", context.workers.empty() ? "" : context.workers[0].ToString());
+      return absl::DeadlineExceededError(absl::StrCat(context.task.ToString(), " waited ", absl::FormatDuration(timeout),
+                                                      " for ", what, "; ", who, " did not complete it"));
     }
   }
 }
@@ -292,7 +296,7 @@ absl::StatusOr<std::string> CheckpointToRestore(WorkerContext& context, const st
   SHOAL_RETURN_IF_ERROR(latest.status());
   if (context.config->checkpoint.restore == "always") return *latest;
   SHOAL_ASSIGN_OR_RETURN(std::vector<bool> exist, context.client->VariablesExist(names));
-  if (std::all_of(exist.begin(), exist.end(), [](bool e) { return e; })) {
+  if (AllExist(exist)) {
     absl::FPrintF(stderr, "%s: the variables are live on their tasks; not restoring %s\n", context.task.ToString(),
                   *latest);
     return std::string();
