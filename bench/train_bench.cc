@@ -1,15 +1,27 @@
-// Benchmark (b): training examples/s of one worker through shoal (one ps
-// task, in-process transport, the real AsyncStrategy: pull, compute, push,
+// Benchmark (b) and the compute ceiling.
+//
+// (b): training examples/s of one worker through shoal (one ps task,
+// in-process transport, the real AsyncStrategy: pull, compute, push,
 // server-side Adam) against a plain libtorch loop with the same model, batch,
-// data and optimizer. Runs alternate to share the machine's noise; medians.
+// data, optimizer and threads. Runs alternate to share the machine's noise;
+// medians.
+//
+// The ceiling: the single-core GEMM rate of this machine, measured in the
+// same run, times its cores, over the model's FLOPs per training example,
+// is the examples/s its cores could reach if every cycle went to the
+// model's matrix products. The main job (2 ps, 2 workers in one process) and
+// both sides of (b) are reported as fractions of it; bench/report.py does
+// the same for (c) and (d).
 //
 //   build/bench/train_bench [--steps N] [--repeats R]   -> one JSON line
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "shoal/compute/compute_threads.h"
 #include "shoal/session/local_cluster.h"
 #include "shoal/transport/grpc/grpc_transport.h"
 
@@ -19,6 +31,35 @@ namespace {
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// Single-thread float32 GEMM rate, GFLOP/s: the best of several
+// [64, 2048] x [2048, 2048] products (a batch through a wide layer).
+double SingleCoreGemmGflops() {
+  SetComputeThreads(1);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor a = torch::randn({64, 2048}), b = torch::randn({2048, 2048});
+  torch::Tensor c = torch::mm(a, b);
+  double best = 1e30;
+  for (int i = 0; i < 30; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    c = torch::mm(a, b);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return 2.0 * 64 * 2048 * 2048 / best / 1e9;
+}
+
+// Matrix-product FLOPs of one training example through the dense layers:
+// forward (2 * in * out per layer), the weight gradients (as many), and the
+// input gradients of every layer but the first (the data needs none).
+double TrainingFlopsPerExample(const std::vector<int64_t>& layers) {
+  double forward = 0, input_gradients = 0;
+  for (size_t i = 0; i + 1 < layers.size(); ++i) {
+    const double product = 2.0 * layers[i] * layers[i + 1];
+    forward += product;
+    if (i > 0) input_gradients += product;
+  }
+  return 2 * forward + input_gradients;
 }
 
 double PlainLibtorch(const JobConfig& config, const Dataset& train, int64_t steps) {
@@ -43,32 +84,48 @@ int Main(int argc, char** argv) {
     if (flag == "--steps") (void)absl::SimpleAtoi(argv[i + 1], &steps);
     if (flag == "--repeats") (void)absl::SimpleAtoi(argv[i + 1], &repeats);
   }
-  JobConfig config = DefaultJobConfig();
-  config.cluster.ps = 1;
-  config.cluster.workers = 1;
-  config.training.max_steps = steps;
-  config.training.optimizer.set_lr_decay_rate(0);  // torch::optim::Adam has none
-  config.data.test_examples = 1000;
-  auto data = LoadData(config);
+  JobConfig one_worker = DefaultJobConfig();
+  one_worker.cluster.ps = 1;
+  one_worker.cluster.workers = 1;
+  one_worker.training.max_steps = steps;
+  one_worker.training.optimizer.set_lr_decay_rate(0);  // torch::optim::Adam has none
+  one_worker.data.test_examples = 1000;
+  JobConfig main_job = DefaultJobConfig();  // 2 ps, 2 workers, in-process
+  main_job.training.max_steps = 2 * steps;
+  main_job.data.test_examples = 1000;
+  auto data = LoadData(one_worker);
   if (!data.ok()) {
     absl::FPrintF(stderr, "train_bench: %s\n", data.status().ToString());
     return 1;
   }
-  std::vector<double> plain, shoal;
+  const int cores = UsableCores();
+  const double flops = TrainingFlopsPerExample(one_worker.model.layers);
+  std::vector<double> gemm, plain, shoal, two_workers;
   for (int64_t r = 0; r < repeats; ++r) {
-    plain.push_back(PlainLibtorch(config, data->train, steps));
-    auto report = TrainInProcess(config, InProcOptions{}, nullptr);
-    if (!report.ok()) {
-      absl::FPrintF(stderr, "train_bench: %s\n", report.status().ToString());
-      return 1;
+    gemm.push_back(SingleCoreGemmGflops());
+    // The plain loop computes with what shoal gives its one worker: every core.
+    SetComputeThreads(cores);
+    plain.push_back(PlainLibtorch(one_worker, data->train, steps));
+    for (auto [config, into] : {std::pair{&one_worker, &shoal}, std::pair{&main_job, &two_workers}}) {
+      auto report = TrainInProcess(*config, InProcOptions{}, nullptr);
+      if (!report.ok()) {
+        absl::FPrintF(stderr, "train_bench: %s\n", report.status().ToString());
+        return 1;
+      }
+      into->push_back(config == &one_worker ? report->examples_per_second : report->steady_examples_per_second);
     }
-    shoal.push_back(report->examples_per_second);
   }
+  const double ceiling = Median(gemm) * 1e9 * cores / flops;
   absl::PrintF(
-      "{\"benchmark\": \"train_one_worker\", \"steps\": %d, \"batch_size\": %d, \"repeats\": %d, "
+      "{\"benchmark\": \"train\", \"steps\": %d, \"batch_size\": %d, \"repeats\": %d, \"cores\": %d, "
+      "\"blas\": \"%s\", \"single_core_gemm_gflops\": %.2f, \"flops_per_example\": %.0f, "
+      "\"ceiling_examples_per_second\": %.1f, "
       "\"libtorch_examples_per_second\": %.1f, \"shoal_inproc_examples_per_second\": %.1f, "
-      "\"ratio_shoal_vs_libtorch\": %.4f}\n",
-      steps, config.training.batch_size, repeats, Median(plain), Median(shoal), Median(shoal) / Median(plain));
+      "\"ratio_shoal_vs_libtorch\": %.4f, \"libtorch_vs_ceiling\": %.4f, \"shoal_one_worker_vs_ceiling\": %.4f, "
+      "\"main_job_2_workers_examples_per_second\": %.1f, \"main_job_vs_ceiling\": %.4f}\n",
+      steps, one_worker.training.batch_size, repeats, cores, IdentifyBlas().name, Median(gemm), flops, ceiling,
+      Median(plain), Median(shoal), Median(shoal) / Median(plain), Median(plain) / ceiling, Median(shoal) / ceiling,
+      Median(two_workers), Median(two_workers) / ceiling);
   return 0;
 }
 

@@ -9,11 +9,13 @@ cd "$(dirname "$0")/.."
 
 packages=(
   cmake ninja-build g++ ccache pkg-config
+  libopenblas0-pthread  # before libtorch-dev: otherwise apt's BLAS is Netlib's reference one, ~15x slower
   libtorch-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev libcairo2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
   iproute2  # the network-partition test (ip netns)
+  libblas3  # Netlib's reference BLAS, only for the test of the slow-BLAS warning (OpenBLAS stays the system's)
 )
 # shellcheck disable=SC2206
 packages+=(${SHOAL_EXTRA_PACKAGES:-})

@@ -1,7 +1,10 @@
 // Faults with real processes and signals: the local launcher's children are
 // killed with SIGKILL while a job runs; a worker is restarted within the
 // restart budget and the job accounts for every step, a spent budget or a
-// dead ps stops the job naming the task.
+// dead ps stops the job naming the task. Every kill waits for an observed
+// event (a global step in the workers' metrics files, a checkpoint), never
+// for wall-clock time, and each test checks that the kill landed while the
+// job was running.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -11,6 +14,7 @@
 #include <future>
 #include <sstream>
 
+#include "process_helpers.h"
 #include "quick_job.h"
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/session/local_cluster.h"
@@ -54,20 +58,55 @@ bool WaitForACheckpoint(const std::string& dir) {
   return LatestCheckpoint(dir).ok();
 }
 
-JobConfig LongAsyncJob(int max_restarts) {
+constexpr int64_t kJobSteps = 1200;
+
+// A job over processes whose workers write metrics files under a fresh
+// folder every 10 steps, so a test can kill a task at a global step.
+class LongAsyncJob {
+ public:
+  explicit LongAsyncJob(int max_restarts, const std::string& name)
+      : dir_(std::filesystem::temp_directory_path() / (name + "_" + std::to_string(getpid()))) {
+    std::filesystem::remove_all(dir_);
+    config.training.max_steps = kJobSteps;
+    config.cluster.max_restarts = max_restarts;
+    config.hooks.metrics_dir = (dir_ / "metrics").string();
+    config.hooks.metrics_every_steps = 10;
+  }
+  ~LongAsyncJob() { std::filesystem::remove_all(dir_); }
+
+  std::string checkpoint_dir() const { return (dir_ / "checkpoints").string(); }
+  std::filesystem::path MetricsFile(int worker) const {
+    return dir_ / "metrics" / ("worker_" + std::to_string(worker) + ".jsonl");
+  }
+  std::future<absl::StatusOr<TrainReport>> Start() const {
+    return std::async(std::launch::async, [config = config] {
+      return TrainInLocalProcesses(config, SHOAL_BINARY, /*show_progress=*/false);
+    });
+  }
+  // Waits for worker `worker` to report `step` global steps; the step it
+  // reported, which the test checks is well short of the end.
+  int64_t WaitForGlobalStep(int worker, int64_t step) const {
+    return WaitForStep(MetricsFile(worker), "global_step", step);
+  }
+
   JobConfig config = QuickJob();
-  config.training.max_steps = 1200;  // about 15 s over processes: time to kill one
-  config.cluster.max_restarts = max_restarts;
-  return config;
-}
+
+ private:
+  std::filesystem::path dir_;
+};
+
+// A global step well into training and far from its end.
+constexpr int64_t kKillAt = 150;
+constexpr int64_t kMustStillBeBefore = kJobSteps - 300;
 
 TEST(FaultTest, AWorkerKilledMidJobIsRestartedAndEveryStepIsAccountedFor) {
-  auto job = std::async(std::launch::async, [] {
-    return TrainInLocalProcesses(LongAsyncJob(1), SHOAL_BINARY, /*show_progress=*/false);
-  });
+  LongAsyncJob setup(1, "shoal_fault_worker");
+  auto job = setup.Start();
   const pid_t worker = FindChild("--task /job:worker/task:1");
   ASSERT_GT(worker, 0);
-  absl::SleepFor(absl::Seconds(4));  // well into training
+  const int64_t at = setup.WaitForGlobalStep(1, kKillAt);
+  ASSERT_GE(at, kKillAt) << "training did not get under way";
+  ASSERT_LT(at, kMustStillBeBefore);
   ASSERT_EQ(kill(worker, SIGKILL), 0);
   auto report = job.get();
   ASSERT_TRUE(report.ok()) << report.status();
@@ -75,21 +114,27 @@ TEST(FaultTest, AWorkerKilledMidJobIsRestartedAndEveryStepIsAccountedFor) {
   EXPECT_NE(report->restarts[0].find("/job:worker/task:1 was killed by signal 9, restarted (1 of 1)"),
             std::string::npos)
       << report->restarts[0];
-  EXPECT_GE(report->global_step, 1200);  // every step applied and counted
+  EXPECT_GE(report->global_step, kJobSteps);  // every step applied and counted
   EXPECT_GT(report->test_accuracy, 0.75);
 }
 
 TEST(FaultTest, ASpentRestartBudgetStopsTheJobWithAReport) {
-  auto job = std::async(std::launch::async, [] {
-    return TrainInLocalProcesses(LongAsyncJob(1), SHOAL_BINARY, /*show_progress=*/false);
-  });
+  LongAsyncJob setup(1, "shoal_fault_budget");
+  auto job = setup.Start();
   const pid_t first = FindChild("--task /job:worker/task:1");
   ASSERT_GT(first, 0);
-  absl::SleepFor(absl::Seconds(2));
+  const int64_t at = setup.WaitForGlobalStep(1, kKillAt);
+  ASSERT_GE(at, kKillAt) << "training did not get under way";
+  ASSERT_LT(at, kMustStillBeBefore);
+  SetAside(setup.MetricsFile(1));
   ASSERT_EQ(kill(first, SIGKILL), 0);
   const pid_t second = FindChild("--task /job:worker/task:1", first);
   ASSERT_GT(second, 0);
-  absl::SleepFor(absl::Seconds(1));
+  // The restarted worker has rejoined and trains (its own metrics file has
+  // a line) before it is killed too.
+  const int64_t rejoined_at = setup.WaitForGlobalStep(1, 0);
+  ASSERT_GE(rejoined_at, 0) << "the restarted worker never trained";
+  ASSERT_LT(rejoined_at, kJobSteps);
   ASSERT_EQ(kill(second, SIGKILL), 0);
   auto report = job.get();
   ASSERT_FALSE(report.ok());
@@ -104,19 +149,17 @@ TEST(FaultTest, ASpentRestartBudgetStopsTheJobWithAReport) {
 // see it unreachable, then without its variables, and wait; the chief
 // restores the newest checkpoint onto every task and training goes on.
 TEST(FaultTest, AKilledPsIsRestartedAndRestoredFromTheLastCheckpoint) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("shoal_fault_ckpt_" + std::to_string(getpid()))).string();
-  std::filesystem::remove_all(dir);
-  JobConfig config = LongAsyncJob(1);
-  config.checkpoint.dir = dir;
-  config.checkpoint.every_steps = 100;
-  auto job = std::async(std::launch::async, [&] {
-    return TrainInLocalProcesses(config, SHOAL_BINARY, /*show_progress=*/false);
-  });
+  LongAsyncJob setup(1, "shoal_fault_ckpt");
+  const std::string dir = setup.checkpoint_dir();
+  setup.config.checkpoint.dir = dir;
+  setup.config.checkpoint.every_steps = 100;
+  auto job = setup.Start();
   const pid_t ps = FindChild("--task /job:ps/task:1");
   ASSERT_GT(ps, 0);
-  // Kill it once a checkpoint exists.
+  // Kill it once a checkpoint exists, well before the end.
   ASSERT_TRUE(WaitForACheckpoint(dir));
+  const int64_t at = LatestInMetrics(setup.MetricsFile(0), "global_step");
+  ASSERT_LT(at, kMustStillBeBefore);
   ASSERT_EQ(kill(ps, SIGKILL), 0);
   auto report = job.get();
   ASSERT_TRUE(report.ok()) << report.status();
@@ -124,9 +167,8 @@ TEST(FaultTest, AKilledPsIsRestartedAndRestoredFromTheLastCheckpoint) {
   EXPECT_NE(report->restarts[0].find("/job:ps/task:1 was killed by signal 9"), std::string::npos);
   ASSERT_GE(report->recoveries.size(), 1u);
   EXPECT_NE(report->recoveries[0].find("restored " + dir), std::string::npos) << report->recoveries[0];
-  EXPECT_GE(report->global_step, 1200);
+  EXPECT_GE(report->global_step, kJobSteps);
   EXPECT_GT(report->test_accuracy, 0.75);
-  std::filesystem::remove_all(dir);
 }
 
 // The chief killed and started again. With restore: if_lost it finds the
@@ -135,19 +177,17 @@ TEST(FaultTest, AKilledPsIsRestartedAndRestoredFromTheLastCheckpoint) {
 // checkpoint, as TensorFlow's chief does. Either way the job goes on.
 TEST(FaultTest, AKilledChiefIsRestartedAndTheJobGoesOn) {
   for (const std::string restore : {"if_lost", "always"}) {
-    const std::string dir = (std::filesystem::temp_directory_path() /
-                             ("shoal_fault_chief_" + restore + "_" + std::to_string(getpid()))).string();
-    std::filesystem::remove_all(dir);
-    JobConfig config = LongAsyncJob(1);
-    config.checkpoint.dir = dir;
-    config.checkpoint.every_steps = 100;
-    config.checkpoint.restore = restore;
-    auto job = std::async(std::launch::async, [&] {
-      return TrainInLocalProcesses(config, SHOAL_BINARY, /*show_progress=*/false);
-    });
+    LongAsyncJob setup(1, "shoal_fault_chief_" + restore);
+    const std::string dir = setup.checkpoint_dir();
+    setup.config.checkpoint.dir = dir;
+    setup.config.checkpoint.every_steps = 100;
+    setup.config.checkpoint.restore = restore;
+    auto job = setup.Start();
     const pid_t chief = FindChild("--task /job:worker/task:0");
     ASSERT_GT(chief, 0) << restore;
-    WaitForACheckpoint(dir);
+    ASSERT_TRUE(WaitForACheckpoint(dir)) << restore;
+    const int64_t at = LatestInMetrics(setup.MetricsFile(1), "global_step");
+    ASSERT_LT(at, kMustStillBeBefore) << restore;
     ASSERT_EQ(kill(chief, SIGKILL), 0);
     auto report = job.get();
     ASSERT_TRUE(report.ok()) << restore << ": " << report.status();
@@ -158,19 +198,19 @@ TEST(FaultTest, AKilledChiefIsRestartedAndTheJobGoesOn) {
     } else {
       EXPECT_NE(report->restored_from.find(dir), std::string::npos) << report->restored_from;
     }
-    EXPECT_GE(report->global_step, 1200) << restore;
+    EXPECT_GE(report->global_step, kJobSteps) << restore;
     EXPECT_GT(report->test_accuracy, 0.75) << restore;
-    std::filesystem::remove_all(dir);
   }
 }
 
 TEST(FaultTest, AKilledPsStopsTheJobNamingIt) {
-  auto job = std::async(std::launch::async, [] {
-    return TrainInLocalProcesses(LongAsyncJob(3), SHOAL_BINARY, /*show_progress=*/false);
-  });
+  LongAsyncJob setup(3, "shoal_fault_ps");
+  auto job = setup.Start();
   const pid_t ps = FindChild("--task /job:ps/task:1");
   ASSERT_GT(ps, 0);
-  absl::SleepFor(absl::Seconds(3));
+  const int64_t at = setup.WaitForGlobalStep(0, kKillAt);
+  ASSERT_GE(at, kKillAt) << "training did not get under way";
+  ASSERT_LT(at, kMustStillBeBefore);
   ASSERT_EQ(kill(ps, SIGKILL), 0);
   auto report = job.get();  // without checkpoints a ps is not restarted: it would come back empty
   ASSERT_FALSE(report.ok());

@@ -285,18 +285,19 @@ TEST(LocalReplicaTrainingTest, ModelAveragingEveryEightStepsSendsAnEighthOfAsync
 namespace shoal {
 namespace {
 
-// Runs a model-averaging job as separate processes; with `kill_after`, kills
-// worker 1 with SIGKILL that long after the start and starts it again.
-// Returns the chief's result file.
-std::string RunProcessJob(const JobConfig& config, const std::string& name, absl::Duration kill_after) {
+// Runs a model-averaging job as separate processes and returns the chief's
+// result file. With `kill_at_step` > 0, worker 1 is killed with SIGKILL once
+// its metrics show that many local steps, and started again.
+std::string RunProcessJob(const JobConfig& config, const std::string& name, int64_t kill_at_step) {
   ProcessCluster cluster(name, 1, 2, config);
   pid_t ps = cluster.Start("server", "ps:0");
   pid_t chief = cluster.Start("worker", "worker:0", "chief.err");
   pid_t worker = cluster.Start("worker", "worker:1", "worker1.err");
-  if (kill_after > absl::ZeroDuration()) {
-    absl::SleepFor(kill_after);
+  if (kill_at_step > 0) {
+    const int64_t at = WaitForStep(cluster.MetricsFile(1), "local_step", kill_at_step);
+    EXPECT_GE(at, kill_at_step) << "training did not get under way";
     EXPECT_EQ(WaitFor(chief, absl::ZeroDuration()), -1) << "the job ended before the kill";
-    kill(worker, SIGKILL);
+    EXPECT_EQ(kill(worker, SIGKILL), 0);
     waitpid(worker, nullptr, 0);
     worker = cluster.Start("worker", "worker:1", "worker1_restarted.err");
   }
@@ -307,7 +308,7 @@ std::string RunProcessJob(const JobConfig& config, const std::string& name, absl
   for (pid_t pid : {chief, worker, ps}) kill(pid, SIGKILL);
   EXPECT_TRUE(WIFEXITED(chief_status) && WEXITSTATUS(chief_status) == 0) << cluster.ReadFile("chief.err");
   EXPECT_TRUE(WIFEXITED(worker_status) && WEXITSTATUS(worker_status) == 0)
-      << cluster.ReadFile(kill_after > absl::ZeroDuration() ? "worker1_restarted.err" : "worker1.err");
+      << cluster.ReadFile(kill_at_step > 0 ? "worker1_restarted.err" : "worker1.err");
   return cluster.ReadFile("worker:0.json");
 }
 
@@ -320,8 +321,10 @@ TEST(WorkerRestartTest, AKilledWorkerRestartsRejoinsAndTheJobEndsAsAnUndisturbed
   config.data.train_examples = 30000;
   config.data.test_examples = 0;  // all 10,000: a point is 100 examples, well above the noise
   config.training.epochs = 3;
-  const double undisturbed = TestAccuracy(RunProcessJob(config, "shoal_calm", absl::ZeroDuration()));
-  const double restarted = TestAccuracy(RunProcessJob(config, "shoal_restart", absl::Seconds(5)));
+  // 30,000 examples, batch 64, 2 workers: about 700 local steps each; the
+  // kill comes a third of the way in.
+  const double undisturbed = TestAccuracy(RunProcessJob(config, "shoal_calm", 0));
+  const double restarted = TestAccuracy(RunProcessJob(config, "shoal_restart", 250));
   std::printf("test accuracy: undisturbed %.4f, with worker 1 killed and restarted %.4f\n", undisturbed, restarted);
   EXPECT_GT(undisturbed, 0.8);
   // Every round after the kill needed worker 1's values, so the job could

@@ -63,7 +63,6 @@ pid_t Spawn(const std::vector<std::string>& argv_strings, const std::string& std
     std::vector<char*> argv;
     for (const auto& a : argv_strings) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
     execvp(argv[0], argv.data());
     _exit(127);
   }

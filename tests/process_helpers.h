@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/time/clock.h"
 #include "shoal/cluster/cluster_spec.h"
 #include "shoal/session/config.h"
@@ -32,12 +34,48 @@ inline int WaitFor(pid_t pid, absl::Duration timeout) {
   return -1;
 }
 
+// The latest value of `field` ("global_step", "local_step") in a JSONL
+// metrics file (hooks.metrics_dir), or -1 if it has no complete line yet.
+inline int64_t LatestInMetrics(const std::filesystem::path& file, const std::string& field) {
+  std::ifstream in(file);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!in.eof()) last = line;  // a line still being written has no newline yet
+  }
+  nlohmann::json record = nlohmann::json::parse(last, nullptr, false);
+  if (record.is_discarded() || !record.contains(field)) return -1;
+  return record[field].get<int64_t>();
+}
+
+// Faults are timed by what the job has done, never by the clock: waits up to
+// `timeout` for the metrics `file` to show `field` >= `at_least`; returns the
+// value seen, or -1 if it never got there.
+inline int64_t WaitForStep(const std::filesystem::path& file, const std::string& field, int64_t at_least,
+                           absl::Duration timeout = absl::Seconds(90)) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (absl::Now() < give_up) {
+    const int64_t seen = LatestInMetrics(file, field);
+    if (seen >= at_least) return seen;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return -1;
+}
+
+// Moves a metrics file aside before its writer is killed, so that the file
+// the restarted task writes is a new one (its writer keeps the old one open).
+inline void SetAside(const std::filesystem::path& file) {
+  std::filesystem::rename(file, file.string() + ".before_kill");
+}
+
 class ProcessCluster {
  public:
-  // `name` keeps the directories of concurrent tests apart.
-  ProcessCluster(const std::string& name, int ps, int workers, const JobConfig& config)
+  // `name` keeps the directories of concurrent tests apart. Every worker
+  // writes a metrics file every 10 steps (MetricsFile), for WaitForStep.
+  ProcessCluster(const std::string& name, int ps, int workers, JobConfig config)
       : dir_(std::filesystem::temp_directory_path() / (name + "_" + std::to_string(getpid()))) {
     std::filesystem::create_directories(dir_);
+    config.hooks.metrics_dir = dir_ / "metrics";
+    config.hooks.metrics_every_steps = 10;
     std::map<std::string, std::vector<std::string>> jobs;
     for (int i = 0; i < ps + workers; ++i) {
       jobs[i < ps ? "ps" : "worker"].push_back("127.0.0.1:" + std::to_string(FreeLoopbackPort().value()));
@@ -48,6 +86,9 @@ class ProcessCluster {
   ~ProcessCluster() { std::filesystem::remove_all(dir_); }
 
   const std::filesystem::path& dir() const { return dir_; }
+  std::filesystem::path MetricsFile(int worker) const {
+    return dir_ / "metrics" / ("worker_" + std::to_string(worker) + ".jsonl");
+  }
 
   // Starts `shoal <command> --task <task>` (stderr to `stderr_file` in dir()
   // if given, a result file "<task>.json" there for workers).
@@ -65,7 +106,6 @@ class ProcessCluster {
       std::vector<char*> argv = {const_cast<char*>(SHOAL_BINARY)};
       for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
-      setenv("OPENBLAS_NUM_THREADS", "1", 1);
       execv(SHOAL_BINARY, argv.data());
       _exit(127);
     }

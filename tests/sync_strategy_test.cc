@@ -276,8 +276,10 @@ TEST(SyncTrainingTest, AKilledWorkerProcessFailsTheStepNamingItInsteadOfHanging)
   pid_t ps = cluster.Start("server", "ps:0");
   pid_t chief = cluster.Start("worker", "worker:0", "chief.err");
   pid_t worker = cluster.Start("worker", "worker:1");
-  absl::SleepFor(absl::Seconds(4));  // start-up and some synchronous steps
-  kill(worker, SIGKILL);
+  // Some synchronous steps done, then the kill.
+  ASSERT_GE(WaitForStep(cluster.MetricsFile(1), "local_step", 30), 30) << cluster.ReadFile("chief.err");
+  ASSERT_EQ(WaitFor(chief, absl::ZeroDuration()), -1) << "the job ended before the kill";
+  ASSERT_EQ(kill(worker, SIGKILL), 0);
   waitpid(worker, nullptr, 0);
   const absl::Time killed = absl::Now();
   int status = WaitFor(chief, absl::Seconds(30));
@@ -304,8 +306,11 @@ TEST(SyncTrainingTest, AKilledBackupWorkerLeavesTheStepsGoingOn) {
   pid_t chief = cluster.Start("worker", "worker:0", "chief.err");
   pid_t worker = cluster.Start("worker", "worker:1");
   pid_t backup = cluster.Start("worker", "worker:2");
-  absl::SleepFor(absl::Seconds(4));  // start-up and some synchronous steps
-  kill(backup, SIGKILL);
+  // Some synchronous steps done, and far from the 400th, then the kill.
+  const int64_t at = WaitForStep(cluster.MetricsFile(0), "global_step", 30);
+  ASSERT_GE(at, 30) << cluster.ReadFile("chief.err");
+  ASSERT_LT(at, 300);
+  ASSERT_EQ(kill(backup, SIGKILL), 0);
   waitpid(backup, nullptr, 0);
   const int status = WaitFor(chief, absl::Seconds(90));
   WaitFor(worker, absl::Seconds(10));

@@ -40,6 +40,7 @@ usage:
   shoal train  [--config FILE] [--mode MODE] [--processes] [--ps N] [--workers N]
                [--epochs N] [--batch_size N] [--max_steps N] [--data_dir DIR]
                [--metrics_dir DIR] [--checkpoint_dir DIR] [--max_restarts N]
+               [--threads_per_task N]
                [--result_file FILE] [--quiet]
       Runs a job on a local cluster (default: 2 ps, 2 workers, async, the
       784-256-128-10 MLP on Fashion-MNIST for 5 epochs). --processes runs each
@@ -144,6 +145,7 @@ absl::StatusOr<JobConfig> ConfigFromFlags(Flags& flags) {
   SHOAL_RETURN_IF_ERROR(override_int("ps", &config.cluster.ps));
   SHOAL_RETURN_IF_ERROR(override_int("workers", &config.cluster.workers));
   SHOAL_RETURN_IF_ERROR(override_int("max_restarts", &config.cluster.max_restarts));
+  SHOAL_RETURN_IF_ERROR(override_int("threads_per_task", &config.cluster.threads_per_task));
   SHOAL_RETURN_IF_ERROR(override_int("epochs", &config.training.epochs));
   SHOAL_RETURN_IF_ERROR(override_int("batch_size", &config.training.batch_size));
   SHOAL_RETURN_IF_ERROR(override_int("max_steps", &config.training.max_steps));
@@ -187,6 +189,10 @@ absl::Status ClusterAndTask(Flags& flags, const JobConfig& config, ClusterSpec* 
 void PrintReport(const TrainReport& report) {
   absl::PrintF("trained %d steps in %.1f s (%.0f examples/s); test accuracy %.2f%%\n", report.global_step,
                report.seconds, report.examples_per_second, 100 * report.test_accuracy);
+  if (report.compute_threads > 0) {
+    absl::PrintF("compute: %d thread(s) per worker (%s); BLAS %s\n", report.compute_threads,
+                 report.compute_threads_source, report.blas);
+  }
   if (report.stale_gradients_dropped > 0) {
     absl::PrintF("stale gradients dropped (late backup workers): %d\n", report.stale_gradients_dropped);
   }

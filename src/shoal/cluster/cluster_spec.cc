@@ -180,6 +180,28 @@ std::vector<TaskId> ClusterSpec::TrainingTasks() const {
   return tasks;
 }
 
+namespace {
+
+// "10.0.0.1:2222" -> "10.0.0.1", "[::1]:2222" -> "::1".
+std::string HostOf(const std::string& address) {
+  if (!address.empty() && address[0] == '[') return address.substr(1, address.find(']') - 1);
+  return address.substr(0, address.rfind(':'));
+}
+
+}  // namespace
+
+int ClusterSpec::TrainingTasksOnHostOf(const TaskId& task) const {
+  auto self = AddressOf(task);
+  if (!self.ok()) return 0;
+  const std::string host = HostOf(*self);
+  int count = 0;
+  for (const TaskId& t : TrainingTasks()) {
+    auto address = AddressOf(t);
+    if (address.ok() && HostOf(*address) == host) ++count;
+  }
+  return count;
+}
+
 std::string ClusterSpec::ToJson() const { return nlohmann::json(jobs_).dump(); }
 
 absl::StatusOr<TfConfig> ParseTfConfig(const std::string& json_text) {

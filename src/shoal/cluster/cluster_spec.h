@@ -54,6 +54,9 @@ class ClusterSpec {
   bool IsChief(const TaskId& task) const { return task == Chief(); }
   // Workers that train: the chief job's task (if any) and every worker.
   std::vector<TaskId> TrainingTasks() const;
+  // How many training tasks share `task`'s host (by the host part of their
+  // addresses), `task` included if it trains: they share its cores.
+  int TrainingTasksOnHostOf(const TaskId& task) const;
   const std::map<std::string, std::vector<std::string>>& jobs() const { return jobs_; }
   std::string ToJson() const;
 

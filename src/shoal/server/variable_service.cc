@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "shoal/compute/compute_threads.h"
 #include "shoal/core/status.h"
 
 namespace shoal {
@@ -38,6 +39,9 @@ bool VariableService::MayWait(const Request& request) {
 }
 
 void VariableService::Handle(const Request& request, Response* response) {
+  // Requests run on the transport's threads, which start with libtorch's
+  // default thread count; optimizer math takes the task's own.
+  UseComputeThreadsInThisThread();
   response->header.Clear();
   response->tensors.clear();
   absl::Status status = Dispatch(request, response);

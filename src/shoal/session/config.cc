@@ -117,6 +117,7 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(cluster.Get("processes", &c->cluster.processes));
   SHOAL_RETURN_IF_ERROR(cluster.Get("cluster_file", &c->cluster.cluster_file));
   SHOAL_RETURN_IF_ERROR(cluster.Get("max_restarts", &c->cluster.max_restarts));
+  SHOAL_RETURN_IF_ERROR(cluster.Get("threads_per_task", &c->cluster.threads_per_task));
   SHOAL_RETURN_IF_ERROR(cluster.CheckNoUnknownKeys());
 
   Section model = top.Child("model");
@@ -357,6 +358,9 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   SHOAL_RETURN_IF_ERROR(Positive("cluster.ps", c.cluster.ps));
   SHOAL_RETURN_IF_ERROR(Positive("cluster.workers", c.cluster.workers));
   if (c.cluster.max_restarts < 0) return absl::InvalidArgumentError("config: 'cluster.max_restarts' must not be negative");
+  if (c.cluster.threads_per_task < 0) {
+    return absl::InvalidArgumentError("config: 'cluster.threads_per_task' must not be negative (0 = derive it)");
+  }
   SHOAL_RETURN_IF_ERROR(Annotate(ValidateMlpConfig(c.model), "config"));
   if (c.data.train_examples < 0 || c.data.test_examples < 0) {
     return absl::InvalidArgumentError("config: 'data.train_examples' and 'data.test_examples' must not be negative");
@@ -446,7 +450,8 @@ std::string JobConfigToYaml(const JobConfig& c) {
   out << YAML::Key << "cluster" << YAML::Value << YAML::BeginMap << YAML::Key << "ps" << YAML::Value << c.cluster.ps
       << YAML::Key << "workers" << YAML::Value << c.cluster.workers << YAML::Key << "processes" << YAML::Value
       << c.cluster.processes << YAML::Key << "cluster_file" << YAML::Value << c.cluster.cluster_file << YAML::Key
-      << "max_restarts" << YAML::Value << c.cluster.max_restarts << YAML::EndMap;
+      << "max_restarts" << YAML::Value << c.cluster.max_restarts << YAML::Key << "threads_per_task" << YAML::Value
+      << c.cluster.threads_per_task << YAML::EndMap;
   out << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "layers" << YAML::Value << YAML::Flow
       << c.model.layers << YAML::Key << "activation" << YAML::Value << c.model.activation << YAML::Key << "seed"
       << YAML::Value << c.model.seed << YAML::EndMap;

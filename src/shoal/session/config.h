@@ -30,6 +30,9 @@ struct ClusterConfig {
   // job keeps checkpoints (it comes back empty; the chief restores it), and
   // only asynchronous training recovers from that so far.
   int max_restarts = 0;
+  // Compute threads (BLAS and libtorch intra-op) per task; 0: OPENBLAS_NUM_THREADS
+  // if set, else a training task's share of this host's cores, 1 for a ps task.
+  int threads_per_task = 0;
 };
 
 struct DataConfig {

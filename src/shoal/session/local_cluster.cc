@@ -25,8 +25,12 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
                                            std::FILE* progress_out,
                                            const std::function<void(WorkerContext&)>& customize) {
   SHOAL_RETURN_IF_ERROR(ValidateJobConfig(config));
-  SHOAL_ASSIGN_OR_RETURN(DataSplits data, LoadData(config));
   const ClusterSpec cluster = ClusterSpec::Local(config.cluster.ps, config.cluster.workers);
+  // Every worker computes in this process; the ps tasks' work runs on their
+  // calling threads.
+  const ComputeThreads threads =
+      SetUpComputeThreads(config, /*training_task=*/true, static_cast<int>(cluster.TrainingTasks().size()));
+  SHOAL_ASSIGN_OR_RETURN(DataSplits data, LoadData(config));
   InProcNetwork network;
   InProcTransport transport(&network, transport_options);
 
@@ -49,9 +53,10 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
 
   std::vector<absl::Status> statuses(workers.size());
   TrainReport report;
-  std::vector<std::thread> threads;
+  std::vector<std::thread> worker_threads;
   for (size_t i = 0; i < workers.size(); ++i) {
-    threads.emplace_back([&, i] {
+    worker_threads.emplace_back([&, i] {
+      UseComputeThreadsInThisThread();
       auto client = Client::Create(cluster, &transport, placement, ClientOptions{absl::Seconds(config.transport.rpc_timeout_s)});
       if (!client.ok()) {
         statuses[i] = client.status();
@@ -63,15 +68,12 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
       statuses[i] = RunWorkerSession(context, data.test, &report);
     });
   }
-  for (auto& t : threads) t.join();
+  for (auto& t : worker_threads) t.join();
   if (progress) progress->Finish();
   for (const absl::Status& s : statuses) SHOAL_RETURN_IF_ERROR(s);
+  DescribeCompute(threads, &report);
   return report;
 }
-
-namespace {
-
-}  // namespace
 
 absl::StatusOr<int> FreeLoopbackPort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -103,7 +105,6 @@ absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::st
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork() failed");
   if (pid == 0) {
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
     std::vector<char*> argv;
     argv.push_back(const_cast<char*>(binary.c_str()));
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));

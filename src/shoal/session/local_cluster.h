@@ -6,8 +6,8 @@
 //
 // TrainInLocalProcesses: every task its own process (`shoal server` and
 // `shoal worker`), talking gRPC on loopback; what a real cluster does, on one
-// machine. Each child gets OPENBLAS_NUM_THREADS=1 so the processes do not
-// fight over the cores. A child that fails or hangs past the deadline fails
+// machine. Each child sets its own compute threads (SetUpComputeThreads):
+// the workers share the cores, a ps task takes one. A child that fails or hangs past the deadline fails
 // the job, naming the task, and the others are stopped.
 #ifndef SHOAL_SESSION_LOCAL_CLUSTER_H_
 #define SHOAL_SESSION_LOCAL_CLUSTER_H_

@@ -45,6 +45,22 @@ absl::Status Serve(const JobConfig& config, const ClusterSpec& cluster, const Ta
 
 }  // namespace
 
+ComputeThreads SetUpComputeThreads(const JobConfig& config, bool training_task, int training_tasks_on_host) {
+  // OPENBLAS_NUM_THREADS is read because OpenBLAS itself honours it: a user
+  // who set it keeps it.
+  const ComputeThreads threads = ChooseComputeThreads(config.cluster.threads_per_task, std::getenv("OPENBLAS_NUM_THREADS"),
+                                                      training_task, training_tasks_on_host, UsableCores());
+  SetComputeThreads(threads.threads);
+  WarnOnceIfBlasIsSlow();
+  return threads;
+}
+
+void DescribeCompute(const ComputeThreads& threads, TrainReport* report) {
+  report->compute_threads = threads.threads;
+  report->compute_threads_source = threads.source;
+  report->blas = IdentifyBlas().name;
+}
+
 std::unique_ptr<VariableService> MakeVariableService(const JobConfig& config, const TaskId& task) {
   return std::make_unique<VariableService>(
       VariableServiceOptions{task.ToString(), static_cast<size_t>(config.transport.max_message_mb) << 20});
@@ -97,6 +113,7 @@ WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& clus
 
 absl::Status RunServerTask(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
                            const TaskOptions& options) {
+  SetUpComputeThreads(config, /*training_task=*/false, cluster.TrainingTasksOnHostOf(task));
   SHOAL_ASSIGN_OR_RETURN(GrpcOptions grpc_options, GrpcOptionsFor(config));
   GrpcTransport transport(grpc_options);
   std::unique_ptr<VariableService> service;
@@ -114,6 +131,7 @@ absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, 
   if (std::find(workers.begin(), workers.end(), task) == workers.end()) {
     return absl::InvalidArgumentError(absl::StrCat(task.ToString(), " is not a training task (chief or worker)"));
   }
+  const ComputeThreads threads = SetUpComputeThreads(config, /*training_task=*/true, cluster.TrainingTasksOnHostOf(task));
   SHOAL_ASSIGN_OR_RETURN(DataSplits data, LoadData(config));
   SHOAL_ASSIGN_OR_RETURN(GrpcOptions grpc_options, GrpcOptionsFor(config));
   GrpcTransport transport(grpc_options);
@@ -133,6 +151,7 @@ absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, 
   }
   absl::Status status = RunWorkerSession(context, data.test, report);
   if (progress) progress->Finish();
+  if (report) DescribeCompute(threads, report);
   // A population member's variables may live on its own task: it serves them
   // until the chief has read every member for the report.
   const bool serves_members = config.training.mode == "population";

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "shoal/compute/compute_threads.h"
 #include "shoal/session/worker_session.h"
 
 namespace shoal {
@@ -21,6 +22,16 @@ std::unique_ptr<VariableService> MakeVariableService(const JobConfig& config, co
 // its shard of `train`.
 WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
                                 Client* client, const Dataset& train, int64_t max_steps);
+
+// Sets this process's compute threads (BLAS and libtorch intra-op; see
+// compute/compute_threads.h) for a task that trains or not, sharing its host
+// with `training_tasks_on_host` training tasks, and warns once on a slow BLAS.
+// Every entry point calls it before any compute: the in-process launcher,
+// RunServerTask and RunWorkerTask.
+ComputeThreads SetUpComputeThreads(const JobConfig& config, bool training_task, int training_tasks_on_host);
+
+// Notes `threads` and the BLAS in `report`.
+void DescribeCompute(const ComputeThreads& threads, TrainReport* report);
 
 struct TaskOptions {
   std::string bind_address;                  // default: the task's address in the cluster
