@@ -132,4 +132,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace shoal
 
-int main(int argc, char** argv) { return shoal::Main(argc, argv); }
+int main(int argc, char** argv) {
+  shoal::KeepLargeAllocationsMapped();  // as the shoal binary does: no page faults on every large tensor
+  return shoal::Main(argc, argv);
+}

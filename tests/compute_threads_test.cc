@@ -41,16 +41,19 @@ TEST(ComputeThreadsTest, TheConfigWinsThenTheEnvironmentThenAShareOfTheCores) {
 
 TEST(ComputeThreadsTest, SettingThemReachesOpenBlasAndLibtorchInNewThreadsToo) {
   const int before = at::get_num_threads();
-  for (int threads : {1, 2}) {
+  // Beside OpenBLAS's own pthread pool (the bootstrap's), libtorch keeps one
+  // thread, so two spinning pools never share the cores.
+  for (const auto [threads, intra_op] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{3, 1}}) {
     SetComputeThreads(threads);
     EXPECT_EQ(OpenBlasThreads(), threads);
-    EXPECT_EQ(at::get_num_threads(), threads);
+    EXPECT_EQ(IntraOpThreadsBeside(threads), intra_op);
+    EXPECT_EQ(at::get_num_threads(), intra_op);
     int in_new_thread = 0;
     std::thread([&] {
       UseComputeThreadsInThisThread();
       in_new_thread = at::get_num_threads();
     }).join();
-    EXPECT_EQ(in_new_thread, threads);
+    EXPECT_EQ(in_new_thread, intra_op);
   }
   SetComputeThreads(before);
 }

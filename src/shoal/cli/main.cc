@@ -190,8 +190,8 @@ void PrintReport(const TrainReport& report) {
   absl::PrintF("trained %d steps in %.1f s (%.0f examples/s); test accuracy %.2f%%\n", report.global_step,
                report.seconds, report.examples_per_second, 100 * report.test_accuracy);
   if (report.compute_threads > 0) {
-    absl::PrintF("compute: %d thread(s) per worker (%s); BLAS %s\n", report.compute_threads,
-                 report.compute_threads_source, report.blas);
+    absl::PrintF("compute: %d BLAS thread(s) per worker (%s), %d libtorch intra-op; BLAS %s\n",
+                 report.compute_threads, report.compute_threads_source, report.intra_op_threads, report.blas);
   }
   if (report.stale_gradients_dropped > 0) {
     absl::PrintF("stale gradients dropped (late backup workers): %d\n", report.stale_gradients_dropped);

@@ -34,10 +34,15 @@ struct ComputeThreads {
 ComputeThreads ChooseComputeThreads(int configured, const char* env_openblas_threads, bool training_task,
                                     int training_tasks_on_host, int cores);
 
-// Sets OpenBLAS's threads (when the BLAS is OpenBLAS) and libtorch's
-// intra-op threads, for this thread and for every thread that later calls
-// UseComputeThreadsInThisThread().
+// Sets the BLAS's threads (through OpenBLAS's API when the BLAS is OpenBLAS)
+// and libtorch's intra-op threads, for this thread and for every thread that
+// later calls UseComputeThreadsInThisThread(). libtorch gets as many, except
+// beside OpenBLAS's own pthread pool, where it gets 1: two spinning pools on
+// the same cores slow a step by up to 3x (IntraOpThreadsBeside).
 void SetComputeThreads(int threads);
+
+// libtorch's intra-op threads to go with `blas_threads` BLAS threads.
+int IntraOpThreadsBeside(int blas_threads);
 
 // Applies the count set by SetComputeThreads to the calling thread (OpenMP's
 // thread count is per thread); a no-op before any SetComputeThreads.

@@ -58,6 +58,7 @@ ComputeThreads SetUpComputeThreads(const JobConfig& config, bool training_task, 
 void DescribeCompute(const ComputeThreads& threads, TrainReport* report) {
   report->compute_threads = threads.threads;
   report->compute_threads_source = threads.source;
+  report->intra_op_threads = IntraOpThreadsBeside(threads.threads);
   report->blas = IdentifyBlas().name;
 }
 

@@ -18,7 +18,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainReport, test_accuracy, glob
                                                 peer_bytes_read, population_summary, network_test_accuracies,
                                                 uniform_average_accuracy, any_network_right, network_mean_weights,
                                                 restored_from, last_checkpoint, restarts, recoveries,
-                                                unfinished_workers, compute_threads, compute_threads_source, blas)
+                                                unfinished_workers, compute_threads, compute_threads_source, intra_op_threads,
+                                                blas)
 
 nlohmann::json ReportToJson(const TrainReport& report) { return report; }
 

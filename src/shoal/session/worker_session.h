@@ -32,10 +32,11 @@ struct TrainReport {
   std::vector<std::string> restarts;    // the local launcher's: which task failed how, and its restart
   std::vector<std::string> recoveries;  // the chief's restores after a task lost its variables mid-job
   int unfinished_workers = 0;           // workers that had not finished when the chief evaluated (dead ones)
-  // The chief's compute: its threads (BLAS and libtorch intra-op), why that
-  // many, and the BLAS its matrix products ran on.
+  // The chief's compute: its BLAS threads, why that many, libtorch's
+  // intra-op threads beside them, and the BLAS its matrix products ran on.
   int compute_threads = 0;
   std::string compute_threads_source;
+  int intra_op_threads = 0;
   std::string blas;
   // What the workers' clients sent and received during training (frames:
   // headers and tensors; start-up left out), all workers together, and the
