@@ -5,8 +5,11 @@
 // event (a global step in the workers' metrics files, a checkpoint), never
 // for wall-clock time, and each test checks that the kill landed while the
 // job was running.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -216,6 +219,56 @@ TEST(FaultTest, AKilledPsStopsTheJobNamingIt) {
   ASSERT_FALSE(report.ok());
   EXPECT_NE(report.status().message().find("/job:ps/task:1 was killed by signal 9"), std::string::npos)
       << report.status();
+}
+
+}  // namespace
+}  // namespace shoal
+
+namespace shoal {
+namespace {
+
+// Whether something accepts TCP connections at `address` ("127.0.0.1:port").
+bool Accepts(const std::string& address) {
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+// Tasks start in any order: a chief that is up and serving before its ps
+// task exists waits for it (up to startup_timeout_s) instead of failing.
+TEST(FaultTest, AChiefThatStartsBeforeItsPsWaitsForIt) {
+  JobConfig config = QuickJob();
+  config.training.max_steps = 200;
+  ProcessCluster cluster("shoal_late_ps", 1, 2, config);
+  const ClusterSpec spec = ClusterSpec::FromJsonFile((cluster.dir() / "cluster.json").string()).value();
+  const pid_t chief = cluster.Start("worker", "worker:0", "chief.err");
+  const pid_t worker = cluster.Start("worker", "worker:1", "worker1.err");
+  // The chief serves its own variables before it reaches for the ps: once
+  // its port answers, it is past start-up and the ps is still not there.
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (!Accepts(spec.AddressOf({"worker", 0}).value()) && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(Accepts(spec.AddressOf({"worker", 0}).value())) << cluster.ReadFile("chief.err");
+  ASSERT_FALSE(Accepts(spec.AddressOf({"ps", 0}).value()));
+  ASSERT_EQ(WaitFor(chief, absl::ZeroDuration()), -1) << "the chief gave up before the ps started: "
+                                                       << cluster.ReadFile("chief.err");
+  const pid_t ps = cluster.Start("server", "ps:0");
+  const int chief_status = WaitFor(chief, absl::Seconds(120));
+  const int worker_status = WaitFor(worker, absl::Seconds(30));
+  for (pid_t pid : {chief, worker, ps}) kill(pid, SIGKILL);
+  WaitFor(ps, absl::Seconds(10));
+  EXPECT_TRUE(WIFEXITED(chief_status) && WEXITSTATUS(chief_status) == 0) << cluster.ReadFile("chief.err");
+  EXPECT_TRUE(WIFEXITED(worker_status) && WEXITSTATUS(worker_status) == 0) << cluster.ReadFile("worker1.err");
+  auto result = nlohmann::json::parse(cluster.ReadFile("worker:0.json"), nullptr, false);
+  ASSERT_FALSE(result.is_discarded()) << cluster.ReadFile("chief.err");
+  EXPECT_GE(result["global_step"].get<int64_t>(), 200);
 }
 
 }  // namespace

@@ -189,6 +189,22 @@ absl::Status Client::WaitForVariables(const std::vector<std::string>& names, abs
   }
 }
 
+absl::Status Client::WaitForTasksHolding(const std::vector<std::string>& names, absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(20);
+  while (true) {
+    absl::Status answered = VariablesExist(names).status();
+    if (answered.ok() || absl::IsNotFound(answered)) return answered;  // NOT_FOUND: a name no task holds
+    if (absl::Now() + backoff > give_up) {
+      return absl::DeadlineExceededError(absl::StrCat("waited ", absl::FormatDuration(timeout),
+                                                      " for the tasks that hold the variables to start; last error: ",
+                                                      answered.message()));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+  }
+}
+
 absl::Status Client::ReadShards(const std::vector<std::string>& names,
                                 const std::function<void(wire::ReadRequest*)>& configure,
                                 std::vector<VariablePlacement>* placements, TaskCalls* calls) {

@@ -73,6 +73,10 @@ class Client {
   // Waits until every named variable exists on its task (non-chief start-up),
   // polling; DeadlineExceeded after `timeout`, naming what is missing.
   absl::Status WaitForVariables(const std::vector<std::string>& names, absl::Duration timeout);
+  // Tasks start in any order: waits, polling with backoff up to `timeout`,
+  // until every task that holds one of `names` answers (whether it has them
+  // or not), or DEADLINE_EXCEEDED with the last error, which names the task.
+  absl::Status WaitForTasksHolding(const std::vector<std::string>& names, absl::Duration timeout);
 
   // Current values. In-process they may alias server memory: never write to
   // them (copy first). A read takes no lock: under concurrent applies it may

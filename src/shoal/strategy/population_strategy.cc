@@ -179,6 +179,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     }
     inits.push_back({own.hparams, HyperparametersTensor(start), Constant()});
     inits.push_back({own.fitness, torch::tensor({-1.0f, 0.0f, 0.0f}), Constant()});
+    SHOAL_RETURN_IF_ERROR(client.WaitForTasksHolding(all_names, absl::Seconds(config.transport.startup_timeout_s)));
     SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));
   } else {
     SHOAL_RETURN_IF_ERROR(

@@ -309,6 +309,10 @@ absl::StatusOr<std::string> CheckpointToRestore(WorkerContext& context, const st
 absl::Status InitializeOrWait(WorkerContext& context, const std::vector<std::string>& names,
                               const std::vector<torch::Tensor>& values, const wire::OptimizerConfig& optimizer) {
   if (context.is_chief) {
+    // The ps tasks may still be starting (the local launcher starts every
+    // task at once): a chief that got there first waits for them.
+    SHOAL_RETURN_IF_ERROR(
+        context.client->WaitForTasksHolding(names, absl::Seconds(context.config->transport.startup_timeout_s)));
     SHOAL_ASSIGN_OR_RETURN(std::string checkpoint, CheckpointToRestore(context, names));
     if (checkpoint.empty()) {
       std::vector<VariableInit> inits;
