@@ -91,6 +91,12 @@ class LongAsyncJob {
   int64_t WaitForGlobalStep(int worker, int64_t step) const {
     return WaitForStep(MetricsFile(worker), "global_step", step);
   }
+  // For a failed expectation: how the job ended (waiting up to 2 minutes).
+  static std::string Outcome(std::future<absl::StatusOr<TrainReport>>& job) {
+    if (job.wait_for(std::chrono::minutes(2)) != std::future_status::ready) return "the job is still running";
+    auto report = job.get();
+    return report.ok() ? "the job ended well" : "the job ended: " + report.status().ToString();
+  }
 
   JobConfig config = QuickJob();
 
@@ -106,9 +112,9 @@ TEST(FaultTest, AWorkerKilledMidJobIsRestartedAndEveryStepIsAccountedFor) {
   LongAsyncJob setup(1, "shoal_fault_worker");
   auto job = setup.Start();
   const pid_t worker = FindChild("--task /job:worker/task:1");
-  ASSERT_GT(worker, 0);
+  ASSERT_GT(worker, 0) << LongAsyncJob::Outcome(job);
   const int64_t at = setup.WaitForGlobalStep(1, kKillAt);
-  ASSERT_GE(at, kKillAt) << "training did not get under way";
+  ASSERT_GE(at, kKillAt) << "training did not get under way: " << LongAsyncJob::Outcome(job);
   ASSERT_LT(at, kMustStillBeBefore);
   ASSERT_EQ(kill(worker, SIGKILL), 0);
   auto report = job.get();
@@ -125,14 +131,14 @@ TEST(FaultTest, ASpentRestartBudgetStopsTheJobWithAReport) {
   LongAsyncJob setup(1, "shoal_fault_budget");
   auto job = setup.Start();
   const pid_t first = FindChild("--task /job:worker/task:1");
-  ASSERT_GT(first, 0);
+  ASSERT_GT(first, 0) << LongAsyncJob::Outcome(job);
   const int64_t at = setup.WaitForGlobalStep(1, kKillAt);
-  ASSERT_GE(at, kKillAt) << "training did not get under way";
+  ASSERT_GE(at, kKillAt) << "training did not get under way: " << LongAsyncJob::Outcome(job);
   ASSERT_LT(at, kMustStillBeBefore);
   SetAside(setup.MetricsFile(1));
   ASSERT_EQ(kill(first, SIGKILL), 0);
   const pid_t second = FindChild("--task /job:worker/task:1", first);
-  ASSERT_GT(second, 0);
+  ASSERT_GT(second, 0) << LongAsyncJob::Outcome(job);
   // The restarted worker has rejoined and trains (its own metrics file has
   // a line) before it is killed too.
   const int64_t rejoined_at = setup.WaitForGlobalStep(1, 0);
@@ -158,7 +164,7 @@ TEST(FaultTest, AKilledPsIsRestartedAndRestoredFromTheLastCheckpoint) {
   setup.config.checkpoint.every_steps = 100;
   auto job = setup.Start();
   const pid_t ps = FindChild("--task /job:ps/task:1");
-  ASSERT_GT(ps, 0);
+  ASSERT_GT(ps, 0) << LongAsyncJob::Outcome(job);
   // Kill it once a checkpoint exists, well before the end.
   ASSERT_TRUE(WaitForACheckpoint(dir));
   const int64_t at = LatestInMetrics(setup.MetricsFile(0), "global_step");
@@ -187,7 +193,7 @@ TEST(FaultTest, AKilledChiefIsRestartedAndTheJobGoesOn) {
     setup.config.checkpoint.restore = restore;
     auto job = setup.Start();
     const pid_t chief = FindChild("--task /job:worker/task:0");
-    ASSERT_GT(chief, 0) << restore;
+    ASSERT_GT(chief, 0) << restore << ": " << LongAsyncJob::Outcome(job);
     ASSERT_TRUE(WaitForACheckpoint(dir)) << restore;
     const int64_t at = LatestInMetrics(setup.MetricsFile(1), "global_step");
     ASSERT_LT(at, kMustStillBeBefore) << restore;
@@ -210,9 +216,9 @@ TEST(FaultTest, AKilledPsStopsTheJobNamingIt) {
   LongAsyncJob setup(3, "shoal_fault_ps");
   auto job = setup.Start();
   const pid_t ps = FindChild("--task /job:ps/task:1");
-  ASSERT_GT(ps, 0);
+  ASSERT_GT(ps, 0) << LongAsyncJob::Outcome(job);
   const int64_t at = setup.WaitForGlobalStep(0, kKillAt);
-  ASSERT_GE(at, kKillAt) << "training did not get under way";
+  ASSERT_GE(at, kKillAt) << "training did not get under way: " << LongAsyncJob::Outcome(job);
   ASSERT_LT(at, kMustStillBeBefore);
   ASSERT_EQ(kill(ps, SIGKILL), 0);
   auto report = job.get();  // without checkpoints a ps is not restarted: it would come back empty

@@ -144,7 +144,7 @@ TEST(DownpourTest, FollowsItsUpdateRules) {
   ExpectNear(recorders[0]->local.back(), local, "local");
 }
 
-TEST(ElasticAverageTest, FollowsItsUpdateRulesWithTheRhoPenalty) {
+TEST(ElasticAverageTest, FollowsTensorFlowsUpdateRulesWithTheRhoPenalty) {
   JobConfig config = TinyJob("easgd", 1, 12);
   config.local.tau = 3;
   config.local.alpha = 0.4;
@@ -157,12 +157,16 @@ TEST(ElasticAverageTest, FollowsItsUpdateRulesWithTheRhoPenalty) {
     Values gradients = replay.Gradients(x);
     for (size_t i = 0; i < x.size(); ++i) x[i] -= 0.05 * (gradients[i] + 0.1 * (x[i] - seen[i]));
     if ((step + 1) % 3 == 0) {
+      // TensorFlow's ElasticAverageOptimizer: the local copy of the centre
+      // is assigned the global centre, then both move by alpha times the
+      // difference; the penalty rho * (x - seen) uses that copy until the
+      // next exchange, without this worker's push.
+      seen = Clone(centre);
       for (size_t i = 0; i < x.size(); ++i) {
-        torch::Tensor d = 0.4 * (x[i] - centre[i]);
+        torch::Tensor d = 0.4 * (x[i] - seen[i]);
         x[i] -= d;
         centre[i] += d;
       }
-      seen = Clone(centre);
     }
   }
   ASSERT_EQ(recorders[0]->global.size(), 4u);

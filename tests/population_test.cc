@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "inproc_servers.h"
@@ -91,6 +94,28 @@ TEST(PolicyTest, TruncationMovesTheBottomQuarterToTheTopQuarterWithHyperparamete
   }
 }
 
+// The quantile is over the whole population: with a member not yet rated
+// nobody decides (a ranking of 2 or 3 would put the worse of two in the
+// bottom "quarter"), and a member that copied is ranked by its donor's
+// fitness, which it carries until it is measured again.
+TEST(PolicyTest, TruncationRanksEveryMemberOrDecidesNothing) {
+  PopulationConfig config;
+  config.policy = "truncation";
+  config.fraction = 0.25;
+  std::mt19937_64 rng(1);
+  std::vector<MemberStatus> members = {Rated(0, 0.5), Rated(1, 0.6), MemberStatus{2}, Rated(3, 0.8)};
+  for (int m = 0; m < 4; ++m) {
+    ExploitDecision d = DecideExploit(config, m, members, rng);
+    EXPECT_FALSE(d.exploit) << m;
+    EXPECT_NE(d.reason.find(m == 2 ? "no fitness of its own yet" : "member 2 has no fitness yet"), std::string::npos)
+        << d.reason;
+  }
+  members[2] = Rated(2, 0.8);  // it copied member 3 and carries its fitness
+  for (int m = 0; m < 4; ++m) EXPECT_EQ(DecideExploit(config, m, members, rng).exploit, m == 0) << m;
+  members[0] = Rated(0, 0.8);  // then 0 copied too: now 1 is the worst, and the only one to copy
+  for (int m = 0; m < 4; ++m) EXPECT_EQ(DecideExploit(config, m, members, rng).exploit, m == 1) << m;
+}
+
 TEST(PolicyTest, TournamentCopiesOnlyWhenTheRivalIsFitter) {
   PopulationConfig config;
   config.policy = "tournament";
@@ -103,8 +128,27 @@ TEST(PolicyTest, TournamentCopiesOnlyWhenTheRivalIsFitter) {
   EXPECT_FALSE(DecideExploit(config, 0, {Rated(0, 0.4), unrated}, rng).exploit);
 }
 
+TEST(ExploreTest, ByDefaultPerturbsPastThePriorAsThePaperDoesAndKeepsMomentumBelowOne) {
+  PopulationConfig config;
+  EXPECT_FALSE(config.explore_clamp);
+  config.explore = {"learning_rate", "momentum"};
+  config.resample_probability = 0;
+  std::mt19937_64 rng(11);
+  std::set<double> learning_rates, momenta;
+  for (int i = 0; i < 200; ++i) {
+    const Hyperparameters e = Explore(config, Hyperparameters{0.09, 0.9, 0, 64}, rng);
+    learning_rates.insert(e.learning_rate);
+    momenta.insert(e.momentum);
+  }
+  // x1.2 of 0.09 goes past the prior's 0.1; x1.2 of momentum 0.9 would be
+  // 1.08 and stops just below 1.
+  EXPECT_EQ(learning_rates, (std::set<double>{0.09 * 0.8, 0.09 * 1.2}));
+  EXPECT_EQ(momenta, (std::set<double>{0.9 * 0.8, kMaxMomentum}));
+}
+
 TEST(ExploreTest, MultipliesByPointEightOrOnePointTwoOrResamplesFromThePrior) {
   PopulationConfig config;
+  config.explore_clamp = true;  // the perturbed values stay inside the priors
   config.explore = {"learning_rate", "momentum", "weight_decay", "batch_size"};
   config.resample_probability = 0.25;
   Hyperparameters h{0.01, 0.9, 1e-4, 64};
@@ -259,6 +303,66 @@ TEST(PopulationTrainingTest, FourMembersInProcessLearnAndLeaveALineage) {
   EXPECT_GT(report->peer_bytes_read, 0);
   EXPECT_TRUE(std::filesystem::exists(dir + "/lineage.svg"));
   EXPECT_NE(report->population_summary.find("member 3: fitness"), std::string::npos) << report->population_summary;
+  std::filesystem::remove_all(dir);
+}
+
+// A live 4-member truncation run, checked from its lineage files alone:
+// every decision ranked all four members by fitness from the current round
+// (each value one that member really published at that step, a copier's
+// being its donor's), every copier was the worst of what it saw (the bottom
+// quarter of four), and no member outside it copied.
+TEST(PopulationTrainingTest, TruncationCopiersAreTheBottomQuarterOfEveryMembersLatestFitness) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_trunc_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  JobConfig config = QuickPopulation(4, dir);
+  config.population.policy = "truncation";
+  config.population.fraction = 0.25;
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  auto events = ReadLineage(dir);
+  ASSERT_TRUE(events.ok()) << events.status();
+  // What each member published, by (member, step): its measurements and,
+  // after a copy, its donor's fitness.
+  std::map<std::pair<int, int64_t>, std::vector<double>> published;
+  for (const auto& e : *events) {
+    if (e.event == "eval" || e.event == "exploit") published[{e.member, e.step}].push_back(e.fitness);
+  }
+  int decisions = 0, copies = 0;
+  for (const auto& e : *events) {
+    if (e.event != "exploit" && e.event != "keep") continue;
+    ++decisions;
+    const std::string at = "member " + std::to_string(e.member) + " at step " + std::to_string(e.step);
+    ASSERT_EQ(e.seen.size(), 4u) << at;
+    const int64_t round = e.step / config.population.eval_steps * config.population.eval_steps;
+    for (int m = 0; m < 4; ++m) {
+      ASSERT_GE(e.seen[m], 0) << at << ": member " << m << " was not ranked";
+      EXPECT_GE(e.seen_steps[m], round) << at << ": member " << m << "'s fitness is from an earlier round";
+      if (m == e.member) continue;
+      const auto& values = published[{m, e.seen_steps[m]}];
+      EXPECT_TRUE(std::any_of(values.begin(), values.end(), [&](double v) { return std::abs(v - e.seen[m]) < 1e-6; }))
+          << at << ": member " << m << " never published fitness " << e.seen[m] << " at step " << e.seen_steps[m];
+    }
+    const double mine = e.seen[e.member];
+    int lower = 0, lower_or_tied = 0;
+    for (int m = 0; m < 4; ++m) {
+      if (m == e.member) continue;
+      lower += e.seen[m] < mine;
+      lower_or_tied += e.seen[m] <= mine;
+    }
+    if (e.event == "exploit") {
+      ++copies;
+      EXPECT_EQ(lower, 0) << at << " copied but was not the worst";
+    } else {
+      EXPECT_GT(lower_or_tied, 0) << at << " was the worst and did not copy";
+    }
+  }
+  EXPECT_GE(decisions, 4 * 5);  // about 7 rounds of 20 steps per member
+  EXPECT_GT(copies, 0);
+  EXPECT_EQ(report->copies, copies);
+  EXPECT_EQ(report->copies_by_the_worst, copies);
+  std::string histogram;
+  for (int64_t n : report->copies_per_interval) histogram += std::to_string(n) + " ";
+  std::printf("ready intervals with 0, 1, 2, ... copies: %s\n", histogram.c_str());
   std::filesystem::remove_all(dir);
 }
 

@@ -1,6 +1,7 @@
 #include "shoal/population/lineage.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 
@@ -8,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "shoal/core/status.h"
 
 namespace shoal {
@@ -23,9 +25,13 @@ nlohmann::json ToJson(const LineageEvent& e) {
                       {"momentum", e.hyperparameters.momentum},
                       {"weight_decay", e.hyperparameters.weight_decay},
                       {"batch_size", e.hyperparameters.batch_size}};
-  if (e.source >= 0) {
+  if (e.source >= 0 || !e.reason.empty()) {
     j["source"] = e.source;
     j["reason"] = e.reason;
+  }
+  if (!e.seen.empty()) {
+    j["seen"] = e.seen;
+    j["seen_steps"] = e.seen_steps;
   }
   return j;
 }
@@ -44,6 +50,11 @@ LineageEvent FromJson(const nlohmann::json& j) {
   if (j.contains("source")) {
     e.source = j.at("source").get<int>();
     e.reason = j.at("reason").get<std::string>();
+  }
+  if (j.contains("seen")) {
+    e.seen = j.at("seen").get<std::vector<double>>();
+    e.seen_steps = j.at("seen_steps").get<std::vector<int64_t>>();
+    if (e.seen.size() != e.seen_steps.size()) throw nlohmann::json::other_error::create(501, "seen and seen_steps differ in length", &j);
   }
   return e;
 }
@@ -162,7 +173,30 @@ absl::Status DrawLineage(const std::vector<LineageEvent>& events, const std::str
   return absl::OkStatus();
 }
 
-std::string PopulationSummary(const std::vector<LineageEvent>& events) {
+CopyStatistics CountCopies(const std::vector<LineageEvent>& events, int64_t ready_steps) {
+  CopyStatistics stats;
+  std::map<int64_t, int64_t> copies_in;  // interval -> copies; every interval with a decision is listed
+  for (const auto& e : events) {
+    if (e.event != "exploit" && e.event != "keep") continue;
+    int64_t& copies = copies_in[std::llround(static_cast<double>(e.step) / std::max<int64_t>(1, ready_steps))];
+    if (e.event != "exploit") continue;
+    ++copies;
+    ++stats.copies;
+    if (e.member < static_cast<int>(e.seen.size())) {
+      const double mine = e.seen[e.member];
+      bool worst = true;
+      for (double other : e.seen) worst = worst && (other < 0 || other >= mine);
+      if (worst) ++stats.copies_by_the_worst;
+    }
+  }
+  for (const auto& [interval, copies] : copies_in) {
+    if (static_cast<int64_t>(stats.copies_per_interval.size()) <= copies) stats.copies_per_interval.resize(copies + 1);
+    ++stats.copies_per_interval[copies];
+  }
+  return stats;
+}
+
+std::string PopulationSummary(const std::vector<LineageEvent>& events, int64_t ready_steps) {
   struct Row {
     const LineageEvent* last = nullptr;
     int copied = 0, copied_from = 0;
@@ -181,6 +215,16 @@ std::string PopulationSummary(const std::vector<LineageEvent>& events) {
     text += absl::StrFormat("member %d: fitness %.4f at step %d; %s; copied others %d times, was copied %d times\n",
                             member, row.last->fitness, row.last->step, row.last->hyperparameters.ToString(),
                             row.copied, row.copied_from);
+  }
+  const CopyStatistics stats = CountCopies(events, ready_steps);
+  if (!stats.copies_per_interval.empty()) {
+    std::vector<std::string> bins;
+    for (size_t k = 0; k < stats.copies_per_interval.size(); ++k) {
+      bins.push_back(absl::StrCat(k, ": ", stats.copies_per_interval[k]));
+    }
+    text += absl::StrFormat(
+        "ready intervals by copies made in them: %s; the copier was the worst ranked in %d of %d copies\n",
+        absl::StrJoin(bins, ", "), stats.copies_by_the_worst, stats.copies);
   }
   return text;
 }

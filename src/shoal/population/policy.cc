@@ -20,34 +20,35 @@ int PickUniform(std::mt19937_64& rng, const std::vector<int>& from) {
   return from[std::uniform_int_distribution<size_t>(0, from.size() - 1)(rng)];
 }
 
-// Draws or perturbs one value within [lo, hi]; log-uniform priors for scales.
-double Move(std::mt19937_64& rng, double value, double lo, double hi, bool log_prior, double resample_probability,
-            bool resample_only) {
+// A prior: [lo, hi], log-uniform for scales, uniform otherwise.
+struct Prior {
+  double lo, hi;
+  bool log_uniform;
+};
+
+// Draws one value from its prior, or perturbs it by x0.8 or x1.2: past the
+// prior (the PBT paper's explore) unless `clamp`.
+double Move(std::mt19937_64& rng, double value, const Prior& prior, double resample_probability, bool resample_only,
+            bool clamp) {
   if (resample_only || Uniform(rng, 0, 1) < resample_probability) {
-    return log_prior ? LogUniform(rng, lo, hi) : Uniform(rng, lo, hi);
+    return prior.log_uniform ? LogUniform(rng, prior.lo, prior.hi) : Uniform(rng, prior.lo, prior.hi);
   }
   const double factor = Uniform(rng, 0, 1) < 0.5 ? 0.8 : 1.2;
-  return std::clamp(value * factor, lo, hi);
+  return clamp ? std::clamp(value * factor, prior.lo, prior.hi) : value * factor;
 }
 
 Hyperparameters Perturb(const PopulationConfig& c, const Hyperparameters& h, std::mt19937_64& rng,
                         bool resample_only) {
   Hyperparameters out = h;
-  const double p = c.resample_probability;
-  if (Listed(c, "learning_rate")) {
-    out.learning_rate = Move(rng, h.learning_rate, c.learning_rate_range[0], c.learning_rate_range[1], true, p,
-                             resample_only);
-  }
-  if (Listed(c, "momentum")) {
-    out.momentum = Move(rng, h.momentum, c.momentum_range[0], c.momentum_range[1], false, p, resample_only);
-  }
-  if (Listed(c, "weight_decay")) {
-    out.weight_decay = Move(rng, h.weight_decay, c.weight_decay_range[0], c.weight_decay_range[1], true, p,
-                            resample_only);
-  }
+  auto move = [&](double value, const std::vector<double>& range, bool log_uniform) {
+    return Move(rng, value, Prior{range[0], range[1], log_uniform}, c.resample_probability, resample_only,
+                c.explore_clamp);
+  };
+  if (Listed(c, "learning_rate")) out.learning_rate = move(h.learning_rate, c.learning_rate_range, true);
+  if (Listed(c, "momentum")) out.momentum = std::min(move(h.momentum, c.momentum_range, false), kMaxMomentum);
+  if (Listed(c, "weight_decay")) out.weight_decay = move(h.weight_decay, c.weight_decay_range, true);
   if (Listed(c, "batch_size")) {
-    out.batch_size = std::llround(Move(rng, static_cast<double>(h.batch_size), c.batch_size_range[0],
-                                       c.batch_size_range[1], true, p, resample_only));
+    out.batch_size = std::max<int64_t>(1, std::llround(move(static_cast<double>(h.batch_size), c.batch_size_range, true)));
   }
   return out;
 }
@@ -84,7 +85,10 @@ ExploitDecision DecideExploit(const PopulationConfig& config, int me, const std:
     }
     return decision;
   }
-  if (mine == nullptr || !mine->evaluated) return decision;  // the rest compare fitness
+  if (mine == nullptr || !mine->evaluated) {  // the rest compare fitness
+    decision.reason = "no fitness of its own yet";
+    return decision;
+  }
   std::vector<int> rated_others;
   for (int m : rated) {
     if (m != me) rated_others.push_back(m);
@@ -103,6 +107,14 @@ ExploitDecision DecideExploit(const PopulationConfig& config, int me, const std:
                                  status(best).loss, config.loss_margin));
     }
   } else if (config.policy == "truncation") {
+    // The quantile is taken over the whole (reachable) population, so every
+    // member must be ranked: until each has a fitness, nobody decides.
+    for (int m : others) {
+      if (!status(m).evaluated) {
+        decision.reason = absl::StrCat("member ", m, " has no fitness yet");
+        return decision;
+      }
+    }
     std::vector<int> ranked = rated;  // best first
     std::stable_sort(ranked.begin(), ranked.end(),
                      [&](int a, int b) { return status(a).fitness > status(b).fitness; });

@@ -46,9 +46,13 @@ struct ExploitDecision {
 ExploitDecision DecideExploit(const PopulationConfig& config, int me, const std::vector<MemberStatus>& members,
                               std::mt19937_64& rng);
 
+// Perturbed momentum never reaches 1 (a momentum of 1 never forgets).
+inline constexpr double kMaxMomentum = 0.999;
+
 // Each hyper-parameter named in config.explore: with probability
 // resample_probability drawn afresh from its prior, else multiplied by 0.8
-// or 1.2 (clamped to the prior's range).
+// or 1.2, past the prior's range unless config.explore_clamp (momentum at
+// most kMaxMomentum either way).
 Hyperparameters Explore(const PopulationConfig& config, const Hyperparameters& current, std::mt19937_64& rng);
 
 // A member's starting point: `base`, with each explored hyper-parameter drawn

@@ -177,6 +177,7 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(population.Get("fraction", &pc.fraction));
   SHOAL_RETURN_IF_ERROR(population.Get("explore", &pc.explore));
   SHOAL_RETURN_IF_ERROR(population.Get("resample_probability", &pc.resample_probability));
+  SHOAL_RETURN_IF_ERROR(population.Get("explore_clamp", &pc.explore_clamp));
   SHOAL_RETURN_IF_ERROR(population.Get("draw_initial", &pc.draw_initial));
   SHOAL_RETURN_IF_ERROR(population.Get("learning_rate_range", &pc.learning_rate_range));
   SHOAL_RETURN_IF_ERROR(population.Get("momentum_range", &pc.momentum_range));
@@ -485,7 +486,8 @@ std::string JobConfigToYaml(const JobConfig& c) {
       << YAML::Value << p.probability << YAML::Key << "loss_threshold" << YAML::Value << p.loss_threshold
       << YAML::Key << "loss_margin" << YAML::Value << p.loss_margin << YAML::Key << "fraction" << YAML::Value
       << p.fraction << YAML::Key << "explore" << YAML::Value << YAML::Flow << p.explore << YAML::Key
-      << "resample_probability" << YAML::Value << p.resample_probability << YAML::Key << "draw_initial"
+      << "resample_probability" << YAML::Value << p.resample_probability << YAML::Key << "explore_clamp"
+      << YAML::Value << p.explore_clamp << YAML::Key << "draw_initial"
       << YAML::Value << p.draw_initial << YAML::Key << "learning_rate_range" << YAML::Value << YAML::Flow
       << p.learning_rate_range << YAML::Key << "momentum_range" << YAML::Value << YAML::Flow << p.momentum_range
       << YAML::Key << "weight_decay_range" << YAML::Value << YAML::Flow << p.weight_decay_range << YAML::Key

@@ -102,6 +102,10 @@ struct PopulationConfig {
   double fraction = 0.25;        // truncation: the bottom fraction copies from the top fraction
   std::vector<std::string> explore = {"learning_rate"};  // also momentum, weight_decay, batch_size
   double resample_probability = 0.25;
+  // Whether a perturbed value (x0.8 or x1.2) is clamped to its prior's range.
+  // false, the PBT paper's: perturbations go past the prior; momentum stays
+  // below 1 either way.
+  bool explore_clamp = false;
   bool draw_initial = true;      // each member draws its explored hyper-parameters from the priors
   // Priors: log-uniform for learning_rate, weight_decay, batch_size; uniform for momentum.
   std::vector<double> learning_rate_range = {1e-4, 1e-1};

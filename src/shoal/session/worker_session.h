@@ -52,6 +52,11 @@ struct TrainReport {
   int best_member = -1;
   int64_t peer_bytes_read = 0;
   std::string population_summary;
+  // population: ready intervals by the copies made in them ([with 0, with 1,
+  // ...]), the copies, and those whose copier was the worst it ranked.
+  std::vector<int64_t> copies_per_interval;
+  int64_t copies = 0;
+  int64_t copies_by_the_worst = 0;
   std::vector<int64_t> ssp_gap_histogram;  // ssp: steps that began g steps ahead of the slowest, by g
   // gated: each network alone on the test set, and the uniform average of
   // their softmax outputs (test_accuracy is the master-weighted vote's).

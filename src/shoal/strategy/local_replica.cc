@@ -197,7 +197,7 @@ absl::StatusOr<WorkerResult> ElasticAverageStrategy::RunWorker(WorkerContext& co
   const std::vector<std::string>& names = replica->names();
   const double alpha = local.alpha > 0 ? local.alpha : 0.9 / context.num_workers;
   SHOAL_RETURN_IF_ERROR(FetchGlobal(*context.client, *replica));
-  std::vector<torch::Tensor> centre = replica->Values();  // the centre as last seen, for the rho penalty
+  std::vector<torch::Tensor> centre = replica->Values();  // the centre as last read, for the rho penalty
   BatchIterator batches = WorkerBatches(context);
   WorkerResult result;
   int64_t global_step = 0;
@@ -222,10 +222,11 @@ absl::StatusOr<WorkerResult> ElasticAverageStrategy::RunWorker(WorkerContext& co
       SHOAL_ASSIGN_OR_RETURN(Push push,
                              PushExchange(context, names, deltas, wire::UPDATE_ADD, local.tau, info, &result));
       if (!push.sent) break;
-      for (size_t i = 0; i < x.size(); ++i) {
-        centre[i] = read[i] + deltas[i];
-        x[i] -= deltas[i];
-      }
+      for (size_t i = 0; i < x.size(); ++i) x[i] -= deltas[i];
+      // The elastic penalty's anchor is the centre as read at this exchange,
+      // before this worker's own push, as TensorFlow's
+      // ElasticAverageOptimizer keeps its local copy of the centre.
+      centre = std::move(read);
       replica->Load(x);
       global_step = info.global_step;
       last = push.last;

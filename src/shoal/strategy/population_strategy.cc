@@ -90,6 +90,12 @@ std::pair<double, double> Evaluate(Mlp& model, const Dataset& validation) {
   return {accuracy, loss};
 }
 
+// How often a member consults its policy, in member steps.
+int64_t ReadySteps(const PopulationConfig& config) {
+  if (config.ready_steps > 0) return config.ready_steps;
+  return config.policy == "random" ? 1 : config.eval_steps;
+}
+
 struct Member {
   int index;
   std::vector<std::string> names;  // the model's variables
@@ -193,7 +199,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
 
   std::unique_ptr<LineageLog> lineage;
   PeerReader peers(client, pc, context.task.ToString());
-  const int64_t ready = pc.ready_steps > 0 ? pc.ready_steps : (pc.policy == "random" ? 1 : pc.eval_steps);
+  const int64_t ready = ReadySteps(pc);
   const int64_t member_steps = std::max<int64_t>(1, context.max_steps / members);
   SHOAL_ASSIGN_OR_RETURN(int64_t step, client.AddToCounter(MemberStepCounter(me), 0));
   if (lead) {
@@ -216,32 +222,76 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     return lineage->Write({me, step, "eval", fitness, loss, -1, "", h});
   };
 
-  // Exploit and explore, as the policy decides.
-  auto decide = [&]() -> absl::Status {
-    std::vector<MemberStatus> statuses;
-    for (int m = 0; m < members; ++m) {
-      MemberStatus status{m};
-      if (m == me) {
-        status.evaluated = fitness >= 0;
-        status.fitness = fitness;
-        status.loss = loss;
-      } else {
+  // Every member's latest fitness. Policies that rank by fitness first wait
+  // (up to training.sync_timeout_s, or a stop) until every reachable member
+  // has published one from this evaluation round (at or past the last
+  // multiple of eval_steps), so that no decision ranks the others by their
+  // fitness of a round ago, or not at all in the first round. Before the
+  // first round there is nothing to wait for; random ranks nobody.
+  auto read_statuses = [&](std::vector<int64_t>* published_at) -> absl::StatusOr<std::vector<MemberStatus>> {
+    const int64_t fresh_from = pc.policy == "random" ? 0 : step / pc.eval_steps * pc.eval_steps;
+    const absl::Time give_up = absl::Now() + absl::Seconds(config.training.sync_timeout_s);
+    std::vector<MemberStatus> statuses(members);
+    published_at->assign(members, -1);
+    std::vector<bool> settled(members, false);
+    for (absl::Duration backoff = absl::Milliseconds(5);; backoff = std::min(2 * backoff, absl::Milliseconds(100))) {
+      bool all_settled = true;
+      for (int m = 0; m < members; ++m) {
+        if (settled[m]) continue;
+        MemberStatus& status = statuses[m];
+        status.member = m;
+        if (m == me) {
+          status.evaluated = fitness >= 0;
+          status.fitness = fitness;
+          status.loss = loss;
+          (*published_at)[m] = step;
+          settled[m] = true;
+          continue;
+        }
         auto read = peers.client().Read({FitnessVariable(m)});
         status.reachable = read.ok();
         if (!read.ok()) {
           peers.Warn(m, read.status());
-        } else {
-          peers.Reached(m);
-          const float* f = (*read)[0].data_ptr<float>();
-          status.evaluated = f[0] >= 0;
-          status.fitness = f[0];
-          status.loss = f[1];
+          settled[m] = true;  // skipped by the policy
+          continue;
         }
+        peers.Reached(m);
+        const float* f = (*read)[0].data_ptr<float>();
+        status.evaluated = f[0] >= 0;
+        status.fitness = f[0];
+        status.loss = f[1];
+        (*published_at)[m] = static_cast<int64_t>(f[2]);
+        settled[m] = fresh_from == 0 || (status.evaluated && (*published_at)[m] >= fresh_from);
+        all_settled = all_settled && settled[m];
       }
-      statuses.push_back(status);
+      if (all_settled) break;
+      SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(client));
+      if (stopped) break;
+      if (absl::Now() > give_up) {
+        absl::FPrintF(stderr, "%s: not every member measured its fitness for step %d within %ss; ranking them by "
+                      "their last one\n", context.task.ToString(), fresh_from,
+                      absl::StrCat(config.training.sync_timeout_s));
+        break;
+      }
+      absl::SleepFor(backoff);
     }
+    return statuses;
+  };
+
+  // Exploit and explore, as the policy decides; every decision goes to the
+  // lineage with the fitness it saw.
+  auto decide = [&]() -> absl::Status {
+    std::vector<int64_t> published_at;
+    SHOAL_ASSIGN_OR_RETURN(std::vector<MemberStatus> statuses, read_statuses(&published_at));
+    LineageEvent decided{me, step, "keep", fitness, loss, -1, "", h};
+    for (const MemberStatus& s : statuses) decided.seen.push_back(s.reachable && s.evaluated ? s.fitness : -1);
+    decided.seen_steps = published_at;
     const ExploitDecision decision = DecideExploit(pc, me, statuses, rng);
-    if (!decision.exploit) return absl::OkStatus();
+    if (!decision.exploit) {
+      decided.reason = decision.reason;
+      // random decides every step without ranking anyone: only its copies are logged.
+      return pc.policy == "random" ? absl::OkStatus() : lineage->Write(decided);
+    }
     const Member source = MemberOf(config, decision.source);
     absl::Status copied = pc.inherit_slots
                               ? InheritMember(peers.client(), client, source.names, own.names, /*with_slots=*/true)
@@ -260,15 +310,23 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     h = Explore(pc, h, rng);
     SHOAL_RETURN_IF_ERROR(client.SetOptimizer(own.names, WithHyperparameters(base->config(), h)));
     SHOAL_RETURN_IF_ERROR(client.Assign({own.hparams}, {HyperparametersTensor(h)}));
-    // Unmeasured until the next evaluation, so that no other member ranks
-    // or copies it on the strength of its source's fitness (which would let
-    // one good member's copies crowd out the rest in a single round).
+    // It now carries its donor's fitness until it is measured again, as in
+    // the PBT paper and Ray Tune: every member stays ranked.
     const MemberStatus& theirs = statuses[decision.source];
-    fitness = -1;
-    SHOAL_RETURN_IF_ERROR(client.Assign({own.fitness}, {torch::tensor({-1.0f, 0.0f, static_cast<float>(step)})}));
+    fitness = theirs.fitness;
+    loss = theirs.loss;
+    SHOAL_RETURN_IF_ERROR(client.Assign({own.fitness}, {torch::tensor({static_cast<float>(fitness),
+                                                                       static_cast<float>(loss),
+                                                                       static_cast<float>(step)})}));
     batches = std::make_unique<BatchIterator>(context.train_shard, h.batch_size,
                                               config.training.seed * 1000003 + context.worker_index + step);
-    return lineage->Write({me, step, "exploit", theirs.fitness, theirs.loss, decision.source, decision.reason, h});
+    decided.event = "exploit";
+    decided.fitness = theirs.fitness;
+    decided.loss = theirs.loss;
+    decided.source = decision.source;
+    decided.reason = decision.reason;
+    decided.hyperparameters = h;
+    return lineage->Write(decided);
   };
 
   while (step < member_steps) {
@@ -344,7 +402,12 @@ absl::Status ReportPopulation(WorkerContext& context, const Dataset& test_set, T
   // or local processes); on a real cluster each member's lead has its own.
   auto events = ReadLineage(config.population.lineage_dir);
   if (events.ok()) {
-    report->population_summary = PopulationSummary(*events);
+    const int64_t ready = ReadySteps(config.population);
+    report->population_summary = PopulationSummary(*events, ready);
+    const CopyStatistics copies = CountCopies(*events, ready);
+    report->copies_per_interval = copies.copies_per_interval;
+    report->copies = copies.copies;
+    report->copies_by_the_worst = copies.copies_by_the_worst;
     SHOAL_RETURN_IF_ERROR(DrawLineage(*events, config.population.lineage_dir + "/lineage.svg"));
   } else {
     report->population_summary = absl::StrCat("(no lineage: ", events.status().message(), ")\n");
