@@ -82,10 +82,11 @@ TEST(PartitionTest, TheWorkersWaitOutACutLinkToThePsAndTheJobGoesOn) {
   const fs::path dir = fs::temp_directory_path() / ("shoal_partition_" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const int ps_port = FreeLoopbackPort().value();
+  const std::vector<int> ports = FreeLoopbackPorts(3).value();
+  const int ps_port = ports[0];
   nlohmann::json cluster = {{"ps", {absl::StrCat("10.213.0.2:", ps_port)}},
-                            {"worker", {absl::StrCat("127.0.0.1:", FreeLoopbackPort().value()),
-                                        absl::StrCat("127.0.0.1:", FreeLoopbackPort().value())}}};
+                            {"worker", {absl::StrCat("127.0.0.1:", ports[1]),
+                                        absl::StrCat("127.0.0.1:", ports[2])}}};
   std::ofstream(dir / "cluster.json") << cluster.dump();
   JobConfig config = QuickJob();
   config.cluster.ps = 1;

@@ -77,8 +77,9 @@ class ProcessCluster {
     config.hooks.metrics_dir = dir_ / "metrics";
     config.hooks.metrics_every_steps = 10;
     std::map<std::string, std::vector<std::string>> jobs;
+    const std::vector<int> ports = FreeLoopbackPorts(ps + workers).value();
     for (int i = 0; i < ps + workers; ++i) {
-      jobs[i < ps ? "ps" : "worker"].push_back("127.0.0.1:" + std::to_string(FreeLoopbackPort().value()));
+      jobs[i < ps ? "ps" : "worker"].push_back("127.0.0.1:" + std::to_string(ports[i]));
     }
     std::ofstream(dir_ / "cluster.json") << ClusterSpec::Create(jobs).value().ToJson();
     std::ofstream(dir_ / "config.yaml") << JobConfigToYaml(config);

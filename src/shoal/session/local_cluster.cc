@@ -75,21 +75,32 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
   return report;
 }
 
-absl::StatusOr<int> FreeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError("socket() failed");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
+absl::StatusOr<std::vector<int>> FreeLoopbackPorts(int n) {
+  // Every socket stays bound until all are: the kernel may hand the same
+  // free port to two bind() calls in a row once the first socket is closed.
+  std::vector<int> fds, ports;
+  absl::Status status;
+  for (int i = 0; i < n && status.ok(); ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) {
+      status = absl::InternalError("socket() failed");
+      break;
+    }
+    fds.push_back(fd);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      status = absl::InternalError("cannot find a free loopback port");
+    } else {
+      ports.push_back(ntohs(addr.sin_port));
+    }
   }
-  close(fd);
-  if (port <= 0) return absl::InternalError("cannot find a free loopback port");
-  return port;
+  for (int fd : fds) close(fd);
+  if (!status.ok()) return status;
+  return ports;
 }
 
 namespace {
@@ -149,9 +160,9 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
   JobConfig config = config_in;
   config.cluster.processes = false;  // the children are the processes
   std::map<std::string, std::vector<std::string>> jobs;
+  SHOAL_ASSIGN_OR_RETURN(std::vector<int> ports, FreeLoopbackPorts(config.cluster.ps + config.cluster.workers));
   for (int i = 0; i < config.cluster.ps + config.cluster.workers; ++i) {
-    SHOAL_ASSIGN_OR_RETURN(int port, FreeLoopbackPort());
-    jobs[i < config.cluster.ps ? "ps" : "worker"].push_back(absl::StrCat("127.0.0.1:", port));
+    jobs[i < config.cluster.ps ? "ps" : "worker"].push_back(absl::StrCat("127.0.0.1:", ports[i]));
   }
   SHOAL_ASSIGN_OR_RETURN(ClusterSpec cluster, ClusterSpec::Create(jobs));
 

@@ -30,8 +30,9 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
 absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config, const std::string& shoal_binary,
                                                   bool show_progress);
 
-// Asks the kernel for a loopback port that is free now.
-absl::StatusOr<int> FreeLoopbackPort();
+// Asks the kernel for `n` distinct loopback ports that are free now (another
+// process may still take one before it is bound again).
+absl::StatusOr<std::vector<int>> FreeLoopbackPorts(int n);
 
 }  // namespace shoal
 
