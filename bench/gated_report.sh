@@ -8,7 +8,7 @@
 # of the master-weighted vote, the uniform average, each network alone (with
 # the master's mean weight for it), and how often some network is right.
 #
-#   bench/gated_report.sh     # about 8 minutes on 2 cores
+#   bench/gated_report.sh     # about a minute on 2 cores
 source "$(dirname "$0")/common.sh"
 variant() {  # name, then sed expressions applied to configs/gated.yaml
   local name=$1; shift

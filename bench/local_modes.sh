@@ -5,7 +5,7 @@
 # a Markdown table: test accuracy and the bytes the workers sent and received
 # per epoch (message frames: headers and tensors), measured by shoal's client.
 #
-#   bench/local_modes.sh      # about 4 minutes on 2 cores
+#   bench/local_modes.sh      # about a minute on 2 cores
 source "$(dirname "$0")/common.sh"
 run() {  # name, then shoal train flags
   local name=$1; shift

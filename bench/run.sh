@@ -6,7 +6,7 @@
 # per example). shoal sets its own compute threads; the DDP peer gets one
 # BLAS and one libtorch thread per process, as shoal's workers do.
 #
-#   bench/run.sh            # about 5 minutes on 2 cores
+#   bench/run.sh            # about 6 minutes on 2 cores
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHOAL_EXTRA_PACKAGES=python3-torch scripts/bootstrap.sh

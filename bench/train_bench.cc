@@ -11,7 +11,8 @@
 // is the examples/s its cores could reach if every cycle went to the
 // model's matrix products. The main job (2 ps, 2 workers in one process) and
 // both sides of (b) are reported as fractions of it; bench/report.py does
-// the same for (c) and (d).
+// the same for (c) and (d). A second ceiling times the model's own products
+// (batch 64 through 784-256-128-10), which run well below the peak rate.
 //
 //   build/bench/train_bench [--steps N] [--repeats R]   -> one JSON line
 #include <algorithm>
@@ -47,6 +48,36 @@ double SingleCoreGemmGflops() {
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return 2.0 * 64 * 2048 * 2048 / best / 1e9;
+}
+
+// Single-thread GEMM rate, GFLOP/s, at the model's own shapes: one batch's
+// forward products, weight gradients and input gradients (but the first
+// layer's), timed alone, best of several. Products this small run well below
+// the peak, so this ceiling is the one a step's matrix work could reach.
+double ModelShapeGemmGflops(const std::vector<int64_t>& layers, int64_t batch, double flops_per_example) {
+  SetComputeThreads(1);
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> weights, activations, output_grads;
+  for (size_t i = 0; i + 1 < layers.size(); ++i) {
+    weights.push_back(torch::randn({layers[i + 1], layers[i]}));
+    activations.push_back(torch::randn({batch, layers[i]}));
+    output_grads.push_back(torch::randn({batch, layers[i + 1]}));
+  }
+  auto one_step = [&] {
+    for (size_t i = 0; i < weights.size(); ++i) {
+      torch::Tensor out = torch::mm(activations[i], weights[i].t());           // forward
+      torch::Tensor weight_grad = torch::mm(output_grads[i].t(), activations[i]);  // weight gradient
+      if (i > 0) torch::Tensor input_grad = torch::mm(output_grads[i], weights[i]);  // input gradient
+    }
+  };
+  one_step();
+  double best = 1e30;
+  for (int r = 0; r < 20; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int k = 0; k < 10; ++k) one_step();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 10);
+  }
+  return flops_per_example * batch / best / 1e9;
 }
 
 // Matrix-product FLOPs of one training example through the dense layers:
@@ -100,9 +131,10 @@ int Main(int argc, char** argv) {
   }
   const int cores = UsableCores();
   const double flops = TrainingFlopsPerExample(one_worker.model.layers);
-  std::vector<double> gemm, plain, shoal, two_workers;
+  std::vector<double> gemm, model_gemm, plain, shoal, two_workers;
   for (int64_t r = 0; r < repeats; ++r) {
     gemm.push_back(SingleCoreGemmGflops());
+    model_gemm.push_back(ModelShapeGemmGflops(one_worker.model.layers, one_worker.training.batch_size, flops));
     // The plain loop computes with what shoal gives its one worker: every core.
     SetComputeThreads(cores);
     plain.push_back(PlainLibtorch(one_worker, data->train, steps));
@@ -116,16 +148,20 @@ int Main(int argc, char** argv) {
     }
   }
   const double ceiling = Median(gemm) * 1e9 * cores / flops;
+  const double model_ceiling = Median(model_gemm) * 1e9 * cores / flops;
   absl::PrintF(
       "{\"benchmark\": \"train\", \"steps\": %d, \"batch_size\": %d, \"repeats\": %d, \"cores\": %d, "
       "\"blas\": \"%s\", \"single_core_gemm_gflops\": %.2f, \"flops_per_example\": %.0f, "
       "\"ceiling_examples_per_second\": %.1f, "
       "\"libtorch_examples_per_second\": %.1f, \"shoal_inproc_examples_per_second\": %.1f, "
       "\"ratio_shoal_vs_libtorch\": %.4f, \"libtorch_vs_ceiling\": %.4f, \"shoal_one_worker_vs_ceiling\": %.4f, "
-      "\"main_job_2_workers_examples_per_second\": %.1f, \"main_job_vs_ceiling\": %.4f}\n",
+      "\"main_job_2_workers_examples_per_second\": %.1f, \"main_job_vs_ceiling\": %.4f, "
+      "\"model_shape_gemm_gflops\": %.2f, \"model_shape_ceiling_examples_per_second\": %.1f, "
+      "\"main_job_vs_model_shape_ceiling\": %.4f, \"libtorch_vs_model_shape_ceiling\": %.4f}\n",
       steps, one_worker.training.batch_size, repeats, cores, IdentifyBlas().name, Median(gemm), flops, ceiling,
       Median(plain), Median(shoal), Median(shoal) / Median(plain), Median(plain) / ceiling, Median(shoal) / ceiling,
-      Median(two_workers), Median(two_workers) / ceiling);
+      Median(two_workers), Median(two_workers) / ceiling, Median(model_gemm), model_ceiling,
+      Median(two_workers) / model_ceiling, Median(plain) / model_ceiling);
   return 0;
 }
 
