@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shoal/cluster/cluster_spec.h"
-#include "shoal/session/config.h"
+#include "shoal/config/config.h"
 
 namespace shoal {
 namespace {

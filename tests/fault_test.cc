@@ -79,7 +79,7 @@ class LongAsyncJob {
 
   std::string checkpoint_dir() const { return (dir_ / "checkpoints").string(); }
   std::filesystem::path MetricsFile(int worker) const {
-    return dir_ / "metrics" / ("worker_" + std::to_string(worker) + ".jsonl");
+    return dir_ / "metrics" / MetricsFileName("worker", worker, "jsonl");
   }
   std::future<absl::StatusOr<TrainReport>> Start() const {
     return std::async(std::launch::async, [config = config] {

@@ -7,7 +7,7 @@
 #include <set>
 #include <vector>
 
-#include "shoal/session/config.h"
+#include "shoal/config/config.h"
 #include "shoal/session/task_runner.h"
 #include "shoal/transport/inproc/inproc_transport.h"
 

@@ -18,7 +18,8 @@
 
 #include "absl/time/clock.h"
 #include "shoal/cluster/cluster_spec.h"
-#include "shoal/session/config.h"
+#include "shoal/config/config.h"
+#include "shoal/hooks/standard_hooks.h"
 #include "shoal/session/local_cluster.h"
 
 namespace shoal {
@@ -88,7 +89,7 @@ class ProcessCluster {
 
   const std::filesystem::path& dir() const { return dir_; }
   std::filesystem::path MetricsFile(int worker) const {
-    return dir_ / "metrics" / ("worker_" + std::to_string(worker) + ".jsonl");
+    return dir_ / "metrics" / MetricsFileName("worker", worker, "jsonl");
   }
 
   // Starts `shoal <command> --task <task>` (stderr to `stderr_file` in dir()

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "shoal/session/config.h"
+#include "shoal/config/config.h"
 
 namespace shoal {
 

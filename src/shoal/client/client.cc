@@ -1,5 +1,6 @@
 #include "shoal/client/client.h"
 
+#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -166,43 +167,57 @@ absl::StatusOr<std::vector<bool>> Client::VariablesExist(const std::vector<std::
   return exist;
 }
 
-absl::Status Client::WaitForVariables(const std::vector<std::string>& names, absl::Duration timeout) {
+namespace {
+
+// Polls `client.VariablesExist(names)` with backoff until `done` accepts an
+// answer, or fails: a NOT_FOUND answer (a name no task holds) at once, else
+// DEADLINE_EXCEEDED after `timeout`, "waited T for <what>; <why>", where
+// `done` said why it did not accept the last answer.
+using AcceptFn = std::function<bool(const absl::StatusOr<std::vector<bool>>&, std::string* why)>;
+absl::Status PollLookups(Client& client, const std::vector<std::string>& names, absl::Duration timeout,
+                         absl::string_view what, const AcceptFn& done) {
   const absl::Time give_up = absl::Now() + timeout;
   absl::Duration backoff = absl::Milliseconds(20);
   while (true) {
-    auto exist = VariablesExist(names);
-    if (!exist.ok() && absl::IsNotFound(exist.status())) return exist.status();  // a name no task holds
-    std::string missing;
-    if (exist.ok()) {
-      for (size_t i = 0; i < names.size() && missing.empty(); ++i) {
-        if (!(*exist)[i]) missing = absl::StrCat("variable '", names[i], "'");
-      }
-      if (missing.empty()) return absl::OkStatus();
-    }
+    auto exist = client.VariablesExist(names);
+    if (absl::IsNotFound(exist.status())) return exist.status();
+    std::string why;
+    if (done(exist, &why)) return absl::OkStatus();
     if (absl::Now() + backoff > give_up) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "waited ", absl::FormatDuration(timeout), " for the chief to create the variables; ",
-          exist.ok() ? absl::StrCat("still missing ", missing) : absl::StrCat("last error: ", exist.status().message())));
+      return absl::DeadlineExceededError(absl::StrCat("waited ", absl::FormatDuration(timeout), " for ", what, "; ", why));
     }
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Milliseconds(500));
   }
 }
 
+std::string LastError(const absl::Status& status) { return absl::StrCat("last error: ", status.message()); }
+
+}  // namespace
+
+absl::Status Client::WaitForVariables(const std::vector<std::string>& names, absl::Duration timeout) {
+  return PollLookups(*this, names, timeout, "the chief to create the variables",
+                     [&](const absl::StatusOr<std::vector<bool>>& exist, std::string* why) {
+                       if (!exist.ok()) {
+                         *why = LastError(exist.status());
+                         return false;
+                       }
+                       for (size_t i = 0; i < names.size(); ++i) {
+                         if (!(*exist)[i]) {
+                           *why = absl::StrCat("still missing variable '", names[i], "'");
+                           return false;
+                         }
+                       }
+                       return true;
+                     });
+}
+
 absl::Status Client::WaitForTasksHolding(const std::vector<std::string>& names, absl::Duration timeout) {
-  const absl::Time give_up = absl::Now() + timeout;
-  absl::Duration backoff = absl::Milliseconds(20);
-  while (true) {
-    absl::Status answered = VariablesExist(names).status();
-    if (answered.ok() || absl::IsNotFound(answered)) return answered;  // NOT_FOUND: a name no task holds
-    if (absl::Now() + backoff > give_up) {
-      return absl::DeadlineExceededError(absl::StrCat("waited ", absl::FormatDuration(timeout),
-                                                      " for the tasks that hold the variables to start; last error: ",
-                                                      answered.message()));
-    }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(500));
-  }
+  return PollLookups(*this, names, timeout, "the tasks that hold the variables to start",
+                     [](const absl::StatusOr<std::vector<bool>>& exist, std::string* why) {
+                       if (!exist.ok()) *why = LastError(exist.status());
+                       return exist.ok();  // an answer from every task, whatever it says
+                     });
 }
 
 absl::Status Client::ReadShards(const std::vector<std::string>& names,

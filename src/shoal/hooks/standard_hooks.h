@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "shoal/hooks/hook.h"
-#include "shoal/session/config.h"
+#include "shoal/config/config.h"
 
 namespace shoal {
 

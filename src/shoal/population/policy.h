@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "shoal/session/config.h"
+#include "shoal/config/config.h"
 
 namespace shoal {
 

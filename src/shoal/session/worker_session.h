@@ -4,72 +4,10 @@
 #ifndef SHOAL_SESSION_WORKER_SESSION_H_
 #define SHOAL_SESSION_WORKER_SESSION_H_
 
-#include <nlohmann/json.hpp>
-
 #include "shoal/strategy/strategy.h"
+#include "shoal/strategy/train_report.h"
 
 namespace shoal {
-
-// One member of a population, at the end.
-struct MemberReport {
-  int member = 0;
-  double fitness = -1;  // validation accuracy
-  double test_accuracy = 0;
-  std::string hyperparameters;
-};
-
-struct TrainReport {
-  double test_accuracy = 0;
-  int64_t global_step = 0;
-  double seconds = 0;
-  double examples_per_second = 0;         // over the whole session, start-up included
-  double steady_examples_per_second = 0;  // after the first kWarmupSteps global steps (benchmarks)
-  double last_loss = 0;
-  int64_t stale_gradients_dropped = 0;  // sync: late gradients left out of a step
-  std::string stop_reason;              // why a hook stopped the job early; empty if it ran to the end
-  std::string restored_from;            // the checkpoint the chief resumed from; empty if none
-  std::string last_checkpoint;          // the checkpoint saved at the end; empty if none
-  std::vector<std::string> restarts;    // the local launcher's: which task failed how, and its restart
-  std::vector<std::string> recoveries;  // the chief's restores after a task lost its variables mid-job
-  int unfinished_workers = 0;           // workers that had not finished when the chief evaluated (dead ones)
-  // The chief's compute: its BLAS threads, why that many, libtorch's
-  // intra-op threads beside them, and the BLAS its matrix products ran on.
-  int compute_threads = 0;
-  std::string compute_threads_source;
-  int intra_op_threads = 0;
-  std::string blas;
-  // What the workers' clients sent and received during training (frames:
-  // headers and tensors; start-up left out), all workers together, and the
-  // epochs trained, for rates per epoch.
-  int64_t bytes_sent = 0;
-  int64_t bytes_received = 0;
-  int64_t tensor_bytes_sent = 0;  // of bytes_sent, the tensors alone
-  double epochs_trained = 0;
-  // population: every member, the best by validation fitness (whose test
-  // accuracy is test_accuracy above), bytes moved to read other members
-  // (fitness, hyper-parameters, weights, slots), and the summary.
-  std::vector<MemberReport> members;
-  int best_member = -1;
-  int64_t peer_bytes_read = 0;
-  std::string population_summary;
-  // population: ready intervals by the copies made in them ([with 0, with 1,
-  // ...]), the copies, and those whose copier was the worst it ranked.
-  std::vector<int64_t> copies_per_interval;
-  int64_t copies = 0;
-  int64_t copies_by_the_worst = 0;
-  std::vector<int64_t> ssp_gap_histogram;  // ssp: steps that began g steps ahead of the slowest, by g
-  // gated: each network alone on the test set, and the uniform average of
-  // their softmax outputs (test_accuracy is the master-weighted vote's).
-  std::vector<double> network_test_accuracies;
-  double uniform_average_accuracy = 0;
-  double any_network_right = 0;              // the ceiling for a perfect gate
-  std::vector<double> network_mean_weights;  // the master's mean weight for each network
-};
-
-// The report as JSON (the result file `shoal worker --result_file` writes and
-// the local launcher reads back), and back; missing keys keep defaults.
-nlohmann::json ReportToJson(const TrainReport& report);
-absl::StatusOr<TrainReport> ReportFromJson(const nlohmann::json& json);
 
 // Global steps left out of steady_examples_per_second, as benchmark peers
 // leave out their warm-up.

@@ -23,7 +23,7 @@
 #ifndef SHOAL_STRATEGY_GATED_STRATEGY_H_
 #define SHOAL_STRATEGY_GATED_STRATEGY_H_
 
-#include "shoal/session/worker_session.h"
+#include "shoal/strategy/train_report.h"
 #include "shoal/strategy/strategy.h"
 
 namespace shoal {

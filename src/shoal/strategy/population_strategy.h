@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "shoal/population/policy.h"
-#include "shoal/session/worker_session.h"
+#include "shoal/strategy/train_report.h"
 #include "shoal/strategy/strategy.h"
 
 namespace shoal {

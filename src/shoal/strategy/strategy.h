@@ -13,7 +13,7 @@
 #include "shoal/data/dataset.h"
 #include "shoal/hooks/hook.h"
 #include "shoal/model/mlp.h"
-#include "shoal/session/config.h"
+#include "shoal/config/config.h"
 
 namespace shoal {
 

@@ -1,4 +1,4 @@
-#include "shoal/session/config.h"
+#include "shoal/config/config.h"
 
 #include <yaml-cpp/yaml.h>
 

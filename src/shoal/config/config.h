@@ -6,8 +6,8 @@
 // range is an error naming the key path ("training.batch_size"), so a typo
 // never silently falls back to a default. The library never reads the
 // environment; the CLI folds flags and TF_CONFIG into a JobConfig.
-#ifndef SHOAL_SESSION_CONFIG_H_
-#define SHOAL_SESSION_CONFIG_H_
+#ifndef SHOAL_CONFIG_CONFIG_H_
+#define SHOAL_CONFIG_CONFIG_H_
 
 #include <string>
 #include <vector>
@@ -200,4 +200,4 @@ std::string JobConfigToYaml(const JobConfig& config);
 
 }  // namespace shoal
 
-#endif  // SHOAL_SESSION_CONFIG_H_
+#endif  // SHOAL_CONFIG_CONFIG_H_
