@@ -18,11 +18,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "shoal/compute/compute_threads.h"
+#include "shoal/server/optimizer.h"
 #include "shoal/session/local_cluster.h"
 #include "shoal/transport/grpc/grpc_transport.h"
 
@@ -93,9 +95,18 @@ double TrainingFlopsPerExample(const std::vector<int64_t>& layers) {
   return 2 * forward + input_gradients;
 }
 
-double PlainLibtorch(const JobConfig& config, const Dataset& train, int64_t steps) {
+// The plain loop's update: torch::optim::Adam (what a libtorch user writes),
+// or shoal's own server-side Adam applied in place, which isolates what
+// shoal's pull, push and checks cost beside its faster update.
+enum class PlainUpdate { kTorchAdam, kShoalAdam };
+
+double PlainLibtorch(const JobConfig& config, const Dataset& train, int64_t steps, PlainUpdate update) {
   Mlp model(config.model);
   torch::optim::Adam optimizer(model.variables(), torch::optim::AdamOptions(config.training.optimizer.learning_rate()));
+  auto shoal_adam = Optimizer::Create(config.training.optimizer);
+  if (!shoal_adam.ok()) return 0;
+  std::vector<OptimizerSlots> slots;
+  for (const auto& p : model.variables()) slots.push_back((*shoal_adam)->MakeSlots(p));
   BatchIterator batches(train, config.training.batch_size, config.training.seed);
   torch::Tensor images, labels;
   const absl::Time start = absl::Now();
@@ -103,9 +114,46 @@ double PlainLibtorch(const JobConfig& config, const Dataset& train, int64_t step
     batches.Next(&images, &labels);
     optimizer.zero_grad();
     CrossEntropyLoss(model.Forward(images), labels).backward();
-    optimizer.step();
+    if (update == PlainUpdate::kTorchAdam) {
+      optimizer.step();
+      continue;
+    }
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      torch::Tensor value = model.variables()[i];
+      (*shoal_adam)->Apply(value, model.variables()[i].grad(), slots[i]);
+    }
   }
   return steps * config.training.batch_size / absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+// Microseconds of one Adam update of every variable of the model (best of
+// many): torch::optim::Adam against shoal's server-side Adam.
+std::pair<double, double> AdamUpdateMicros(const JobConfig& config) {
+  Mlp model(config.model);
+  for (const auto& p : model.variables()) p.mutable_grad() = torch::randn_like(p);
+  torch::optim::Adam torch_adam(model.variables(), torch::optim::AdamOptions(1e-3));
+  auto shoal_adam = Optimizer::Create(config.training.optimizer);
+  std::vector<OptimizerSlots> slots;
+  for (const auto& p : model.variables()) slots.push_back((*shoal_adam)->MakeSlots(p));
+  auto best_of = [](const std::function<void()>& update) {
+    double best = 1e30;
+    for (int r = 0; r < 200; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      update();
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return best * 1e6;
+  };
+  torch::NoGradGuard no_grad;
+  const double torch_us = best_of([&] { torch_adam.step(); });
+  const double shoal_us = best_of([&] {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      torch::Tensor value = model.variables()[i];
+      (*shoal_adam)->Apply(value, model.variables()[i].grad(), slots[i]);
+    }
+  });
+  return {torch_us, shoal_us};
 }
 
 int Main(int argc, char** argv) {
@@ -131,13 +179,14 @@ int Main(int argc, char** argv) {
   }
   const int cores = UsableCores();
   const double flops = TrainingFlopsPerExample(one_worker.model.layers);
-  std::vector<double> gemm, model_gemm, plain, shoal, two_workers;
+  std::vector<double> gemm, model_gemm, plain, plain_shoal_adam, shoal, two_workers;
   for (int64_t r = 0; r < repeats; ++r) {
     gemm.push_back(SingleCoreGemmGflops());
     model_gemm.push_back(ModelShapeGemmGflops(one_worker.model.layers, one_worker.training.batch_size, flops));
     // The plain loop computes with what shoal gives its one worker: every core.
     SetComputeThreads(cores);
-    plain.push_back(PlainLibtorch(one_worker, data->train, steps));
+    plain.push_back(PlainLibtorch(one_worker, data->train, steps, PlainUpdate::kTorchAdam));
+    plain_shoal_adam.push_back(PlainLibtorch(one_worker, data->train, steps, PlainUpdate::kShoalAdam));
     for (auto [config, into] : {std::pair{&one_worker, &shoal}, std::pair{&main_job, &two_workers}}) {
       auto report = TrainInProcess(*config, InProcOptions{}, nullptr);
       if (!report.ok()) {
@@ -147,6 +196,8 @@ int Main(int argc, char** argv) {
       into->push_back(config == &one_worker ? report->examples_per_second : report->steady_examples_per_second);
     }
   }
+  SetComputeThreads(1);
+  const auto [torch_adam_us, shoal_adam_us] = AdamUpdateMicros(one_worker);
   const double ceiling = Median(gemm) * 1e9 * cores / flops;
   const double model_ceiling = Median(model_gemm) * 1e9 * cores / flops;
   absl::PrintF(
@@ -157,11 +208,14 @@ int Main(int argc, char** argv) {
       "\"ratio_shoal_vs_libtorch\": %.4f, \"libtorch_vs_ceiling\": %.4f, \"shoal_one_worker_vs_ceiling\": %.4f, "
       "\"main_job_2_workers_examples_per_second\": %.1f, \"main_job_vs_ceiling\": %.4f, "
       "\"model_shape_gemm_gflops\": %.2f, \"model_shape_ceiling_examples_per_second\": %.1f, "
-      "\"main_job_vs_model_shape_ceiling\": %.4f, \"libtorch_vs_model_shape_ceiling\": %.4f}\n",
+      "\"main_job_vs_model_shape_ceiling\": %.4f, \"libtorch_vs_model_shape_ceiling\": %.4f, "
+      "\"libtorch_shoal_adam_examples_per_second\": %.1f, \"ratio_shoal_vs_libtorch_shoal_adam\": %.4f, "
+      "\"torch_adam_update_us\": %.1f, \"shoal_adam_update_us\": %.1f}\n",
       steps, one_worker.training.batch_size, repeats, cores, IdentifyBlas().name, Median(gemm), flops, ceiling,
       Median(plain), Median(shoal), Median(shoal) / Median(plain), Median(plain) / ceiling, Median(shoal) / ceiling,
       Median(two_workers), Median(two_workers) / ceiling, Median(model_gemm), model_ceiling,
-      Median(two_workers) / model_ceiling, Median(plain) / model_ceiling);
+      Median(two_workers) / model_ceiling, Median(plain) / model_ceiling, Median(plain_shoal_adam),
+      Median(shoal) / Median(plain_shoal_adam), torch_adam_us, shoal_adam_us);
   return 0;
 }
 

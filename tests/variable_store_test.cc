@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
 #include <thread>
 
 namespace shoal {
@@ -32,6 +33,29 @@ class VariableStoreTest : public ::testing::Test {
   }
   VariableStore store_{"/job:ps/task:0"};
 };
+
+TEST(AllFiniteTest, FindsEveryNonFiniteValueWhereverItSits) {
+  const int64_t n = 1003;  // not a multiple of any vector width: the tail counts too
+  EXPECT_TRUE(AllFinite(torch::zeros({n})));
+  EXPECT_TRUE(AllFinite(torch::empty({0})));
+  const float finite_edges[] = {std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
+                                std::numeric_limits<float>::denorm_min(), -0.0f};
+  for (float edge : finite_edges) {
+    torch::Tensor t = torch::ones({n});
+    t[n - 1] = edge;
+    EXPECT_TRUE(AllFinite(t)) << edge;
+  }
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                       std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  for (float value : bad) {
+    for (int64_t at : {int64_t{0}, int64_t{7}, n / 2, n - 1}) {
+      torch::Tensor t = torch::ones({n});
+      t[at] = value;
+      EXPECT_FALSE(AllFinite(t)) << value << " at " << at;
+    }
+  }
+  EXPECT_FALSE(AllFinite(torch::ones({4, 8}).t().index_fill(0, torch::tensor({3}), NAN)));  // non-contiguous
+}
 
 TEST_F(VariableStoreTest, AppliesGradientsWithTheOptimizer) {
   std::vector<int64_t> versions;

