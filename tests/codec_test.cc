@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdio>
 
 namespace shoal {
 namespace {
@@ -15,6 +18,26 @@ Request MakeRequest() {
 }
 
 std::string Encoded(const Request& request) { return EncodeRequest(request).value().Flatten(); }
+
+// A frame around a hand-built header and `body_bytes` of zeros: what an
+// attacker could send without going through the encoder.
+std::string Frame(const wire::RequestHeader& header, size_t body_bytes = 0) {
+  std::string serialized = header.SerializeAsString();
+  std::string bytes(4, '\0');
+  for (int i = 0; i < 4; ++i) bytes[i] = static_cast<char>(serialized.size() >> (8 * i));
+  return bytes + serialized + std::string(body_bytes, '\0');
+}
+
+// Resident memory of this process, in bytes.
+int64_t ResidentBytes() {
+  FILE* statm = std::fopen("/proc/self/statm", "r");
+  long pages = 0, resident = 0;
+  if (statm != nullptr) {
+    if (std::fscanf(statm, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(statm);
+  }
+  return static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE);
+}
 
 absl::Status Decode(const std::string& bytes, size_t max_bytes, Request* out) {
   absl::string_view chunk = bytes;
@@ -140,6 +163,79 @@ TEST(CodecTest, OversizedMessageIsResourceExhausted) {
   absl::Status status = Decode(Encoded(request), 1000, &decoded);
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(status.message().find("limit"), std::string::npos);
+}
+
+TEST(CodecTest, AHeaderOfMillionsOfEmptyTensorsIsRefusedBeforeAnythingIsBuilt) {
+  // The attack: a few bytes per entry, each of which would become a torch
+  // tensor. 500,000 entries of shape [0] take 3.5 MB on the wire.
+  std::string bytes;
+  {
+    wire::RequestHeader header;
+    header.mutable_assign()->add_names("dense_1/kernel");
+    for (int i = 0; i < 500000; ++i) {
+      wire::TensorMeta* meta = header.add_tensors();
+      meta->set_dtype(wire::DTYPE_FLOAT32);
+      meta->add_shape(0);
+    }
+    bytes = Frame(header);
+  }
+  ASSERT_LT(bytes.size(), kMaxHeaderBytes);  // under the header limit: the tensor count is what refuses it
+  const int64_t before = ResidentBytes();
+  Request decoded;
+  absl::Status status = Decode(bytes, 512u << 20, &decoded);
+  const int64_t grown = ResidentBytes() - before;
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_NE(status.message().find("65536 tensors"), std::string::npos) << status;
+  EXPECT_TRUE(decoded.tensors.empty());
+  EXPECT_EQ(decoded.header.tensors_size(), 0);
+  EXPECT_LT(grown, int64_t{8} << 20) << "refusing the message grew the process by " << grown << " bytes";
+}
+
+TEST(CodecTest, TheMostTensorsAMessageMayCarryStillDecode) {
+  wire::RequestHeader header;
+  for (int i = 0; i < kMaxTensorsPerMessage; ++i) {
+    wire::TensorMeta* meta = header.add_tensors();
+    meta->set_dtype(wire::DTYPE_FLOAT32);
+    meta->add_shape(1);
+    meta->set_byte_size(4);
+  }
+  Request decoded;
+  ASSERT_TRUE(Decode(Frame(header, 4 * kMaxTensorsPerMessage), 512u << 20, &decoded).ok());
+  EXPECT_EQ(decoded.tensors.size(), static_cast<size_t>(kMaxTensorsPerMessage));
+}
+
+TEST(CodecTest, AnOversizedHeaderIsRefusedOnItsLength) {
+  wire::RequestHeader header;
+  header.mutable_lookup()->add_names(std::string(kMaxHeaderBytes, 'x'));
+  Request decoded;
+  absl::Status status = Decode(Frame(header), 512u << 20, &decoded);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_NE(status.message().find("header of"), std::string::npos) << status;
+}
+
+TEST(CodecTest, AHeaderWhoseTagsDoNotParseIsDataLoss) {
+  const std::string garbage = "\x7a\xff\xff\xff\xff\x0f";  // field 15, length-delimited, length past the end
+  std::string bytes(4, '\0');
+  bytes[0] = static_cast<char>(garbage.size());
+  Request decoded;
+  EXPECT_EQ(Decode(bytes + garbage, 1 << 20, &decoded).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(CodecTest, AnUnknownDtypeNamesItsNumber) {
+  wire::RequestHeader header;
+  auto* meta = header.add_tensors();
+  meta->set_dtype(static_cast<wire::DType>(42));
+  meta->add_shape(1);
+  meta->set_byte_size(4);
+  Request decoded;
+  absl::Status status = Decode(Frame(header, 4), 1 << 20, &decoded);
+  EXPECT_NE(status.message().find("has dtype number 42"), std::string::npos) << status;
+}
+
+TEST(CodecTest, EncodingMoreTensorsThanAMessageMayCarryIsRefused) {
+  Request request;
+  request.tensors.assign(kMaxTensorsPerMessage + 1, torch::zeros({1}));
+  EXPECT_EQ(EncodeRequest(request).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "shoal/core/codec.h"
+#include "shoal/core/status.h"
 
 namespace shoal {
 namespace {
@@ -103,6 +104,53 @@ TEST(GrpcTransportTest, GarbledBytesAreAnsweredAsDataLossAndTheServerKeepsServin
   Response response;
   EXPECT_TRUE(CallAndWait(*good, LookupRequest(), &response, absl::Now() + absl::Seconds(5)).ok());
   EXPECT_FALSE(response.header.lookup().present(0));
+}
+
+// Answers what a server said to raw bytes, decoded.
+absl::Status RawVerdict(const std::string& address, const std::string& bytes) {
+  grpc::ByteBuffer reply;
+  grpc::Status rpc_status = RawCall(address, "/shoal.VariableService/Call", bytes, &reply);
+  if (!rpc_status.ok()) return absl::UnknownError(rpc_status.error_message());
+  std::vector<grpc::Slice> slices;
+  if (!reply.Dump(&slices).ok()) return absl::UnknownError("reply does not dump");
+  std::vector<absl::string_view> chunks;
+  for (const auto& s : slices) chunks.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
+  Response decoded;
+  SHOAL_RETURN_IF_ERROR(DecodeResponse(chunks, SIZE_MAX, &decoded));
+  return ResponseStatus(decoded.header);
+}
+
+std::string FrameOf(const wire::RequestHeader& header) {
+  const std::string serialized = header.SerializeAsString();
+  std::string bytes(4, '\0');
+  for (int i = 0; i < 4; ++i) bytes[i] = static_cast<char>(serialized.size() >> (8 * i));
+  return bytes + serialized;
+}
+
+TEST(GrpcTransportTest, RequestsListingTooManyTensorsOrNamesAreRefusedAndTheServerKeepsServing) {
+  GrpcTransport transport;
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport.Serve("127.0.0.1:0", &service).value();
+
+  wire::RequestHeader empty_tensors;  // 400,000 tensors of shape [0]: 2.8 MB
+  empty_tensors.mutable_assign()->add_names("x");
+  for (int i = 0; i < 400000; ++i) {
+    empty_tensors.add_tensors()->add_shape(0);
+  }
+  absl::Status verdict = RawVerdict(server->address(), FrameOf(empty_tensors));
+  EXPECT_EQ(verdict.code(), absl::StatusCode::kResourceExhausted) << verdict;
+  EXPECT_NE(verdict.message().find("/job:ps/task:0"), std::string::npos) << verdict;
+
+  wire::RequestHeader many_names;  // a lookup of 100,000 names: each would be answered with a definition
+  for (int i = 0; i < 100000; ++i) many_names.mutable_lookup()->add_names("n");
+  verdict = RawVerdict(server->address(), FrameOf(many_names));
+  EXPECT_EQ(verdict.code(), absl::StatusCode::kResourceExhausted) << verdict;
+  EXPECT_NE(verdict.message().find("lookup request to /job:ps/task:0 lists 100000 names"), std::string::npos)
+      << verdict;
+
+  auto good = transport.Connect({"ps", 0}, server->address()).value();
+  Response response;
+  EXPECT_TRUE(CallAndWait(*good, LookupRequest(), &response, absl::Now() + absl::Seconds(5)).ok());
 }
 
 // Stress on the concurrent receive path. transport_bench once found a

@@ -3,6 +3,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "shoal/core/status.h"
 
 namespace shoal {
@@ -57,10 +59,39 @@ class ChunkReader {
   size_t chunk_ = 0, offset_ = 0, remaining_ = 0;
 };
 
+// Both headers keep their tensor list in field 15, at the top level.
+constexpr int kTensorsField = 15;
+static_assert(wire::RequestHeader::kTensorsFieldNumber == kTensorsField);
+static_assert(wire::ResponseHeader::kTensorsFieldNumber == kTensorsField);
+
+// Walks the serialized header's top-level tags without building anything and
+// refuses it if it lists more tensors than a message may carry.
+absl::Status CheckTensorCount(absl::string_view serialized) {
+  using google::protobuf::internal::WireFormatLite;
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(serialized.data()),
+                                            static_cast<int>(serialized.size()));
+  int tensors = 0;
+  while (uint32_t tag = in.ReadTag()) {
+    if (WireFormatLite::GetTagFieldNumber(tag) == kTensorsField && ++tensors > kMaxTensorsPerMessage) {
+      return absl::ResourceExhaustedError(absl::StrCat("message lists more than ", kMaxTensorsPerMessage,
+                                                       " tensors, the most one message may carry"));
+    }
+    if (!WireFormatLite::SkipField(&in, tag)) return absl::DataLossError("garbled message: the header does not parse");
+  }
+  if (!in.ConsumedEntireMessage() || in.CurrentPosition() != static_cast<int>(serialized.size())) {
+    return absl::DataLossError("garbled message: the header does not parse");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FillMeta(const std::vector<torch::Tensor>& tensors,
                       google::protobuf::RepeatedPtrField<wire::TensorMeta>* metas,
                       EncodedMessage* out) {
   metas->Clear();
+  if (tensors.size() > static_cast<size_t>(kMaxTensorsPerMessage)) {
+    return absl::InvalidArgumentError(absl::StrCat("a message of ", tensors.size(), " tensors exceeds the limit of ",
+                                                   kMaxTensorsPerMessage, "; send fewer per request"));
+  }
   for (size_t i = 0; i < tensors.size(); ++i) {
     const torch::Tensor& t = tensors[i];
     if (!t.defined() || t.scalar_type() != torch::kFloat32 || !t.device().is_cpu()) {
@@ -112,8 +143,13 @@ absl::Status Decode(absl::Span<const absl::string_view> chunks, size_t max_bytes
     return absl::DataLossError(absl::StrCat("garbled message: header of ", length,
                                             " bytes but only ", reader.remaining(), " follow"));
   }
+  if (length > kMaxHeaderBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("message header of ", length, " bytes exceeds the limit of ",
+                                                     kMaxHeaderBytes, " bytes"));
+  }
   std::string serialized(length, '\0');
   reader.Read(serialized.data(), length);
+  SHOAL_RETURN_IF_ERROR(CheckTensorCount(serialized));
   if (!header->ParseFromString(serialized)) {
     return absl::DataLossError("garbled message: the header does not parse");
   }
@@ -121,8 +157,10 @@ absl::Status Decode(absl::Span<const absl::string_view> chunks, size_t max_bytes
   for (int i = 0; i < header->tensors_size(); ++i) {
     const wire::TensorMeta& meta = header->tensors(i);
     if (meta.dtype() != wire::DTYPE_FLOAT32) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor ", i, " has dtype ", wire::DType_Name(meta.dtype()), "; only float32 is supported"));
+      const std::string name = wire::DType_IsValid(meta.dtype()) ? wire::DType_Name(meta.dtype()) : "";
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", i, " has dtype ",
+                                                     name.empty() ? absl::StrCat("number ", meta.dtype()) : name,
+                                                     "; only float32 is supported"));
     }
     uint64_t numel = 1;
     for (int64_t d : meta.shape()) {

@@ -11,7 +11,11 @@
 //
 // Decoding trusts nothing: a short or garbled frame, an unknown dtype, a
 // negative dimension, a byte size that disagrees with the shape, or a total
-// over `max_bytes` is an error that says which.
+// over `max_bytes` is an error that says which. What a message can make the
+// receiver build is bounded before anything is parsed: a header over
+// kMaxHeaderBytes or listing more than kMaxTensorsPerMessage tensors is
+// refused on its length and a scan of its tags, so a header of millions of
+// empty tensors costs the receiver nothing beyond the bytes it read.
 #ifndef SHOAL_CORE_CODEC_H_
 #define SHOAL_CORE_CODEC_H_
 
@@ -25,6 +29,13 @@
 #include "shoal/core/message.h"
 
 namespace shoal {
+
+// The most header bytes one message may carry (names, shapes, definitions):
+// thousands of variables take a few hundred KiB.
+inline constexpr size_t kMaxHeaderBytes = size_t{4} << 20;
+// The most tensors one message may carry, and (checked by the server) the
+// most names one request may list.
+inline constexpr int kMaxTensorsPerMessage = 1 << 16;
 
 struct EncodedMessage {
   std::string header_frame;            // length prefix + serialized header

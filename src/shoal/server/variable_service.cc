@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "shoal/compute/compute_threads.h"
+#include "shoal/core/codec.h"
 #include "shoal/core/status.h"
 
 namespace shoal {
@@ -22,6 +23,29 @@ template <typename Field>
 void CopyInts(const std::vector<int64_t>& from, Field* to) {
   to->Clear();
   for (int64_t v : from) to->Add(v);
+}
+
+// Bounds the work a request can ask for before any of it is done: no list in
+// its operation (names, definitions, counters, slot counts) may be longer
+// than the most tensors a message may carry.
+absl::Status CheckListLengths(const wire::RequestHeader& h, const std::string& task_name) {
+  const google::protobuf::Reflection* reflection = h.GetReflection();
+  const google::protobuf::FieldDescriptor* op_field =
+      reflection->GetOneofFieldDescriptor(h, h.GetDescriptor()->FindOneofByName("op"));
+  if (op_field == nullptr) return absl::OkStatus();
+  const google::protobuf::Message& op = reflection->GetMessage(h, op_field);
+  const google::protobuf::Descriptor* descriptor = op.GetDescriptor();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    if (!field->is_repeated()) continue;
+    const int length = op.GetReflection()->FieldSize(op, field);
+    if (length > kMaxTensorsPerMessage) {
+      return absl::ResourceExhaustedError(absl::StrCat(op_field->name(), " request to ", task_name, " lists ", length, " ",
+                                                       field->name(), ", more than the ", kMaxTensorsPerMessage,
+                                                       " one request may carry"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -68,6 +92,7 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
                                                      " exceeds the limit of ", options_.max_message_bytes));
   }
   const wire::RequestHeader& h = request.header;
+  SHOAL_RETURN_IF_ERROR(CheckListLengths(h, options_.task_name));
   switch (h.op_case()) {
     case wire::RequestHeader::kCreateVariables: {
       std::vector<wire::VariableDef> defs(h.create_variables().variables().begin(),
