@@ -107,10 +107,17 @@ TEST(CheckpointShardTest, CorruptionIsDataLossNamingTheFileAndTheVariable) {
   fs::remove_all(dir);
 }
 
-// `ps` ps tasks in this process, with a client placed over `specs`.
+JobConfig WithCheckpointDir(const fs::path& dir) {
+  JobConfig config = DefaultJobConfig();
+  config.checkpoint.dir = dir.string();
+  return config;
+}
+
+// `ps` ps tasks in this process, writing checkpoints into `dir`, with a
+// client placed over `specs`.
 struct SmallCluster {
-  SmallCluster(int ps, const std::vector<VariableSpec>& specs, const PlacementOptions& options)
-      : cluster(ClusterSpec::Local(ps, 1)), servers(DefaultJobConfig(), cluster) {
+  SmallCluster(int ps, const std::vector<VariableSpec>& specs, const PlacementOptions& options, const fs::path& dir)
+      : cluster(ClusterSpec::Local(ps, 1)), servers(WithCheckpointDir(dir), cluster) {
     auto placement = std::make_shared<const Placement>(Placement::Create(specs, cluster, options).value());
     client = Client::Create(cluster, &servers.transport, placement).value();
   }
@@ -130,7 +137,7 @@ TEST(CheckpointTest, RestoresOntoAnotherNumberOfPsTasksWithTheSlots) {
   for (const auto& spec : specs) inits.push_back({spec.name, torch::randn(spec.shape), adam});
 
   // Two ps tasks, "big" whole; train a few steps so the slots are not zero.
-  SmallCluster two(2, specs, {});
+  SmallCluster two(2, specs, {}, dir);
   ASSERT_TRUE(two.client->CreateVariables(inits).ok());
   for (int step = 0; step < 3; ++step) {
     std::vector<torch::Tensor> grads;
@@ -145,7 +152,7 @@ TEST(CheckpointTest, RestoresOntoAnotherNumberOfPsTasksWithTheSlots) {
   // Three ps tasks, "big" split into row slices across them.
   PlacementOptions partitioned;
   partitioned.min_partition_bytes = 1024;
-  SmallCluster three(3, specs, partitioned);
+  SmallCluster three(3, specs, partitioned, dir / "again");
   ASSERT_TRUE(three.client->placement().Locate("big")->partitioned());
   std::vector<VariableInit> zeros = inits;
   for (auto& init : zeros) init.value = torch::zeros_like(init.value);
@@ -180,7 +187,7 @@ TEST(CheckpointTest, RestoresOntoAnotherNumberOfPsTasksWithTheSlots) {
 TEST(CheckpointTest, AnUnfinishedCheckpointIsNeverTheLatestAndPruningKeepsTheNewest) {
   const fs::path dir = TempDir("latest");
   const std::vector<VariableSpec> specs = {{"w", {4}}};
-  SmallCluster cluster(1, specs, {});
+  SmallCluster cluster(1, specs, {}, dir);
   wire::OptimizerConfig sgd;
   sgd.set_kind("sgd");
   ASSERT_TRUE(cluster.client->CreateVariables({{"w", torch::ones({4}), sgd}}).ok());
@@ -200,6 +207,55 @@ TEST(CheckpointTest, AnUnfinishedCheckpointIsNeverTheLatestAndPruningKeepsTheNew
   // Kept: the two newest complete ones, and the unfinished ones newer than them.
   EXPECT_EQ(left, (std::vector<int64_t>{20, 30, 40, 50}));
   EXPECT_EQ(LatestCheckpoint((dir / "none").string()).status().code(), absl::StatusCode::kNotFound);
+  fs::remove_all(dir);
+}
+
+// The attack: a peer asks a ps to write a shard over a file of its choosing
+// (the old request carried a path). The server writes only inside its own
+// checkpoint directory, under names it builds from numbers.
+TEST(CheckpointTest, AServerWritesShardsOnlyInsideItsCheckpointDirectory) {
+  const fs::path dir = TempDir("confined");
+  const fs::path victim = dir / "victim.txt";
+  std::ofstream(victim) << "precious";
+  auto save = [](VariableService& service, int64_t step, int shard, const std::string& smuggled_path) {
+    Request request;
+    request.header.mutable_save_shard()->set_step(step);
+    request.header.mutable_save_shard()->set_shard(shard);
+    // What an old client or an attacker puts in field 1: now an unknown field.
+    request.header.mutable_save_shard()->GetReflection()->MutableUnknownFields(
+        request.header.mutable_save_shard())->AddLengthDelimited(1, smuggled_path);
+    Response response;
+    service.Handle(request, &response);
+    return std::make_pair(ResponseStatus(response.header), response.header.save_shard().path());
+  };
+  wire::VariableDef def;
+  def.set_name("../../victim.txt");  // attacker-chosen text in a variable name changes nothing either
+  def.add_shape(2);
+  def.mutable_optimizer()->set_kind("sgd");
+
+  VariableService without_dir(VariableServiceOptions{"/job:ps/task:0"});
+  ASSERT_TRUE(without_dir.store().Create({def}, {torch::ones({2})}).ok());
+  auto [refused, nowhere] = save(without_dir, 7, 0, victim.string());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("without a checkpoint directory"), std::string::npos) << refused;
+
+  VariableService with_dir(VariableServiceOptions{"/job:ps/task:0", 1 << 20, (dir / "checkpoints").string()});
+  ASSERT_TRUE(with_dir.store().Create({def}, {torch::ones({2})}).ok());
+  auto [saved, path] = save(with_dir, 7, 3, victim.string());
+  ASSERT_TRUE(saved.ok()) << saved;
+  EXPECT_EQ(path, fs::absolute(dir / "checkpoints" / "ckpt-7" / "shard-3.ckpt").string());
+  EXPECT_TRUE(fs::exists(path));
+  EXPECT_EQ(save(with_dir, -1, 0, "").first.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(save(with_dir, 1, -5, "").first.code(), absl::StatusCode::kInvalidArgument);
+
+  std::ifstream in(victim);
+  std::string contents((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(contents, "precious");
+  std::vector<std::string> entries;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) entries.push_back(fs::relative(entry.path(), dir));
+  std::sort(entries.begin(), entries.end());
+  EXPECT_EQ(entries, (std::vector<std::string>{"checkpoints", "checkpoints/ckpt-7", "checkpoints/ckpt-7/shard-3.ckpt",
+                                                "victim.txt"}));
   fs::remove_all(dir);
 }
 

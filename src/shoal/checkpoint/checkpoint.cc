@@ -1,6 +1,7 @@
 #include "shoal/checkpoint/checkpoint.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -23,11 +24,6 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr char kIndexFile[] = "index.json";
-constexpr char kPrefix[] = "ckpt-";
-
-std::string CheckpointFolder(const std::string& dir, int64_t step) {
-  return (fs::path(dir) / absl::StrCat(kPrefix, step)).string();
-}
 
 }  // namespace
 
@@ -49,11 +45,19 @@ absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& di
   std::map<TaskId, std::set<std::string>> stored;
   for (auto& [task, shard] : shard_of) {
     shard = next++;
-    index.shards.push_back(absl::StrCat("shard-", shard, ".ckpt"));
+    index.shards.push_back(ShardFileName(shard));
     index.tasks.push_back(task.ToString());
-    SHOAL_ASSIGN_OR_RETURN(std::vector<std::string> names,
-                           client.SaveShard(task, (fs::path(folder) / index.shards.back()).string()));
-    stored[task].insert(names.begin(), names.end());
+    // The task writes into the same folder of its own checkpoint directory,
+    // which must be this one (the same config, a shared file system).
+    SHOAL_ASSIGN_OR_RETURN(Client::SavedShard saved, client.SaveShard(task, step, shard));
+    const fs::path expected = fs::path(folder) / index.shards.back();
+    std::error_code same_error;
+    if (!fs::equivalent(expected, saved.path, same_error)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint at step ", step, ": ", task.ToString(), " wrote its shard to '", saved.path,
+          "', which is not '", expected.string(), "'; every task needs the same checkpoint.dir (on a shared file system)"));
+    }
+    stored[task].insert(saved.names.begin(), saved.names.end());
   }
   for (const auto& [name, vp] : client.placement().variables()) {
     CheckpointIndex::Variable v{name, vp.shape, {}};
@@ -80,7 +84,8 @@ std::vector<CheckpointInfo> ListCheckpoints(const std::string& dir) {
   for (const auto& entry : fs::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
     int64_t step = 0;
-    if (!entry.is_directory() || name.rfind(kPrefix, 0) != 0 || !absl::SimpleAtoi(name.substr(5), &step)) continue;
+    if (!entry.is_directory() || name.rfind(kCheckpointFolderPrefix, 0) != 0 ||
+        !absl::SimpleAtoi(name.substr(std::strlen(kCheckpointFolderPrefix)), &step)) continue;
     CheckpointInfo info{entry.path().string(), step, ReadCheckpointIndex(entry.path().string()).ok()};
     found.push_back(info);
   }

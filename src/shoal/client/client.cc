@@ -520,12 +520,13 @@ absl::Status Client::AssignSlots(const std::vector<std::string>& names, const st
   return RunAll(calls);
 }
 
-absl::StatusOr<std::vector<std::string>> Client::SaveShard(const TaskId& task, const std::string& path) {
+absl::StatusOr<Client::SavedShard> Client::SaveShard(const TaskId& task, int64_t step, int shard) {
   TaskCalls calls;
-  calls[task].request.header.mutable_save_shard()->set_path(path);
+  calls[task].request.header.mutable_save_shard()->set_step(step);
+  calls[task].request.header.mutable_save_shard()->set_shard(shard);
   SHOAL_RETURN_IF_ERROR(RunAll(calls));
-  const auto& names = calls[task].response.header.save_shard().names();
-  return std::vector<std::string>(names.begin(), names.end());
+  const auto& saved = calls[task].response.header.save_shard();
+  return SavedShard{{saved.names().begin(), saved.names().end()}, saved.path()};
 }
 
 absl::Status Client::Shutdown(const TaskId& task) {

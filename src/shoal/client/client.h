@@ -147,9 +147,14 @@ class Client {
   absl::StatusOr<std::vector<bool>> VariablesExist(const std::vector<std::string>& names);
 
   // Checkpoints: asks `task` to write every variable it holds, with its
-  // slots, to the shard file `path` (on the task's file system); returns the
-  // names it stored them under.
-  absl::StatusOr<std::vector<std::string>> SaveShard(const TaskId& task, const std::string& path);
+  // slots, as shard `shard` of the checkpoint at `step`, inside the
+  // checkpoint directory the task was started with; returns the names it
+  // stored them under and the path it wrote.
+  struct SavedShard {
+    std::vector<std::string> names;
+    std::string path;
+  };
+  absl::StatusOr<SavedShard> SaveShard(const TaskId& task, int64_t step, int shard);
 
   // Asks `task`'s server to shut down.
   absl::Status Shutdown(const TaskId& task);

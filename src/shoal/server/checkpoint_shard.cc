@@ -209,4 +209,10 @@ absl::StatusOr<std::vector<SavedVariable>> ParseShard(const std::string& bytes, 
   return variables;
 }
 
+std::string CheckpointFolder(const std::string& dir, int64_t step) {
+  return (std::filesystem::path(dir) / absl::StrCat(kCheckpointFolderPrefix, step)).string();
+}
+
+std::string ShardFileName(int shard) { return absl::StrCat("shard-", shard, ".ckpt"); }
+
 }  // namespace shoal

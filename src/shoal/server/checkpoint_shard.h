@@ -38,6 +38,12 @@ struct SavedVariable {
 
 absl::Status WriteShard(const std::string& path, const std::vector<SavedVariable>& variables);
 
+// Where checkpoints live, by name: `dir`/ckpt-<step>/shard-<n>.ckpt. Only
+// numbers enter the names, so no request can point a server outside `dir`.
+inline constexpr char kCheckpointFolderPrefix[] = "ckpt-";
+std::string CheckpointFolder(const std::string& dir, int64_t step);
+std::string ShardFileName(int shard);
+
 absl::StatusOr<std::vector<SavedVariable>> ReadShard(const std::string& path);
 // The same from the file's bytes; `path` names it in errors (fuzzing reads
 // shards from memory).

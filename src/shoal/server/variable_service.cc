@@ -1,5 +1,6 @@
 #include "shoal/server/variable_service.h"
 
+#include <filesystem>
 #include <random>
 
 #include <algorithm>
@@ -158,11 +159,28 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       return absl::OkStatus();
     }
     case wire::RequestHeader::kSaveShard: {
-      if (h.save_shard().path().empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("save_shard request to ", options_.task_name, " has no path"));
+      const auto& save = h.save_shard();
+      if (options_.checkpoint_dir.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(options_.task_name,
+                                                          " was started without a checkpoint directory "
+                                                          "(checkpoint.dir) and writes no checkpoints"));
+      }
+      if (save.step() < 0 || save.shard() < 0 || save.shard() >= kMaxTensorsPerMessage) {
+        return absl::InvalidArgumentError(absl::StrCat("save_shard request to ", options_.task_name, ": step ",
+                                                       save.step(), ", shard ", save.shard(), " out of range"));
+      }
+      // The path is built here from two numbers: nothing from the wire names a file.
+      const std::filesystem::path folder = CheckpointFolder(options_.checkpoint_dir, save.step());
+      std::error_code error;
+      std::filesystem::create_directories(folder, error);
+      if (error) {
+        return absl::InternalError(absl::StrCat(options_.task_name, " cannot create checkpoint folder '",
+                                                folder.string(), "': ", error.message()));
       }
       const std::vector<SavedVariable> saved = store_.Snapshot();
-      SHOAL_RETURN_IF_ERROR(Annotate(WriteShard(h.save_shard().path(), saved), options_.task_name));
+      const std::string path = std::filesystem::absolute(folder / ShardFileName(save.shard())).string();
+      SHOAL_RETURN_IF_ERROR(Annotate(WriteShard(path, saved), options_.task_name));
+      response->header.mutable_save_shard()->set_path(path);
       for (const auto& v : saved) response->header.mutable_save_shard()->add_names(v.name);
       return absl::OkStatus();
     }

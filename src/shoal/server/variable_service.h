@@ -24,6 +24,8 @@ namespace shoal {
 struct VariableServiceOptions {
   std::string task_name;                       // "/job:ps/task:0"
   size_t max_message_bytes = 512ull << 20;     // tensor payload per request
+  // Where save_shard writes (checkpoint.dir); empty: this task writes no files.
+  std::string checkpoint_dir;
 };
 
 class VariableService {

@@ -63,8 +63,8 @@ void DescribeCompute(const ComputeThreads& threads, TrainReport* report) {
 }
 
 std::unique_ptr<VariableService> MakeVariableService(const JobConfig& config, const TaskId& task) {
-  return std::make_unique<VariableService>(
-      VariableServiceOptions{task.ToString(), static_cast<size_t>(config.transport.max_message_mb) << 20});
+  return std::make_unique<VariableService>(VariableServiceOptions{
+      task.ToString(), static_cast<size_t>(config.transport.max_message_mb) << 20, config.checkpoint.dir});
 }
 
 absl::StatusOr<std::shared_ptr<const Placement>> MakePlacement(const JobConfig& config, const ClusterSpec& cluster) {
