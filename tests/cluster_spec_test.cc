@@ -76,5 +76,26 @@ TEST(ClusterSpecTest, JsonRoundTrip) {
   EXPECT_EQ(again->jobs(), spec.jobs());
 }
 
+TEST(ClusterSpecTest, OnlyLoopbackAddressesCountAsLoopback) {
+  for (const char* address : {"127.0.0.1:2222", "127.3.4.5:1", "localhost:2222", "[::1]:2222"}) {
+    EXPECT_TRUE(IsLoopbackAddress(address)) << address;
+  }
+  for (const char* address : {"0.0.0.0:2222", "10.0.0.1:2222", "[::]:2222", "ps-0.shoal:2222", "128.0.0.1:1",
+                              "127.0.0.1.evil.example:2222"}) {
+    EXPECT_FALSE(IsLoopbackAddress(address)) << address;
+  }
+}
+
+TEST(ClusterSpecTest, TwoNamesForOneAddressAreADuplicate) {
+  auto aliased = ClusterSpec::Create({{"ps", {"localhost:2222"}}, {"worker", {"127.0.0.1:2222"}}});
+  EXPECT_EQ(aliased.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(aliased.status().message().find("duplicate address '127.0.0.1:2222' for /job:ps/task:0 and "
+                                            "/job:worker/task:0"),
+            std::string::npos)
+      << aliased.status();
+  EXPECT_FALSE(ClusterSpec::Create({{"ps", {"PS-0:1"}}, {"worker", {"ps-0:1"}}}).ok());
+  EXPECT_TRUE(ClusterSpec::Create({{"ps", {"localhost:2222"}}, {"worker", {"127.0.0.1:2223"}}}).ok());
+}
+
 }  // namespace
 }  // namespace shoal

@@ -238,5 +238,21 @@ population: {policy: tournament, workers_per_member: 2, variables_on: ps, explor
   ExpectEachRefusedNamingItsKey(cases);
 }
 
+TEST(ConfigTest, ARepeatedKeyIsRefusedNamingItAndItsLine) {
+  auto twice = ParseJobConfig("training:\n  epochs: 2\n  batch_size: 32\n  epochs: 9\n");
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(twice.status().message().find("key 'training.epochs' appears twice (line 4)"), std::string::npos)
+      << twice.status();
+  auto top = ParseJobConfig("cluster:\n  ps: 1\ncluster:\n  ps: 2\n");
+  EXPECT_NE(top.status().message().find("key 'cluster' appears twice"), std::string::npos) << top.status();
+  EXPECT_TRUE(ParseJobConfig("training:\n  epochs: 2\nmodel:\n  layers: [784, 10]\n").ok());
+}
+
+TEST(ConfigTest, AConfigPathNamingADirectoryIsRefused) {
+  auto config = LoadJobConfig(std::filesystem::temp_directory_path().string());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(config.status().message().find("is a directory, not a file"), std::string::npos) << config.status();
+}
+
 }  // namespace
 }  // namespace shoal

@@ -3,11 +3,14 @@
 // is measured by `shoal train` (see README).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "shoal/session/local_cluster.h"
+#include "shoal/session/task_runner.h"
 #include "quick_job.h"
 
 namespace shoal {
@@ -107,6 +110,72 @@ TEST(TrainingTest, SspAsProcessesOverGrpcKeepsItsBound) {
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_LE(report->ssp_gap_histogram.size(), 2u);
   EXPECT_GT(report->test_accuracy, 0.7);
+}
+
+}  // namespace
+}  // namespace shoal
+
+namespace shoal {
+namespace {
+
+TEST(SecureByDefaultTest, EveryLocalJobGetsAFreshPrivateTokenUnlessItBringsOne) {
+  const ClusterSpec cluster = ClusterSpec::Local(1, 1);
+  auto first = WriteLocalJobFiles(QuickJob("async"), cluster);
+  auto second = WriteLocalJobFiles(QuickJob("async"), cluster);
+  ASSERT_TRUE(first.ok() && second.ok());
+  auto token_of = [](const LocalJobFiles& files) {
+    auto config = LoadJobConfig(files.config_file);
+    EXPECT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->security.token_file, files.dir + "/token");
+    std::ifstream in(config->security.token_file);
+    std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return token;
+  };
+  const std::string a = token_of(*first), b = token_of(*second);
+  EXPECT_EQ(a.size(), 64u);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos) << a;
+  EXPECT_NE(a, b);
+  const auto permissions = std::filesystem::status(first->dir + "/token").permissions();
+  EXPECT_EQ(permissions, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  EXPECT_EQ(std::filesystem::status(first->dir).permissions(), std::filesystem::perms::owner_all);
+
+  JobConfig own = QuickJob("async");
+  own.security.token = "the user's own";  // from SHOAL_TOKEN: the children inherit it
+  auto kept = WriteLocalJobFiles(own, cluster);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_FALSE(std::filesystem::exists(kept->dir + "/token"));
+  EXPECT_TRUE(LoadJobConfig(kept->config_file)->security.token_file.empty());
+  for (const auto* files : {&*first, &*second, &*kept}) std::filesystem::remove_all(files->dir);
+}
+
+TEST(SecureByDefaultTest, ATaskThatWouldListenBeyondLoopbackWithoutATokenRefusesToStart) {
+  const ClusterSpec cluster = ClusterSpec::Local(1, 1);
+  const std::atomic<bool> stop{true};  // a task that starts returns at once
+  TaskOptions everywhere{"0.0.0.0:0", &stop};
+  JobConfig config = QuickJob("async");
+  absl::Status refused = RunServerTask(config, cluster, {"ps", 0}, everywhere);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("/job:ps/task:0 would listen on 0.0.0.0:0 without a token"), std::string::npos)
+      << refused;
+  EXPECT_NE(refused.message().find("security.insecure: true"), std::string::npos) << refused;
+
+  config.security.token = "s3cret";
+  EXPECT_TRUE(RunServerTask(config, cluster, {"ps", 0}, everywhere).ok());
+  config.security.token.clear();
+  config.security.insecure = true;  // said explicitly
+  EXPECT_TRUE(RunServerTask(config, cluster, {"ps", 0}, everywhere).ok());
+  config.security.insecure = false;
+  EXPECT_TRUE(RunServerTask(config, cluster, {"ps", 0}, TaskOptions{"127.0.0.1:0", &stop}).ok());  // loopback
+}
+
+TEST(CommandLineTest, ANumericFlagThatOverflowsItsFieldIsRefused) {
+  const std::string log = (std::filesystem::temp_directory_path() / ("shoal_flags_" + std::to_string(getpid()))).string();
+  const int status = std::system((std::string(SHOAL_BINARY) + " train --workers 4294967298 > /dev/null 2> " + log).c_str());
+  std::ifstream in(log);
+  const std::string err((std::istreambuf_iterator<char>(in)), {});
+  std::filesystem::remove(log);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(err.find("--workers 4294967298 is out of range (at most 2147483647)"), std::string::npos) << err;
 }
 
 }  // namespace

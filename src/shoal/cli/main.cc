@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -129,7 +130,12 @@ absl::StatusOr<JobConfig> ConfigFromFlags(Flags& flags) {
   auto override_int = [&](const char* key, auto* field) -> absl::Status {
     if (!flags.Has(key)) return absl::OkStatus();
     SHOAL_RETURN_IF_ERROR(flags.GetInt(key, &value));
-    *field = static_cast<std::remove_pointer_t<decltype(field)>>(value);
+    using Field = std::remove_pointer_t<decltype(field)>;
+    if (value < std::numeric_limits<Field>::min() || value > std::numeric_limits<Field>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", key, " ", value, " is out of range (at most ",
+                                                     std::numeric_limits<Field>::max(), ")"));
+    }
+    *field = static_cast<Field>(value);
     return absl::OkStatus();
   };
   if (flags.Has("mode")) {

@@ -1,11 +1,14 @@
 #include "shoal/cluster/cluster_spec.h"
 
+#include <arpa/inet.h>
+
 #include <fstream>
 #include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -74,6 +77,19 @@ absl::StatusOr<TaskId> ParseTaskId(const std::string& text) {
   return task;
 }
 
+namespace {
+
+// "localhost:2222" and "127.0.0.1:2222" name one socket; host names compare
+// without case.
+std::string CanonicalAddress(const std::string& address) {
+  std::string host = absl::AsciiStrToLower(HostOf(address));
+  if (host == "localhost") host = "127.0.0.1";
+  const size_t colon = address.rfind(':');
+  return absl::StrCat(host, "|", colon == std::string::npos ? "" : address.substr(colon + 1));
+}
+
+}  // namespace
+
 absl::StatusOr<ClusterSpec> ClusterSpec::Create(std::map<std::string, std::vector<std::string>> jobs) {
   std::map<std::string, TaskId> seen;
   for (const auto& [job, addresses] : jobs) {
@@ -86,10 +102,12 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Create(std::map<std::string, std::vecto
       if (addresses[i].empty()) {
         return absl::InvalidArgumentError(absl::StrCat(task.ToString(), " has an empty address"));
       }
-      auto [it, inserted] = seen.emplace(addresses[i], task);
+      // localhost and 127.0.0.1 are one host: two tasks there would share a port.
+      auto [it, inserted] = seen.emplace(CanonicalAddress(addresses[i]), task);
       if (!inserted) {
         return absl::InvalidArgumentError(absl::StrCat("duplicate address '", addresses[i], "' for ",
-                                                       it->second.ToString(), " and ", task.ToString()));
+                                                       it->second.ToString(), " and ", task.ToString(),
+                                                       " (the same host and port, however written)"));
       }
     }
   }
@@ -180,15 +198,17 @@ std::vector<TaskId> ClusterSpec::TrainingTasks() const {
   return tasks;
 }
 
-namespace {
-
-// "10.0.0.1:2222" -> "10.0.0.1", "[::1]:2222" -> "::1".
 std::string HostOf(const std::string& address) {
   if (!address.empty() && address[0] == '[') return address.substr(1, address.find(']') - 1);
   return address.substr(0, address.rfind(':'));
 }
 
-}  // namespace
+bool IsLoopbackAddress(const std::string& address) {
+  const std::string host = HostOf(address);
+  if (host == "localhost" || host == "::1") return true;
+  in_addr ipv4{};
+  return inet_pton(AF_INET, host.c_str(), &ipv4) == 1 && (ntohl(ipv4.s_addr) >> 24) == 127;  // 127.0.0.0/8
+}
 
 int ClusterSpec::TrainingTasksOnHostOf(const TaskId& task) const {
   auto self = AddressOf(task);

@@ -64,6 +64,12 @@ class ClusterSpec {
   std::map<std::string, std::vector<std::string>> jobs_;
 };
 
+// "10.0.0.1:2222" -> "10.0.0.1", "[::1]:2222" -> "::1".
+std::string HostOf(const std::string& address);
+// Whether `address` ("host:port") can be reached only from this machine:
+// 127.0.0.0/8, ::1 or localhost. 0.0.0.0 and every other host are not.
+bool IsLoopbackAddress(const std::string& address);
+
 // TF_CONFIG's content: the cluster and this process's task.
 struct TfConfig {
   ClusterSpec cluster;

@@ -229,6 +229,7 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(security.Get("tls_cert_file", &c->security.tls_cert_file));
   SHOAL_RETURN_IF_ERROR(security.Get("tls_key_file", &c->security.tls_key_file));
   SHOAL_RETURN_IF_ERROR(security.Get("mutual_tls", &c->security.mutual_tls));
+  SHOAL_RETURN_IF_ERROR(security.Get("insecure", &c->security.insecure));
   SHOAL_RETURN_IF_ERROR(security.CheckNoUnknownKeys());
 
   Section placement = top.Child("placement");
@@ -425,6 +426,28 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   return absl::OkStatus();
 }
 
+// yaml-cpp keeps both entries of a repeated key and lookups see only the
+// first, so `lr: 0.1` written twice would silently lose one: refuse it.
+absl::Status CheckNoDuplicateKeys(const YAML::Node& node, const std::string& where) {
+  if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      SHOAL_RETURN_IF_ERROR(CheckNoDuplicateKeys(node[i], absl::StrCat(where, "[", i, "]")));
+    }
+  }
+  if (!node.IsMap()) return absl::OkStatus();
+  std::set<std::string> keys;
+  for (const auto& entry : node) {
+    const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : "(a non-scalar key)";
+    const std::string path = where.empty() ? key : absl::StrCat(where, ".", key);
+    if (!keys.insert(key).second) {
+      return absl::InvalidArgumentError(absl::StrCat("config: key '", path, "' appears twice (line ",
+                                                     entry.first.Mark().line + 1, ")"));
+    }
+    SHOAL_RETURN_IF_ERROR(CheckNoDuplicateKeys(entry.second, path));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text) {
   YAML::Node root;
   try {
@@ -432,6 +455,7 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text) {
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("config is not valid YAML: ", e.what()));
   }
+  SHOAL_RETURN_IF_ERROR(CheckNoDuplicateKeys(root, ""));
   JobConfig config = DefaultJobConfig();
   SHOAL_RETURN_IF_ERROR(ParseAll(root, &config));
   SHOAL_RETURN_IF_ERROR(ValidateJobConfig(config));
@@ -517,7 +541,8 @@ std::string JobConfigToYaml(const JobConfig& c) {
   out << YAML::Key << "security" << YAML::Value << YAML::BeginMap << YAML::Key << "token_file" << YAML::Value
       << sec.token_file << YAML::Key << "tls_ca_file" << YAML::Value << sec.tls_ca_file << YAML::Key
       << "tls_cert_file" << YAML::Value << sec.tls_cert_file << YAML::Key << "tls_key_file" << YAML::Value
-      << sec.tls_key_file << YAML::Key << "mutual_tls" << YAML::Value << sec.mutual_tls << YAML::EndMap;
+      << sec.tls_key_file << YAML::Key << "mutual_tls" << YAML::Value << sec.mutual_tls << YAML::Key << "insecure"
+      << YAML::Value << sec.insecure << YAML::EndMap;
   std::vector<std::string> rules;
   for (const auto& r : c.placement.scope_rules) rules.push_back(r.pattern + "=" + r.task.ToString());
   out << YAML::Key << "placement" << YAML::Value << YAML::BeginMap << YAML::Key << "strategy" << YAML::Value

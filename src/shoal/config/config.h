@@ -160,6 +160,10 @@ struct SecurityConfig {
   std::string tls_cert_file;
   std::string tls_key_file;
   bool mutual_tls = false;
+  // A server that listens beyond loopback without a token refuses to start
+  // (anyone who reached its port could overwrite the model or stop the job)
+  // unless this says so explicitly.
+  bool insecure = false;
 };
 
 struct TransportConfig {

@@ -1,14 +1,18 @@
 #include "shoal/session/local_cluster.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -146,6 +150,24 @@ void StopAll(std::vector<Child>& children) {
   }
 }
 
+// 32 bytes from the kernel's random source, as hex.
+std::string RandomToken() {
+  std::random_device source;  // /dev/urandom on Linux
+  std::string token;
+  for (int i = 0; i < 8; ++i) token += absl::StrFormat("%08x", source());
+  return token;
+}
+
+// Writes `text` to a new file readable by this user only (0600).
+absl::Status WritePrivateFile(const std::string& path, const std::string& text) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create '", path, "': ", std::strerror(errno)));
+  const bool written = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  close(fd);
+  if (!written) return absl::InternalError(absl::StrCat("cannot write '", path, "'"));
+  return absl::OkStatus();
+}
+
 std::string DescribeExit(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exited with code ", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return absl::StrCat("was killed by signal ", WTERMSIG(status));
@@ -153,6 +175,28 @@ std::string DescribeExit(int status) {
 }
 
 }  // namespace
+
+absl::StatusOr<LocalJobFiles> WriteLocalJobFiles(JobConfig config, const ClusterSpec& cluster) {
+  char dir_template[] = "/tmp/shoal-job-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) return absl::InternalError("cannot create a temporary directory");
+  LocalJobFiles files;
+  files.dir = dir_template;
+  files.cluster_file = (std::filesystem::path(files.dir) / "cluster.json").string();
+  files.config_file = (std::filesystem::path(files.dir) / "config.yaml").string();
+  files.result_file = (std::filesystem::path(files.dir) / "result.json").string();
+  std::ofstream(files.cluster_file) << cluster.ToJson();
+  if (config.security.token.empty() && config.security.token_file.empty()) {
+    // A fresh token for every job, in a file only this user can read: another
+    // local user, or a stray process reaching the ports, cannot join or stop it.
+    config.security.token_file = (std::filesystem::path(files.dir) / "token").string();
+    if (absl::Status written = WritePrivateFile(config.security.token_file, RandomToken()); !written.ok()) {
+      std::filesystem::remove_all(files.dir);
+      return written;
+    }
+  }
+  std::ofstream(files.config_file) << JobConfigToYaml(config);
+  return files;
+}
 
 absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, const std::string& shoal_binary,
                                                   bool show_progress) {
@@ -166,13 +210,10 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
   }
   SHOAL_ASSIGN_OR_RETURN(ClusterSpec cluster, ClusterSpec::Create(jobs));
 
-  char dir_template[] = "/tmp/shoal-job-XXXXXX";
-  if (mkdtemp(dir_template) == nullptr) return absl::InternalError("cannot create a temporary directory");
-  const std::filesystem::path dir = dir_template;
-  const std::string cluster_file = dir / "cluster.json", config_file = dir / "config.yaml",
-                    result_file = dir / "result.json";
-  std::ofstream(cluster_file) << cluster.ToJson();
-  std::ofstream(config_file) << JobConfigToYaml(config);
+  SHOAL_ASSIGN_OR_RETURN(const LocalJobFiles files, WriteLocalJobFiles(config, cluster));
+  const std::filesystem::path dir = files.dir;
+  const std::string &cluster_file = files.cluster_file, &config_file = files.config_file,
+                    &result_file = files.result_file;
 
   auto args_for = [&](const TaskId& task) {
     std::vector<std::string> args = {task.job == "ps" ? "server" : "worker", "--cluster", cluster_file,

@@ -30,6 +30,15 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
 absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config, const std::string& shoal_binary,
                                                   bool show_progress);
 
+// What a local launch hands its task processes, in a fresh folder of its
+// own (0700, /tmp/shoal-job-*): the cluster, the config and, unless the
+// config brings a token, a fresh random token (token file, 0600), so that
+// only this job's tasks can call each other.
+struct LocalJobFiles {
+  std::string dir, cluster_file, config_file, result_file;
+};
+absl::StatusOr<LocalJobFiles> WriteLocalJobFiles(JobConfig config, const ClusterSpec& cluster);
+
 // Asks the kernel for `n` distinct loopback ports that are free now (another
 // process may still take one before it is bound again).
 absl::StatusOr<std::vector<int>> FreeLoopbackPorts(int n);

@@ -35,9 +35,18 @@ absl::StatusOr<GrpcOptions> GrpcOptionsFor(const JobConfig& config) {
 // Starts `task`'s own server; every task hosts one.
 absl::Status Serve(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
                    const TaskOptions& options, Transport& transport, std::unique_ptr<VariableService>* service,
-                   std::unique_ptr<ServerHandle>* server) {
+                   std::unique_ptr<ServerHandle>* server, bool has_token) {
   SHOAL_ASSIGN_OR_RETURN(std::string address, cluster.AddressOf(task));
   if (!options.bind_address.empty()) address = options.bind_address;
+  // TensorFlow's servers answered anyone who reached their port; shoal's
+  // do so only on loopback, or when the config says so in as many words.
+  if (!has_token && !config.security.insecure && !IsLoopbackAddress(address)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        task.ToString(), " would listen on ", address,
+        " without a token: anyone who reaches that port could overwrite the model, write checkpoints and stop the "
+        "job. Give every task the same token (security.token_file, or SHOAL_TOKEN in the environment), or set "
+        "security.insecure: true to accept that"));
+  }
   *service = MakeVariableService(config, task);
   SHOAL_ASSIGN_OR_RETURN(*server, transport.Serve(address, service->get()));
   return absl::OkStatus();
@@ -119,7 +128,8 @@ absl::Status RunServerTask(const JobConfig& config, const ClusterSpec& cluster, 
   GrpcTransport transport(grpc_options);
   std::unique_ptr<VariableService> service;
   std::unique_ptr<ServerHandle> server;
-  SHOAL_RETURN_IF_ERROR(Serve(config, cluster, task, options, transport, &service, &server));
+  SHOAL_RETURN_IF_ERROR(
+      Serve(config, cluster, task, options, transport, &service, &server, !grpc_options.token.empty()));
   while (!service->shutdown_requested().WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
     if (options.stop && options.stop->load()) break;
   }
@@ -138,7 +148,8 @@ absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, 
   GrpcTransport transport(grpc_options);
   std::unique_ptr<VariableService> service;
   std::unique_ptr<ServerHandle> server;
-  SHOAL_RETURN_IF_ERROR(Serve(config, cluster, task, options, transport, &service, &server));
+  SHOAL_RETURN_IF_ERROR(
+      Serve(config, cluster, task, options, transport, &service, &server, !grpc_options.token.empty()));
   SHOAL_ASSIGN_OR_RETURN(auto placement, MakePlacement(config, cluster));
   SHOAL_ASSIGN_OR_RETURN(auto client, Client::Create(cluster, &transport, placement,
                                                      ClientOptions{absl::Seconds(config.transport.rpc_timeout_s)}));
