@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <mutex>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -212,6 +213,56 @@ TEST(GrpcTransportTest, BusyAddressIsAClearError) {
 
 namespace shoal {
 namespace {
+
+// The attack: thousands of concurrent long polls, each once holding a thread
+// of its own. Waiting calls are bounded; the excess is refused at once.
+TEST(GrpcTransportTest, AFloodOfLongPollsIsBoundedAndTheRestIsRefusedAtOnce) {
+  GrpcOptions options;
+  options.max_waiting_calls = 4;
+  GrpcTransport transport(options);
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport.Serve("127.0.0.1:0", &service).value();
+  auto channel = transport.Connect({"ps", 0}, server->address()).value();
+  Request poll;  // waits 200 ms for a counter that never gets there
+  poll.header.mutable_counter()->mutable_counter()->set_name("never");
+  poll.header.mutable_counter()->set_wait_until_at_least(1);
+  poll.header.mutable_counter()->set_wait_ms(200);
+  std::atomic<int> served{0}, refused{0}, other{0};
+  std::string refusal;
+  std::mutex mu;
+  std::vector<std::thread> flood;
+  const absl::Time until = absl::Now() + absl::Seconds(1);
+  for (int i = 0; i < 16; ++i) {
+    flood.emplace_back([&] {
+      while (absl::Now() < until) {
+        Response response;
+        absl::Status status = CallAndWait(*channel, poll, &response, absl::Now() + absl::Seconds(10));
+        if (status.ok()) {
+          ++served;
+        } else if (absl::IsResourceExhausted(status)) {
+          ++refused;
+          std::lock_guard lock(mu);
+          refusal = std::string(status.message());
+        } else {
+          ++other;
+        }
+      }
+    });
+  }
+  // Calls that do not wait are still served during the flood.
+  Response lookup;
+  EXPECT_TRUE(CallAndWait(*channel, LookupRequest(), &lookup, absl::Now() + absl::Seconds(5)).ok());
+  for (auto& t : flood) t.join();
+  EXPECT_GT(served.load(), 0);
+  EXPECT_GT(refused.load(), 0);
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_NE(refusal.find("/job:ps/task:0"), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find("already serving 4 waiting calls"), std::string::npos) << refusal;
+  // Four in flight at most: each served one held its place for 200 ms.
+  EXPECT_LE(served.load(), 4 * (1000 / 200 + 2));
+  Response after;  // the places are free again
+  EXPECT_TRUE(CallAndWait(*channel, poll, &after, absl::Now() + absl::Seconds(5)).ok());
+}
 
 // Long polls must not hold the few threads that serve calls: the call that
 // ends their wait has to get through while they wait.

@@ -79,9 +79,27 @@ absl::Status Chunks(const grpc::ByteBuffer& buffer, ReceivedChunks* out) {
 }
 
 // Serves one call: decode, hand to the service, encode the answer.
+// How many calls a server has waiting on threads of their own, against its
+// limit. Shared with those threads, which may outlive the server's handle.
+struct WaitingCalls {
+  explicit WaitingCalls(int limit) : limit(limit) {}
+  // Takes a place, or says no when all `limit` are taken.
+  bool TryEnter() {
+    int now = count.load();
+    while (now < limit) {
+      if (count.compare_exchange_weak(now, now + 1)) return true;
+    }
+    return false;
+  }
+  void Leave() { count.fetch_sub(1); }
+  const int limit;
+  std::atomic<int> count{0};
+};
+
 class CallReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  CallReactor(VariableService* service, size_t max_bytes) : service_(service), max_bytes_(max_bytes) {
+  CallReactor(VariableService* service, size_t max_bytes, std::shared_ptr<WaitingCalls> waiting)
+      : service_(service), max_bytes_(max_bytes), waiting_(std::move(waiting)) {
     StartRead(&request_buffer_);
   }
 
@@ -97,7 +115,18 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
     if (status.ok() && VariableService::MayWait(*request)) {
       // gRPC's callback threads are few (about one per core): a long poll
       // holding one could starve the very call that ends its wait.
-      std::thread([this, request] { Answer(absl::OkStatus(), *request); }).detach();
+      if (!waiting_->TryEnter()) {
+        Answer(absl::ResourceExhaustedError(absl::StrCat(
+                   "already serving ", waiting_->limit, " waiting calls (the most at once); try again")),
+               *request);
+        return;
+      }
+      std::thread([this, request, waiting = waiting_] {
+        Response response;
+        service_->Handle(*request, &response);
+        waiting->Leave();  // before the call ends: the server's handle waits for that
+        Send(std::move(response));
+      }).detach();
       return;
     }
     Answer(status, *request);
@@ -113,11 +142,16 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
     if (decoded.ok()) {
       service_->Handle(request, &response);
     } else {
-      // A garbled request is answered, and the server goes on serving.
+      // A garbled or refused request is answered, and the server goes on serving.
       decoded = Annotate(decoded, absl::StrCat("request to ", service_->options().task_name));
       response.header.set_status_code(static_cast<int>(decoded.code()));
       response.header.set_status_message(std::string(decoded.message()));
     }
+    Send(std::move(response));
+  }
+
+  // Encodes `response` and sends it, ending the call.
+  void Send(Response response) {
     auto encoded = EncodeResponse(response);
     if (!encoded.ok()) {
       Finish(grpc::Status(grpc::StatusCode::INTERNAL, std::string(encoded.status().message())));
@@ -129,6 +163,7 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
 
   VariableService* service_;
   size_t max_bytes_;
+  std::shared_ptr<WaitingCalls> waiting_;
   grpc::ByteBuffer request_buffer_, response_buffer_;
 };
 
@@ -156,8 +191,11 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
 
 class GenericService final : public grpc::CallbackGenericService {
  public:
-  GenericService(VariableService* service, size_t max_bytes, std::string token)
-      : service_(service), max_bytes_(max_bytes), token_(std::move(token)) {}
+  GenericService(VariableService* service, size_t max_bytes, std::string token, int max_waiting_calls)
+      : service_(service),
+        max_bytes_(max_bytes),
+        token_(std::move(token)),
+        waiting_(std::make_shared<WaitingCalls>(std::max(1, max_waiting_calls))) {}
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override {
     if (!token_.empty()) {
       const auto& metadata = context->client_metadata();
@@ -174,13 +212,14 @@ class GenericService final : public grpc::CallbackGenericService {
     if (context->method() != kMethod) {
       return new RefusingReactor(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "unknown method " + context->method()));
     }
-    return new CallReactor(service_, max_bytes_);
+    return new CallReactor(service_, max_bytes_, waiting_);
   }
 
  private:
   VariableService* service_;
   size_t max_bytes_;
   std::string token_;
+  std::shared_ptr<WaitingCalls> waiting_;
 };
 
 // Reads a PEM file named in the TLS options.
@@ -362,7 +401,8 @@ void KeepLargeAllocationsMapped() {
 
 absl::StatusOr<std::unique_ptr<ServerHandle>> GrpcTransport::Serve(const std::string& address,
                                                                    VariableService* service) {
-  auto generic = std::make_unique<GenericService>(service, options_.max_message_bytes, options_.token);
+  auto generic = std::make_unique<GenericService>(service, options_.max_message_bytes, options_.token,
+                                                  options_.max_waiting_calls);
   auto credentials = ServerCredentials(options_.tls);
   if (!credentials.ok()) return Annotate(credentials.status(), service->options().task_name);
   grpc::ServerBuilder builder;
