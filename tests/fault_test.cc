@@ -17,6 +17,7 @@
 #include <future>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "process_helpers.h"
 #include "quick_job.h"
 #include "shoal/checkpoint/checkpoint.h"
@@ -275,6 +276,104 @@ TEST(FaultTest, AChiefThatStartsBeforeItsPsWaitsForIt) {
   auto result = nlohmann::json::parse(cluster.ReadFile("worker:0.json"), nullptr, false);
   ASSERT_FALSE(result.is_discarded()) << cluster.ReadFile("chief.err");
   EXPECT_GE(result["global_step"].get<int64_t>(), 200);
+}
+
+// `shoal train --processes` started as a user would, with the metrics and
+// checkpoints of a fresh folder; returns the launcher's pid.
+struct LauncherRun {
+  explicit LauncherRun(const std::string& name)
+      : dir(std::filesystem::temp_directory_path() / (name + "_" + std::to_string(getpid()))) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    JobConfig config = QuickJob("async");
+    config.training.max_steps = 200000;  // far more than any test waits for
+    config.hooks.metrics_dir = (dir / "metrics").string();
+    config.hooks.metrics_every_steps = 10;
+    config.checkpoint.dir = (dir / "checkpoints").string();
+    std::ofstream(dir / "job.yaml") << JobConfigToYaml(config);
+    tasks = config.cluster.ps + config.cluster.workers;
+    const std::vector<std::string> args = {SHOAL_BINARY, "train", "--processes", "--quiet", "--config",
+                                           (dir / "job.yaml").string(), "--result_file", (dir / "result.json").string()};
+    pid = fork();
+    if (pid == 0) {
+      std::vector<char*> argv;
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~LauncherRun() { std::filesystem::remove_all(dir); }
+  std::filesystem::path metrics() const { return dir / "metrics" / MetricsFileName("worker", 0, "jsonl"); }
+
+  std::filesystem::path dir;
+  size_t tasks = 0;
+  pid_t pid = -1;
+};
+
+// The processes whose parent is `parent`, from /proc.
+std::vector<pid_t> ChildrenOf(pid_t parent) {
+  std::vector<pid_t> children;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent) children.push_back(pid);
+  }
+  return children;
+}
+
+// Whether `pid` still runs (a zombie does not).
+bool Running(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && line.size() > close + 2 && line[close + 2] != 'Z';
+}
+
+TEST(SignalTest, SigtermStopsTheJobAfterItsStepWithAFinalCheckpointAndAReport) {
+  LauncherRun run("shoal_sigterm");
+  ASSERT_GT(run.pid, 0);
+  ASSERT_GE(WaitForStep(run.metrics(), "global_step", 100), 100) << "the job never got going";
+  ASSERT_EQ(kill(run.pid, SIGTERM), 0);
+  const int status = WaitFor(run.pid, absl::Seconds(60));
+  ASSERT_NE(status, -1) << "the job did not stop within 60 s of SIGTERM";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::ifstream in(run.dir / "result.json");
+  nlohmann::json result = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(result.is_discarded());
+  const int64_t step = result["global_step"].get<int64_t>();
+  EXPECT_GE(step, 100);
+  EXPECT_LT(step, 200000);  // it stopped early, because of the signal
+  EXPECT_NE(result["stop_reason"].get<std::string>().find("stopped by signal 15"), std::string::npos) << result;
+  // Nothing beyond the step in progress is lost: the final checkpoint holds the last step.
+  EXPECT_EQ(result["last_checkpoint"].get<std::string>(),
+            (std::filesystem::absolute(run.dir / "checkpoints") / ("ckpt-" + std::to_string(step))).string());
+  EXPECT_TRUE(ReadCheckpointIndex(result["last_checkpoint"].get<std::string>()).ok());
+  EXPECT_TRUE(ChildrenOf(run.pid).empty());
+}
+
+TEST(SignalTest, ALauncherKilledBySigkillLeavesNoTaskRunning) {
+  LauncherRun run("shoal_sigkill");
+  ASSERT_GT(run.pid, 0);
+  ASSERT_GE(WaitForStep(run.metrics(), "global_step", 50), 50) << "the job never got going";
+  const std::vector<pid_t> tasks = ChildrenOf(run.pid);
+  ASSERT_EQ(tasks.size(), run.tasks);
+  ASSERT_EQ(kill(run.pid, SIGKILL), 0);
+  ASSERT_NE(WaitFor(run.pid, absl::Seconds(10)), -1);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  auto any_running = [&] { return std::any_of(tasks.begin(), tasks.end(), Running); };
+  while (any_running() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(any_running()) << "a task outlived its launcher";
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -150,8 +151,8 @@ TEST(SecureByDefaultTest, EveryLocalJobGetsAFreshPrivateTokenUnlessItBringsOne) 
 
 TEST(SecureByDefaultTest, ATaskThatWouldListenBeyondLoopbackWithoutATokenRefusesToStart) {
   const ClusterSpec cluster = ClusterSpec::Local(1, 1);
-  const std::atomic<bool> stop{true};  // a task that starts returns at once
-  TaskOptions everywhere{"0.0.0.0:0", &stop};
+  const std::atomic<int> signalled{SIGTERM};  // a task that starts returns at once
+  TaskOptions everywhere{"0.0.0.0:0", &signalled, absl::ZeroDuration()};
   JobConfig config = QuickJob("async");
   absl::Status refused = RunServerTask(config, cluster, {"ps", 0}, everywhere);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
@@ -165,7 +166,7 @@ TEST(SecureByDefaultTest, ATaskThatWouldListenBeyondLoopbackWithoutATokenRefuses
   config.security.insecure = true;  // said explicitly
   EXPECT_TRUE(RunServerTask(config, cluster, {"ps", 0}, everywhere).ok());
   config.security.insecure = false;
-  EXPECT_TRUE(RunServerTask(config, cluster, {"ps", 0}, TaskOptions{"127.0.0.1:0", &stop}).ok());  // loopback
+  EXPECT_TRUE(RunServerTask(config, cluster, {"ps", 0}, TaskOptions{"127.0.0.1:0", &signalled, absl::ZeroDuration()}).ok());  // loopback
 }
 
 TEST(CommandLineTest, ANumericFlagThatOverflowsItsFieldIsRefused) {

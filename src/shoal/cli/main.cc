@@ -27,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "shoal/core/status.h"
 #include "shoal/report/metrics_plot.h"
+#include "shoal/hooks/standard_hooks.h"
 #include "shoal/session/local_cluster.h"
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/session/task_runner.h"
@@ -66,8 +67,16 @@ usage:
   overrides a worker's index.
 )";
 
-std::atomic<bool> g_stop{false};
-void OnSignal(int) { g_stop = true; }
+// The first SIGINT or SIGTERM (what Kubernetes sends a pod it deletes) stops
+// the job after the step in progress, with a final checkpoint and a report;
+// a second SIGINT exits at once.
+std::atomic<int> g_signal{0};
+void OnSignal(int signal) {
+  if (g_signal.load() != 0 && signal == SIGINT) _exit(128 + SIGINT);
+  g_signal.store(signal);
+  static const char kNote[] = "shoal: stopping after the current step (Ctrl-C again to exit now)\n";
+  (void)!write(STDERR_FILENO, kNote, sizeof(kNote) - 1);
+}
 
 struct Flags {
   std::map<std::string, std::string> values;
@@ -256,9 +265,13 @@ absl::Status Train(Flags& flags) {
   std::fflush(stdout);
   TrainReport report;
   if (config.cluster.processes) {
-    SHOAL_ASSIGN_OR_RETURN(report, TrainInLocalProcesses(config, "/proc/self/exe", !quiet));
+    SHOAL_ASSIGN_OR_RETURN(report, TrainInLocalProcesses(config, "/proc/self/exe", !quiet, &g_signal));
   } else {
-    SHOAL_ASSIGN_OR_RETURN(report, TrainInProcess(config, InProcOptions{}, quiet ? nullptr : stderr));
+    SHOAL_ASSIGN_OR_RETURN(report, TrainInProcess(config, InProcOptions{}, quiet ? nullptr : stderr,
+                                                  [](WorkerContext& context) {
+                                                    context.extra_hooks.push_back(
+                                                        std::make_shared<StopOnSignalHook>(&g_signal));
+                                                  }));
   }
   PrintReport(report);
   if (!result_file.empty()) SHOAL_RETURN_IF_ERROR(WriteResult(result_file, report));
@@ -319,7 +332,7 @@ absl::Status RunTask(Flags& flags, bool server) {
   SHOAL_RETURN_IF_ERROR(ClusterAndTask(flags, config, &cluster, &task));
   TaskOptions options;
   options.bind_address = flags.Get("bind");
-  options.stop = &g_stop;
+  options.signal = &g_signal;
   const bool quiet = flags.Has("quiet");
   const std::string result_file = flags.Get("result_file");
   SHOAL_RETURN_IF_ERROR(flags.CheckAllUsed());

@@ -1,6 +1,7 @@
 #include "shoal/hooks/standard_hooks.h"
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -120,6 +121,14 @@ absl::StatusOr<std::unique_ptr<HookList>> MakeStandardHooks(const HooksConfig& c
     hooks->Add(std::move(metrics));
   }
   return hooks;
+}
+
+absl::Status StopOnSignalHook::AfterStep(const StepInfo& step, StopRequest* stop) {
+  if (const int signal = signal_->load(); signal != 0) {
+    stop->Request(absl::StrCat("stopped by signal ", signal, " (", strsignal(signal), ") after global step ",
+                               step.global_step));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace shoal

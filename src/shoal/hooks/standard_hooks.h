@@ -2,6 +2,7 @@
 #ifndef SHOAL_HOOKS_STANDARD_HOOKS_H_
 #define SHOAL_HOOKS_STANDARD_HOOKS_H_
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -38,6 +39,18 @@ class StopAtStepHook : public TrainingHook {
 
  private:
   int64_t last_step_;
+};
+
+// Stops the job after the step in progress once `*signal` is set (to the
+// number of the signal that asked: SIGINT, SIGTERM). The chief then saves a
+// final checkpoint, evaluates and reports, as at the end of training.
+class StopOnSignalHook : public TrainingHook {
+ public:
+  explicit StopOnSignalHook(const std::atomic<int>* signal) : signal_(signal) {}
+  absl::Status AfterStep(const StepInfo& step, StopRequest* stop) override;
+
+ private:
+  const std::atomic<int>* signal_;
 };
 
 // A line on `out` every `every` local steps: the mean loss and batch accuracy

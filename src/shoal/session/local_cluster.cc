@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -117,9 +118,14 @@ struct Child {
 };
 
 absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::string>& args) {
+  const pid_t launcher = getpid();
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork() failed");
   if (pid == 0) {
+    // The task dies with the launcher, however the launcher ends; if it is
+    // already gone, before this could be set, the task does not start.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher) _exit(127);
     std::vector<char*> argv;
     argv.push_back(const_cast<char*>(binary.c_str()));
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -168,6 +174,22 @@ absl::Status WritePrivateFile(const std::string& path, const std::string& text) 
   return absl::OkStatus();
 }
 
+constexpr char kLauncherPidFile[] = "launcher.pid";
+
+// A launcher killed by SIGKILL cannot remove its job folder; the next launch
+// removes every folder whose launcher is gone (its tasks died with it).
+void RemoveAbandonedJobFolders() {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/tmp", error)) {
+    if (entry.path().filename().string().rfind("shoal-job-", 0) != 0) continue;
+    std::ifstream in(entry.path() / kLauncherPidFile);
+    pid_t pid = 0;
+    if (!(in >> pid) || pid <= 0) continue;  // being set up, or not ours to judge
+    if (kill(pid, 0) == 0 || errno == EPERM) continue;  // its launcher lives
+    std::filesystem::remove_all(entry.path(), error);
+  }
+}
+
 std::string DescribeExit(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exited with code ", WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return absl::StrCat("was killed by signal ", WTERMSIG(status));
@@ -177,10 +199,12 @@ std::string DescribeExit(int status) {
 }  // namespace
 
 absl::StatusOr<LocalJobFiles> WriteLocalJobFiles(JobConfig config, const ClusterSpec& cluster) {
+  RemoveAbandonedJobFolders();
   char dir_template[] = "/tmp/shoal-job-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) return absl::InternalError("cannot create a temporary directory");
   LocalJobFiles files;
   files.dir = dir_template;
+  std::ofstream(std::filesystem::path(files.dir) / kLauncherPidFile) << getpid();
   files.cluster_file = (std::filesystem::path(files.dir) / "cluster.json").string();
   files.config_file = (std::filesystem::path(files.dir) / "config.yaml").string();
   files.result_file = (std::filesystem::path(files.dir) / "result.json").string();
@@ -199,7 +223,7 @@ absl::StatusOr<LocalJobFiles> WriteLocalJobFiles(JobConfig config, const Cluster
 }
 
 absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, const std::string& shoal_binary,
-                                                  bool show_progress) {
+                                                  bool show_progress, const std::atomic<int>* signal) {
   SHOAL_RETURN_IF_ERROR(ValidateJobConfig(config_in));
   JobConfig config = config_in;
   config.cluster.processes = false;  // the children are the processes
@@ -243,8 +267,14 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
   // chief restores it); any other failure ends the job.
   absl::Status failure;
   std::vector<std::string> restarts;
-  bool all_done = false;
+  bool all_done = false, signal_forwarded = false;
   while (!all_done && failure.ok()) {
+    if (signal != nullptr && signal->load() != 0 && !signal_forwarded) {
+      for (Child& c : children) {
+        if (!c.exited) kill(c.pid, SIGTERM);  // each stops as a task given SIGTERM does
+      }
+      signal_forwarded = true;
+    }
     all_done = true;
     for (Child& c : children) {
       if (!c.exited && waitpid(c.pid, &c.status, WNOHANG) == c.pid) {
@@ -254,7 +284,7 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
           // A ps task comes back empty: only a checkpoint can give it its
           // variables back, so without checkpoints it is not restarted.
           const bool restartable = c.task.job != "ps" || !config.checkpoint.dir.empty();
-          if (!restartable || static_cast<int>(restarts.size()) >= config.cluster.max_restarts) {
+          if (!restartable || signal_forwarded || static_cast<int>(restarts.size()) >= config.cluster.max_restarts) {
             failure = absl::InternalError(
                 !restartable || config.cluster.max_restarts == 0
                     ? what

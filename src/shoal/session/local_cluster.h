@@ -12,6 +12,7 @@
 #ifndef SHOAL_SESSION_LOCAL_CLUSTER_H_
 #define SHOAL_SESSION_LOCAL_CLUSTER_H_
 
+#include <atomic>
 #include <string>
 
 #include "shoal/session/progress.h"
@@ -27,8 +28,11 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
                                            const std::function<void(WorkerContext&)>& customize = nullptr);
 
 // `shoal_binary` is the path of the shoal executable to start the tasks with.
+// Once `*signal` is set (a signal handler's), every task is sent SIGTERM: the
+// job stops after its step in progress and reports. The tasks die with the
+// launcher (PR_SET_PDEATHSIG), even if it is killed by SIGKILL.
 absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config, const std::string& shoal_binary,
-                                                  bool show_progress);
+                                                  bool show_progress, const std::atomic<int>* signal = nullptr);
 
 // What a local launch hands its task processes, in a fresh folder of its
 // own (0700, /tmp/shoal-job-*): the cluster, the config and, unless the

@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "shoal/core/file.h"
 #include "shoal/core/status.h"
+#include "shoal/hooks/standard_hooks.h"
 #include "shoal/session/progress.h"
 #include "shoal/strategy/gated_strategy.h"
 #include "shoal/strategy/population_strategy.h"
@@ -130,8 +131,12 @@ absl::Status RunServerTask(const JobConfig& config, const ClusterSpec& cluster, 
   std::unique_ptr<ServerHandle> server;
   SHOAL_RETURN_IF_ERROR(
       Serve(config, cluster, task, options, transport, &service, &server, !grpc_options.token.empty()));
+  absl::Time give_up = absl::InfiniteFuture();
   while (!service->shutdown_requested().WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
-    if (options.stop && options.stop->load()) break;
+    if (options.signal != nullptr && options.signal->load() != 0 && give_up == absl::InfiniteFuture()) {
+      give_up = absl::Now() + options.grace_after_signal;  // the chief still needs us for its last save
+    }
+    if (absl::Now() >= give_up) break;
   }
   return absl::OkStatus();
 }
@@ -155,6 +160,7 @@ absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, 
                                                      ClientOptions{absl::Seconds(config.transport.rpc_timeout_s)}));
   const int64_t max_steps = MaxSteps(config, data.train.size(), static_cast<int>(cluster.TrainingTasks().size()));
   WorkerContext context = MakeWorkerContext(config, cluster, task, client.get(), data.train, max_steps);
+  if (options.signal != nullptr) context.extra_hooks.push_back(std::make_shared<StopOnSignalHook>(options.signal));
   std::unique_ptr<ProgressReporter> progress;
   if (progress_out && context.is_chief) {
     progress = std::make_unique<ProgressReporter>(

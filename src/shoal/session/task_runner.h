@@ -35,7 +35,12 @@ void DescribeCompute(const ComputeThreads& threads, TrainReport* report);
 
 struct TaskOptions {
   std::string bind_address;                  // default: the task's address in the cluster
-  const std::atomic<bool>* stop = nullptr;   // set by a signal handler
+  // Set by a signal handler to the signal's number. A training task then
+  // stops the job after its step in progress (the chief saves, evaluates and
+  // shuts the ps down); a ps task keeps serving for that, until the chief
+  // shuts it down or `grace_after_signal` has passed.
+  const std::atomic<int>* signal = nullptr;
+  absl::Duration grace_after_signal = absl::Seconds(20);
 };
 
 // Serves `task`'s variables over gRPC until a Shutdown request or `stop`.
