@@ -148,12 +148,8 @@ TEST(CodecTest, UnknownDtypeIsInvalidArgument) {
   meta->set_dtype(static_cast<wire::DType>(7));
   meta->add_shape(1);
   meta->set_byte_size(4);
-  std::string serialized = header.SerializeAsString();
-  std::string bytes(4, '\0');
-  for (int i = 0; i < 4; ++i) bytes[i] = static_cast<char>(serialized.size() >> (8 * i));
-  bytes += serialized + std::string(4, '\0');
   Request decoded;
-  EXPECT_EQ(Decode(bytes, 1 << 20, &decoded).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Decode(Frame(header, 4), 1 << 20, &decoded).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CodecTest, OversizedMessageIsResourceExhausted) {

@@ -95,6 +95,9 @@ TEST(PartitionTest, TheWorkersWaitOutACutLinkToThePsAndTheJobGoesOn) {
   config.transport.startup_timeout_s = 60;  // and the workers wait this long for the job to recover
   config.checkpoint.dir = (dir / "checkpoints").string();
   config.checkpoint.every_steps = 300;
+  // The ps listens beyond loopback, which a task without a token refuses to do.
+  std::ofstream(dir / "token") << "partition-test-token";
+  config.security.token_file = (dir / "token").string();
   std::ofstream(dir / "config.yaml") << JobConfigToYaml(config);
   auto args = [&](const std::string& command, const std::string& task) {
     std::vector<std::string> a = {SHOAL_BINARY, command, "--cluster", (dir / "cluster.json").string(), "--task", task,

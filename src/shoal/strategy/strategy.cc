@@ -306,29 +306,62 @@ absl::StatusOr<std::string> CheckpointToRestore(WorkerContext& context, const st
 
 }  // namespace
 
+namespace {
+
+// The chief's part of starting a job: create the variables, or restore them
+// from the checkpoint that applies.
+absl::Status InitializeAsChief(WorkerContext& context, const std::vector<std::string>& names,
+                               const std::vector<torch::Tensor>& values, const wire::OptimizerConfig& optimizer) {
+  // The ps tasks may still be starting (the local launcher starts every
+  // task at once): a chief that got there first waits for them.
+  SHOAL_RETURN_IF_ERROR(
+      context.client->WaitForTasksHolding(names, absl::Seconds(context.config->transport.startup_timeout_s)));
+  SHOAL_ASSIGN_OR_RETURN(std::string checkpoint, CheckpointToRestore(context, names));
+  if (checkpoint.empty()) {
+    std::vector<VariableInit> inits;
+    for (size_t i = 0; i < values.size(); ++i) {
+      inits.push_back({names[i], values[i].detach(), optimizer, context.config->training.use_locking});
+    }
+    return context.client->CreateVariables(inits);
+  }
+  SHOAL_ASSIGN_OR_RETURN(context.restored_step, RestoreOnto(context, checkpoint, names, values, optimizer));
+  context.restored_from = checkpoint;
+  absl::FPrintF(stderr, "%s: restored %s (global step %d)\n", context.task.ToString(), checkpoint,
+                context.restored_step);
+  return absl::OkStatus();
+}
+
+// The other workers wait for the chief's variables, and give up within a
+// second of the chief failing (a corrupt checkpoint, say) rather than after
+// the whole start-up timeout.
+absl::Status WaitForTheChief(WorkerContext& context, const std::vector<std::string>& names) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(context.config->transport.startup_timeout_s);
+  while (true) {
+    const absl::Duration slice = std::min(absl::Seconds(1), std::max(absl::ZeroDuration(), give_up - absl::Now()));
+    absl::Status waited = context.client->WaitForVariables(names, slice);
+    if (waited.ok()) return waited;
+    absl::StatusOr<int64_t> aborted = context.client->AddToCounter(kJobAborted, 0);
+    if (aborted.ok() && *aborted > 0) {
+      return absl::AbortedError(absl::StrCat(context.task.ToString(),
+                                             ": the chief failed to start the job (its error says why); "
+                                             "not waiting for the variables"));
+    }
+    if (absl::Now() >= give_up) return waited;
+  }
+}
+
+}  // namespace
+
 absl::Status InitializeOrWait(WorkerContext& context, const std::vector<std::string>& names,
                               const std::vector<torch::Tensor>& values, const wire::OptimizerConfig& optimizer) {
   if (context.is_chief) {
-    // The ps tasks may still be starting (the local launcher starts every
-    // task at once): a chief that got there first waits for them.
-    SHOAL_RETURN_IF_ERROR(
-        context.client->WaitForTasksHolding(names, absl::Seconds(context.config->transport.startup_timeout_s)));
-    SHOAL_ASSIGN_OR_RETURN(std::string checkpoint, CheckpointToRestore(context, names));
-    if (checkpoint.empty()) {
-      std::vector<VariableInit> inits;
-      for (size_t i = 0; i < values.size(); ++i) {
-        inits.push_back({names[i], values[i].detach(), optimizer, context.config->training.use_locking});
-      }
-      SHOAL_RETURN_IF_ERROR(context.client->CreateVariables(inits));
-    } else {
-      SHOAL_ASSIGN_OR_RETURN(context.restored_step, RestoreOnto(context, checkpoint, names, values, optimizer));
-      context.restored_from = checkpoint;
-      absl::FPrintF(stderr, "%s: restored %s (global step %d)\n", context.task.ToString(), checkpoint,
-                    context.restored_step);
+    absl::Status started = InitializeAsChief(context, names, values, optimizer);
+    if (!started.ok()) {
+      context.client->AddToCounter(kJobAborted, 1).IgnoreError();  // release the workers waiting for us
+      return started;
     }
   } else {
-    SHOAL_RETURN_IF_ERROR(
-        context.client->WaitForVariables(names, absl::Seconds(context.config->transport.startup_timeout_s)));
+    SHOAL_RETURN_IF_ERROR(WaitForTheChief(context, names));
   }
   context.startup_bytes_sent = context.client->bytes_sent();
   context.startup_bytes_received = context.client->bytes_received();
