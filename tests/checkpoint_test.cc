@@ -196,10 +196,17 @@ TEST(CheckpointTest, AnUnfinishedCheckpointIsNeverTheLatestAndPruningKeepsTheNew
   fs::create_directories(dir / "ckpt-40");
   fs::copy_file(dir / "ckpt-30" / "shard-0.ckpt", dir / "ckpt-40" / "shard-0.ckpt");
   EXPECT_EQ(LatestCheckpoint(dir.string()).value(), (dir / "ckpt-30").string());
-  // A corrupt index is not complete either.
+  // A corrupt index is damage, not a save cut short: DATA_LOSS naming the
+  // file, unless the caller asks to fall back to the newest intact one.
   fs::create_directories(dir / "ckpt-50");
   std::ofstream(dir / "ckpt-50" / "index.json") << "{\"format_version\": 1, \"step\": ";
-  EXPECT_EQ(LatestCheckpoint(dir.string()).value(), (dir / "ckpt-30").string());
+  auto corrupt = LatestCheckpoint(dir.string());
+  EXPECT_EQ(corrupt.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(corrupt.status().message().find((dir / "ckpt-50" / "index.json").string() + "' is corrupt"),
+            std::string::npos)
+      << corrupt.status();
+  EXPECT_NE(corrupt.status().message().find("checkpoint.on_corrupt: fall_back"), std::string::npos);
+  EXPECT_EQ(LatestCheckpoint(dir.string(), /*fall_back_past_corrupt=*/true).value(), (dir / "ckpt-30").string());
 
   ASSERT_TRUE(PruneCheckpoints(dir.string(), 2).ok());
   std::vector<int64_t> left;

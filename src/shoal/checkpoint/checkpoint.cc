@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "shoal/core/file.h"
 #include "shoal/core/status.h"
@@ -86,17 +87,25 @@ std::vector<CheckpointInfo> ListCheckpoints(const std::string& dir) {
     int64_t step = 0;
     if (!entry.is_directory() || name.rfind(kCheckpointFolderPrefix, 0) != 0 ||
         !absl::SimpleAtoi(name.substr(std::strlen(kCheckpointFolderPrefix)), &step)) continue;
-    CheckpointInfo info{entry.path().string(), step, ReadCheckpointIndex(entry.path().string()).ok()};
+    const absl::StatusOr<CheckpointIndex> index = ReadCheckpointIndex(entry.path().string());
+    CheckpointInfo info{entry.path().string(), step, index.ok(), ""};
+    if (!index.ok() && !absl::IsNotFound(index.status())) info.corrupt = std::string(index.status().message());
     found.push_back(info);
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
   return found;
 }
 
-absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir) {
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir, bool fall_back_past_corrupt) {
   const std::vector<CheckpointInfo> all = ListCheckpoints(dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (it->complete) return it->path;
+    if (it->corrupt.empty()) continue;  // unfinished: never counted
+    if (!fall_back_past_corrupt) {
+      return absl::DataLossError(absl::StrCat(it->corrupt, "; set checkpoint.on_corrupt: fall_back to start from "
+                                              "the newest intact checkpoint instead"));
+    }
+    absl::FPrintF(stderr, "shoal: warning: skipping a damaged checkpoint: %s\n", it->corrupt);
   }
   return absl::NotFoundError(absl::StrCat("no complete checkpoint under '", dir, "'"));
 }

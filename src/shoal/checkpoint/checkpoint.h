@@ -55,6 +55,9 @@ struct CheckpointInfo {
   std::string path;
   int64_t step = 0;
   bool complete = false;  // its index is there and readable
+  // Why its index is unreadable, when there is one (a save cut short leaves
+  // none; the index is written atomically, so an unreadable one is damage).
+  std::string corrupt;
 };
 
 // Saves every variable of the client's placement at `step` under `dir`
@@ -66,7 +69,10 @@ absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& di
 std::vector<CheckpointInfo> ListCheckpoints(const std::string& dir);
 
 // The newest complete checkpoint under `dir`; NotFound if there is none.
-absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir);
+// A newer one whose index is corrupt is DATA_LOSS naming the file, unless
+// `fall_back_past_corrupt` (checkpoint.on_corrupt: fall_back), which skips
+// it with a warning.
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir, bool fall_back_past_corrupt = false);
 
 // Deletes all but the newest `keep` complete checkpoints, and unfinished
 // ones older than the newest complete one.

@@ -300,7 +300,9 @@ absl::Status CheckpointTool(const std::string& action, const std::string& path) 
     const std::vector<CheckpointInfo> all = ListCheckpoints(path);
     if (all.empty()) return absl::NotFoundError(absl::StrCat("no checkpoints under '", path, "'"));
     for (const CheckpointInfo& c : all) {
-      absl::PrintF("%-40s step %-8d %s\n", c.path, c.step, c.complete ? "complete" : "unfinished (no index)");
+      absl::PrintF("%-40s step %-8d %s\n", c.path, c.step, c.complete            ? "complete"
+                   : c.corrupt.empty() ? "unfinished (no index)"
+                                       : "DAMAGED: " + c.corrupt);
     }
     return absl::OkStatus();
   }

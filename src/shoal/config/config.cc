@@ -220,6 +220,7 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(checkpoint.Get("every_seconds", &c->checkpoint.every_seconds));
   SHOAL_RETURN_IF_ERROR(checkpoint.Get("keep", &c->checkpoint.keep));
   SHOAL_RETURN_IF_ERROR(checkpoint.Get("restore", &c->checkpoint.restore));
+  SHOAL_RETURN_IF_ERROR(checkpoint.Get("on_corrupt", &c->checkpoint.on_corrupt));
   SHOAL_RETURN_IF_ERROR(checkpoint.CheckNoUnknownKeys());
 
   Section security = top.Child("security");
@@ -407,6 +408,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
                                                        : static_cast<int>(c.gated.networks.size());
     SHOAL_RETURN_IF_ERROR(ResolveGatedConfig(c.gated, c.model, workers).status());
   }
+  SHOAL_RETURN_IF_ERROR(OneOf("checkpoint.on_corrupt", c.checkpoint.on_corrupt, {"fail", "fall_back"}));
   SHOAL_RETURN_IF_ERROR(OneOf("hooks.nan_guard", c.hooks.nan_guard, {"fail", "stop", "off"}));
   SHOAL_RETURN_IF_ERROR(OneOf("hooks.metrics_format", c.hooks.metrics_format, {"jsonl", "csv"}));
   if (c.hooks.log_every_steps < 0 || c.hooks.stop_at_step < 0) {
@@ -536,7 +538,8 @@ std::string JobConfigToYaml(const JobConfig& c) {
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value
       << c.checkpoint.dir << YAML::Key << "every_steps" << YAML::Value << c.checkpoint.every_steps << YAML::Key
       << "every_seconds" << YAML::Value << c.checkpoint.every_seconds << YAML::Key << "keep" << YAML::Value
-      << c.checkpoint.keep << YAML::Key << "restore" << YAML::Value << c.checkpoint.restore << YAML::EndMap;
+      << c.checkpoint.keep << YAML::Key << "restore" << YAML::Value << c.checkpoint.restore
+      << YAML::Key << "on_corrupt" << YAML::Value << c.checkpoint.on_corrupt << YAML::EndMap;
   const SecurityConfig& sec = c.security;  // the token itself is never written out
   out << YAML::Key << "security" << YAML::Value << YAML::BeginMap << YAML::Key << "token_file" << YAML::Value
       << sec.token_file << YAML::Key << "tls_ca_file" << YAML::Value << sec.tls_ca_file << YAML::Key

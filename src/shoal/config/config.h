@@ -144,6 +144,9 @@ struct CheckpointConfig {
   // thrown away); always, as TensorFlow's chief does, rolling live ps tasks
   // back to the checkpoint.
   std::string restore = "if_lost";
+  // A checkpoint whose index is unreadable: fail (DATA_LOSS naming the file)
+  // or fall_back (start from the newest intact one, with a warning).
+  std::string on_corrupt = "fail";
 };
 
 // Securing a cluster on a network (gRPC only; in-process needs none).

@@ -175,7 +175,7 @@ absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std:
     }
     absl::SleepFor(absl::Milliseconds(200));
   }
-  auto latest = LatestCheckpoint(context.config->checkpoint.dir);
+  auto latest = LatestCheckpoint(context.config->checkpoint.dir, context.config->checkpoint.on_corrupt == "fall_back");
   if (!latest.ok()) return Annotate(error, absl::StrCat("cannot recover: ", latest.status().message()));
   SHOAL_ASSIGN_OR_RETURN(int64_t step, RestoreOnto(context, *latest, names, shapes_from, optimizer));
   context.recoveries.push_back(absl::StrCat("restored ", *latest, " (global step ", step, ") after: ",
@@ -291,7 +291,7 @@ namespace {
 absl::StatusOr<std::string> CheckpointToRestore(WorkerContext& context, const std::vector<std::string>& names) {
   const std::string& dir = context.config->checkpoint.dir;
   if (dir.empty()) return std::string();
-  auto latest = LatestCheckpoint(dir);
+  auto latest = LatestCheckpoint(dir, context.config->checkpoint.on_corrupt == "fall_back");
   if (absl::IsNotFound(latest.status())) return std::string();
   SHOAL_RETURN_IF_ERROR(latest.status());
   if (context.config->checkpoint.restore == "always") return *latest;
