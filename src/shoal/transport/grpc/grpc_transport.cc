@@ -78,7 +78,6 @@ absl::Status Chunks(const grpc::ByteBuffer& buffer, ReceivedChunks* out) {
   return absl::OkStatus();
 }
 
-// Serves one call: decode, hand to the service, encode the answer.
 // How many calls a server has waiting on threads of their own, against its
 // limit. Shared with those threads, which may outlive the server's handle.
 struct WaitingCalls {
@@ -96,6 +95,7 @@ struct WaitingCalls {
   std::atomic<int> count{0};
 };
 
+// Serves one call: decode, hand to the service, encode the answer.
 class CallReactor final : public grpc::ServerGenericBidiReactor {
  public:
   CallReactor(VariableService* service, size_t max_bytes, std::shared_ptr<WaitingCalls> waiting)
