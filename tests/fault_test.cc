@@ -26,6 +26,18 @@
 namespace shoal {
 namespace {
 
+// The state letter and parent pid of process `pid`, read from /proc/<pid>/stat;
+// false when the process is gone.
+bool ProcessStatus(pid_t pid, char* state, pid_t* parent) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t paren = line.rfind(')');  // the command name may hold spaces and parentheses
+  if (paren == std::string::npos) return false;
+  std::istringstream rest(line.substr(paren + 2));
+  return static_cast<bool>(rest >> *state >> *parent);
+}
+
 // A child of this process whose command line contains `needle` (the
 // launcher's children are ours), waiting up to 30 s for it; -1 if none.
 pid_t FindChild(const std::string& needle, pid_t not_this = -1) {
@@ -34,16 +46,9 @@ pid_t FindChild(const std::string& needle, pid_t not_this = -1) {
     for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
       const std::string name = entry.path().filename().string();
       if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-      std::ifstream stat(entry.path() / "stat");
-      std::string line;
-      std::getline(stat, line);
-      const size_t paren = line.rfind(')');
-      if (paren == std::string::npos) continue;
-      std::istringstream rest(line.substr(paren + 2));
-      std::string state;
+      char state = 0;
       pid_t parent = 0;
-      rest >> state >> parent;
-      if (parent != getpid()) continue;
+      if (!ProcessStatus(std::stoi(name), &state, &parent) || parent != getpid()) continue;
       std::ifstream cmdline(entry.path() / "cmdline");
       std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
       std::replace(args.begin(), args.end(), '\0', ' ');
@@ -315,29 +320,19 @@ struct LauncherRun {
 std::vector<pid_t> ChildrenOf(pid_t parent) {
   std::vector<pid_t> children;
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    pid_t pid = 0;
-    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string line;
-    std::getline(stat, line);
-    const size_t close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(line.substr(close + 2));
+    pid_t pid = 0, its_parent = 0;
     char state = 0;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == parent) children.push_back(pid);
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
+    if (ProcessStatus(pid, &state, &its_parent) && its_parent == parent) children.push_back(pid);
   }
   return children;
 }
 
 // Whether `pid` still runs (a zombie does not).
 bool Running(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  const size_t close = line.rfind(')');
-  return close != std::string::npos && line.size() > close + 2 && line[close + 2] != 'Z';
+  char state = 0;
+  pid_t parent = 0;
+  return ProcessStatus(pid, &state, &parent) && state != 'Z';
 }
 
 TEST(SignalTest, SigtermStopsTheJobAfterItsStepWithAFinalCheckpointAndAReport) {
