@@ -1,6 +1,7 @@
 #include "shoal/client/client.h"
 
 #include <functional>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -60,13 +61,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClusterSpec& cluste
 }
 
 Client::Client(std::map<TaskId, std::shared_ptr<Channel>> channels, std::shared_ptr<const Placement> placement,
-               ClientOptions options)
-    : channels_(std::move(channels)), placement_(std::move(placement)), options_(options) {}
+               ClientOptions options, std::shared_ptr<RequestNumbers> numbers)
+    : channels_(std::move(channels)),
+      placement_(std::move(placement)),
+      options_(options),
+      numbers_(numbers ? std::move(numbers) : std::make_shared<RequestNumbers>()) {}
 
 std::unique_ptr<Client> Client::WithTimeout(absl::Duration rpc_timeout) const {
   ClientOptions options = options_;
   options.rpc_timeout = rpc_timeout;
-  return std::unique_ptr<Client>(new Client(channels_, placement_, options));
+  return std::unique_ptr<Client>(new Client(channels_, placement_, options, numbers_));
 }
 
 absl::StatusOr<Channel*> Client::ChannelFor(const TaskId& task) const {
@@ -85,28 +89,80 @@ absl::StatusOr<std::vector<VariablePlacement>> Client::LocateAll(const std::vect
   return placements;
 }
 
+uint64_t Client::RequestNumbers::Open() {
+  std::lock_guard lock(mu);
+  const uint64_t id = next++;
+  open.insert(id);
+  return id;
+}
+
+void Client::RequestNumbers::Close(uint64_t id) {
+  std::lock_guard lock(mu);
+  open.erase(id);
+}
+
+uint64_t Client::RequestNumbers::FirstUnfinished() {
+  std::lock_guard lock(mu);
+  return open.empty() ? next : *open.begin();
+}
+
+uint64_t Client::RequestNumbers::DrawClientId() {
+  std::random_device device;
+  uint64_t id = 0;
+  while (id == 0) id = (uint64_t{device()} << 32) ^ device();
+  return id;
+}
+
 absl::Status Client::RunAll(TaskCalls& calls) {
   const absl::Time deadline = absl::Now() + options_.rpc_timeout;
-  std::vector<Channel*> channels;
+  std::vector<std::pair<Channel*, TaskCall*>> pending;
   for (auto& [task, call] : calls) {
     SHOAL_ASSIGN_OR_RETURN(Channel* channel, ChannelFor(task));
-    channels.push_back(channel);
+    call.request.header.set_client_id(numbers_->client_id);
+    call.request.header.set_request_id(numbers_->Open());
+    pending.emplace_back(channel, &call);
   }
-  absl::BlockingCounter pending(static_cast<int>(calls.size()));
-  absl::Mutex mu;
+  // A call that found its task unreachable (a dropped connection, a task
+  // still starting) is sent again, with the same number, until the deadline:
+  // servers apply a numbered request once, so a retry never doubles an update.
+  const absl::Time start = absl::Now();
+  absl::Duration backoff = absl::Milliseconds(20);
   absl::Status first_error;
-  size_t i = 0;
-  for (auto& [task, call] : calls) {
-    channels[i++]->Call(call.request, &call.response, deadline, [&](absl::Status status) {
-      if (!status.ok()) {
-        absl::MutexLock lock(&mu);
-        if (first_error.ok()) first_error = std::move(status);
+  for (int attempt = 1;; ++attempt) {
+    std::vector<absl::Status> statuses(pending.size());
+    absl::BlockingCounter answered(static_cast<int>(pending.size()));
+    for (size_t i = 0; i < pending.size(); ++i) {
+      auto [channel, call] = pending[i];
+      call->request.header.set_first_unfinished_id(numbers_->FirstUnfinished());
+      call->response = Response();
+      channel->Call(call->request, &call->response, deadline, [&, i](absl::Status status) {
+        statuses[i] = std::move(status);
+        answered.DecrementCount();
+      });
+    }
+    answered.Wait();  // each transport enforces `deadline`
+    std::vector<std::pair<Channel*, TaskCall*>> again;
+    const bool time_left = absl::Now() + backoff < deadline;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (absl::IsUnavailable(statuses[i]) && time_left) {
+        again.push_back(pending[i]);
+      } else if (!statuses[i].ok() && first_error.ok()) {
+        first_error = statuses[i];
+        if (attempt > 1 && absl::IsUnavailable(first_error)) {
+          first_error = absl::UnavailableError(absl::StrCat(first_error.message(), " (still, after ", attempt,
+                                                            " tries in ", absl::FormatDuration(absl::Now() - start),
+                                                            ")"));
+        }
       }
-      pending.DecrementCount();
-    });
+    }
+    if (again.empty()) break;
+    retries_.fetch_add(static_cast<int64_t>(again.size()), std::memory_order_relaxed);
+    pending = std::move(again);
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
   }
-  pending.Wait();  // each transport enforces `deadline`
-  for (const auto& [task, call] : calls) {
+  for (auto& [task, call] : calls) {
+    numbers_->Close(call.request.header.request_id());
     bytes_sent_.fetch_add(MessageBytes(call.request.header, call.request.tensors), std::memory_order_relaxed);
     bytes_received_.fetch_add(MessageBytes(call.response.header, call.response.tensors), std::memory_order_relaxed);
     tensor_bytes_sent_.fetch_add(TensorBytes(call.request.tensors), std::memory_order_relaxed);

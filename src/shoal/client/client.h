@@ -18,6 +18,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -166,6 +168,9 @@ class Client {
   // heard from it.
   int64_t restarts_seen() const { return restarts_seen_.load(std::memory_order_relaxed); }
 
+  // How many calls were sent again because their task was unreachable.
+  int64_t retries() const { return retries_.load(std::memory_order_relaxed); }
+
   // Bytes this client has sent and received (frames: header and tensors),
   // counted alike over every transport; and of those, the tensor bytes sent.
   int64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
@@ -176,13 +181,27 @@ class Client {
   struct TaskCall;  // one request to one task
   using TaskCalls = std::map<TaskId, TaskCall>;
 
+  // This client's request numbers (wire.proto: exactly once), shared with
+  // the clients WithTimeout makes, which are the same client to a server.
+  struct RequestNumbers {
+    static uint64_t DrawClientId();
+    uint64_t Open();  // the next number, now in flight
+    void Close(uint64_t id);  // answered, or given up on
+    uint64_t FirstUnfinished();  // the lowest number still in flight
+    const uint64_t client_id = DrawClientId();
+    std::mutex mu;
+    uint64_t next = 1;
+    std::set<uint64_t> open;
+  };
+
   Client(std::map<TaskId, std::shared_ptr<Channel>> channels, std::shared_ptr<const Placement> placement,
-         ClientOptions options);
+         ClientOptions options, std::shared_ptr<RequestNumbers> numbers = nullptr);
   absl::StatusOr<std::vector<VariablePlacement>> LocateAll(const std::vector<std::string>& names) const;
   // The one task of each named variable; InvalidArgument for a partitioned
   // one (`what` names the operation).
   absl::StatusOr<std::vector<TaskId>> LocateWhole(const std::vector<std::string>& names, absl::string_view what) const;
-  // Sends every call in parallel and waits for all; returns the first error.
+  // Sends every call in parallel and waits for all, sending again those whose
+  // task was unreachable until the deadline; returns the first error.
   absl::Status RunAll(TaskCalls& calls);
   absl::StatusOr<Channel*> ChannelFor(const TaskId& task) const;
   // Reads every shard of the named variables, each request shaped by
@@ -210,6 +229,8 @@ class Client {
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> tensor_bytes_sent_{0};
   std::atomic<int64_t> restarts_seen_{0};
+  std::atomic<int64_t> retries_{0};
+  std::shared_ptr<RequestNumbers> numbers_;
   absl::Mutex incarnation_mu_;
   std::map<TaskId, uint64_t> incarnations_ ABSL_GUARDED_BY(incarnation_mu_);
 };

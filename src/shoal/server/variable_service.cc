@@ -63,13 +63,42 @@ bool VariableService::MayWait(const Request& request) {
          (h.has_read() && h.read().min_step() > 0 && h.read().wait_ms() > 0);
 }
 
+bool VariableService::Changes(const Request& request) {
+  const wire::RequestHeader& h = request.header;
+  switch (h.op_case()) {
+    case wire::RequestHeader::kRead:
+    case wire::RequestHeader::kLookup:
+    case wire::RequestHeader::kReadSlots:
+    case wire::RequestHeader::OP_NOT_SET:
+      return false;
+    case wire::RequestHeader::kCounter:
+      return h.counter().counter().delta() != 0;
+    default:
+      return true;
+  }
+}
+
 void VariableService::Handle(const Request& request, Response* response) {
   // Requests run on the transport's threads, which start with libtorch's
   // default thread count; optimizer math takes the task's own.
   UseComputeThreadsInThisThread();
   response->header.Clear();
   response->tensors.clear();
-  absl::Status status = Dispatch(request, response);
+  const wire::RequestHeader& h = request.header;
+  const bool recorded = h.request_id() != 0 && Changes(request);
+  if (recorded) {
+    auto begun = ledger_.Begin(h.client_id(), h.request_id(), h.first_unfinished_id());
+    if (!begun.ok()) return Conclude(begun.status(), response);
+    if (begun->has_value()) {  // a repeat: the answer the original got
+      response->header = **std::move(begun);
+      return;
+    }
+  }
+  Conclude(Dispatch(request, response), response);
+  if (recorded) ledger_.Finish(h.client_id(), h.request_id(), response->header);
+}
+
+void VariableService::Conclude(const absl::Status& status, Response* response) const {
   if (!status.ok()) {
     response->header.Clear();
     response->tensors.clear();

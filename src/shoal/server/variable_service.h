@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/notification.h"
 #include "shoal/core/message.h"
+#include "shoal/server/request_ledger.h"
 #include "shoal/server/variable_store.h"
 
 namespace shoal {
@@ -31,7 +32,10 @@ struct VariableServiceOptions {
 class VariableService {
  public:
   explicit VariableService(VariableServiceOptions options)
-      : options_(std::move(options)), store_(options_.task_name), incarnation_(DrawIncarnation()) {}
+      : options_(std::move(options)),
+        store_(options_.task_name),
+        ledger_(options_.task_name),
+        incarnation_(DrawIncarnation()) {}
 
   // Serves one request. Always fills response->header.status_code.
   void Handle(const Request& request, Response* response);
@@ -41,6 +45,9 @@ class VariableService {
   // threads are few run such requests on a thread of their own, so that the
   // request that would end the wait is never queued behind it.
   static bool MayWait(const Request& request);
+  // Whether `request` changes anything (everything but reads, lookups and
+  // counter reads): numbered ones are then applied at most once.
+  static bool Changes(const Request& request);
 
   // Notified when a Shutdown request arrives.
   absl::Notification& shutdown_requested() { return shutdown_requested_; }
@@ -51,10 +58,13 @@ class VariableService {
 
  private:
   absl::Status Dispatch(const Request& request, Response* response);
+  // Writes the verdict, and this server's incarnation, into the header.
+  void Conclude(const absl::Status& status, Response* response) const;
   static uint64_t DrawIncarnation();
 
   const VariableServiceOptions options_;
   VariableStore store_;
+  RequestLedger ledger_;
   const uint64_t incarnation_;
   std::once_flag shutdown_once_;
   absl::Notification shutdown_requested_;

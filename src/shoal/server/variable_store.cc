@@ -225,6 +225,9 @@ int64_t VariableStore::WaitForCounter(const std::string& name, int64_t at_least,
 absl::Status VariableStore::Accumulate(const std::vector<std::string>& names,
                                        const std::vector<torch::Tensor>& gradients, int64_t local_step,
                                        const std::string& worker, std::vector<bool>* accepted, int apply_at) {
+  if (worker.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("accumulate on ", task_name_, " names no worker"));
+  }
   std::vector<std::shared_ptr<Variable>> vars;
   SHOAL_RETURN_IF_ERROR(Find(names, &vars));
   SHOAL_RETURN_IF_ERROR(CheckTensors(vars, gradients, "gradient", /*require_finite=*/true));
@@ -235,12 +238,13 @@ absl::Status VariableStore::Accumulate(const std::vector<std::string>& names,
     for (size_t i = 0; i < vars.size(); ++i) {
       Variable& var = *vars[i];
       if (local_step < var.accumulator_step) continue;  // stale: dropped
+      // A step counts workers, not messages: a worker's second tensor for the
+      // same step (sent again after a restart, say) is dropped.
+      if (std::find(var.contributors.begin(), var.contributors.end(), worker) != var.contributors.end()) continue;
       if (!var.gradient_sum.defined()) var.gradient_sum = torch::zeros_like(var.value);
       var.gradient_sum.add_(gradients[i]);
       ++var.accumulated;
-      if (std::find(var.contributors.begin(), var.contributors.end(), worker) == var.contributors.end()) {
-        var.contributors.push_back(worker);
-      }
+      var.contributors.push_back(worker);
       (*accepted)[i] = true;
       if (apply_at > 0 && var.accumulated >= apply_at) {
         ApplyAccumulator(var, wire::MEAN_GRADIENT, std::max(var.accumulator_step, local_step) + 1);

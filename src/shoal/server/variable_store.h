@@ -71,8 +71,9 @@ class VariableStore {
   int64_t WaitForCounter(const std::string& name, int64_t at_least, absl::Duration wait);
 
   // Synchronous training. Adds each gradient to its variable's accumulator
-  // unless it is stale (local_step older than the accumulator's step);
-  // `accepted` says which were taken. Validated like ApplyGradients. With
+  // unless it is stale (local_step older than the accumulator's step) or
+  // `worker` already gave one for the accumulator's step (a step counts
+  // distinct workers); `accepted` says which were taken. Validated like ApplyGradients. With
   // apply_at > 0, an accumulator that now holds apply_at gradients applies
   // their mean with the variable's optimizer and moves to the next step.
   absl::Status Accumulate(const std::vector<std::string>& names, const std::vector<torch::Tensor>& gradients,

@@ -174,11 +174,13 @@ absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, 
   // until the chief has read every member for the report.
   const bool serves_members = config.training.mode == "population";
   if (context.is_chief) {
-    // The job is over (or failed): the other tasks have nothing left to serve.
-    for (const TaskId& ps : cluster.Tasks("ps")) client->Shutdown(ps).IgnoreError();
+    // The job is over (or failed): the other tasks have nothing left to
+    // serve. A task already gone is not waited for beyond a short deadline.
+    std::unique_ptr<Client> closing = client->WithTimeout(absl::Seconds(2));
+    for (const TaskId& ps : cluster.Tasks("ps")) closing->Shutdown(ps).IgnoreError();
     if (serves_members) {
       for (const TaskId& worker : workers) {
-        if (worker != task) client->Shutdown(worker).IgnoreError();
+        if (worker != task) closing->Shutdown(worker).IgnoreError();
       }
     }
   } else if (serves_members && status.ok()) {

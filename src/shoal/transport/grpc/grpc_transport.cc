@@ -378,8 +378,12 @@ grpc::ChannelArguments PeerChannelArguments(int index, int message_limit) {
   // index its own TCP connection.
   args.SetInt("shoal.connection_index", index);
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // Reconnect soon after a refused attempt (a task restarting). The
+  // "minimum" backoff is also how long one attempt may take to finish TCP
+  // and the HTTP/2 handshake: keep gRPC's 20 s, so that a slow peer is
+  // reached, not given up on after 100 ms.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   SetBulkTransferArguments([&](const char* key, int value) { args.SetInt(key, value); });
   return args;

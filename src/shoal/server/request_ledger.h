@@ -1,0 +1,81 @@
+// RequestLedger: the changing requests a server has applied, so that a
+// repeat is answered, never applied twice.
+//
+// A client numbers its requests and sends a retry (after a dropped
+// connection, say) with the same number. Which of the two reaches the server
+// first is not known: the retry may even overtake an original that is still
+// being decoded. The first to arrive is applied; the other waits for it and
+// gets the same answer. Each request also says which of that client's
+// numbers are settled (answered), so the ledger forgets those, and a settled
+// number that turns up again is refused rather than applied. Memory is
+// bounded: at most `max_clients` clients (the least recently heard from is
+// forgotten first) and `max_open_per_client` unsettled requests each.
+#ifndef SHOAL_SERVER_REQUEST_LEDGER_H_
+#define SHOAL_SERVER_REQUEST_LEDGER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "shoal/wire.pb.h"
+
+namespace shoal {
+
+struct RequestLedgerLimits {
+  int max_clients = 1024;
+  int max_open_per_client = 256;
+  // How long a repeat waits for its original's answer.
+  absl::Duration wait_for_original = absl::Seconds(30);
+};
+
+class RequestLedger {
+ public:
+  explicit RequestLedger(std::string task_name, RequestLedgerLimits limits = {})
+      : task_name_(std::move(task_name)), limits_(limits) {}
+
+  // Request `request_id` of `client`, which says every one of its requests
+  // below `first_unfinished` has been answered. Returns nothing when the
+  // request is new: the caller applies it and then calls Finish. Returns the
+  // answer when it is a repeat (after waiting for the original if that is
+  // still being applied). An error for a number already settled, a client
+  // with too many unsettled requests, or an original that took too long.
+  absl::StatusOr<std::optional<wire::ResponseHeader>> Begin(uint64_t client, uint64_t request_id,
+                                                            uint64_t first_unfinished);
+  // Records the answer to a request Begin called new, waking its repeats.
+  void Finish(uint64_t client, uint64_t request_id, const wire::ResponseHeader& answer);
+
+  // How many requests are recorded (for tests of the bounds).
+  size_t size() const;
+
+ private:
+  struct Entry {
+    bool finished = false;
+    wire::ResponseHeader answer;
+  };
+  struct ClientRecord {
+    uint64_t settled_below = 0;  // numbers under this are forgotten and refused
+    std::map<uint64_t, Entry> requests;
+    std::list<uint64_t>::iterator recency;  // place in recency_
+  };
+
+  ClientRecord& Touch(uint64_t client);  // under mu_
+
+  const std::string task_name_;
+  const RequestLedgerLimits limits_;
+  mutable std::mutex mu_;
+  std::condition_variable finished_;
+  std::unordered_map<uint64_t, ClientRecord> clients_;
+  std::list<uint64_t> recency_;  // clients, most recently heard from first
+};
+
+}  // namespace shoal
+
+#endif  // SHOAL_SERVER_REQUEST_LEDGER_H_
