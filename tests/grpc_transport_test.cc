@@ -18,6 +18,8 @@
 #include "absl/synchronization/notification.h"
 #include "shoal/core/codec.h"
 #include "shoal/core/status.h"
+#include "shoal/session/local_cluster.h"
+#include "tcp_proxy.h"
 
 namespace shoal {
 namespace {
@@ -79,6 +81,23 @@ TEST(GrpcTransportTest, APeerThatNeverAnswersIsDeadlineExceededNamingTheTask) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status)) << status;
   EXPECT_NE(status.message().find("/job:ps/task:1"), std::string::npos) << status;
   close(listener);
+}
+
+// A connection attempt has long enough for TCP and the HTTP/2 handshake
+// over a slow link (it had 100 ms, gRPC's reconnect backoff): the first call
+// to a peer whose answers arrive 300 ms late succeeds, with no retry.
+TEST(GrpcTransportTest, TheFirstCallToAPeerBehindASlowLinkSucceeds) {
+  GrpcTransport transport;
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport.Serve("127.0.0.1:0", &service).value();
+  const std::string& address = server->address();
+  const int proxy_port = FreeLoopbackPorts(1).value()[0];
+  TcpProxy slow(proxy_port, std::stoi(address.substr(address.rfind(':') + 1)), absl::Milliseconds(300));
+  ASSERT_TRUE(slow.ok());
+  auto channel = transport.Connect({"ps", 0}, "127.0.0.1:" + std::to_string(proxy_port)).value();
+  Response response;
+  absl::Status status = CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(status.ok()) << status;
 }
 
 TEST(GrpcTransportTest, GarbledBytesAreAnsweredAsDataLossAndTheServerKeepsServing) {

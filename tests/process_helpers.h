@@ -72,13 +72,15 @@ class ProcessCluster {
  public:
   // `name` keeps the directories of concurrent tests apart. Every worker
   // writes a metrics file every 10 steps (MetricsFile), for WaitForStep.
-  ProcessCluster(const std::string& name, int ps, int workers, JobConfig config)
+  // `spare_ports` more free ports are kept for the test (spare_port(i)).
+  ProcessCluster(const std::string& name, int ps, int workers, JobConfig config, int spare_ports = 0)
       : dir_(std::filesystem::temp_directory_path() / (name + "_" + std::to_string(getpid()))) {
     std::filesystem::create_directories(dir_);
     config.hooks.metrics_dir = dir_ / "metrics";
     config.hooks.metrics_every_steps = 10;
     std::map<std::string, std::vector<std::string>> jobs;
-    const std::vector<int> ports = FreeLoopbackPorts(ps + workers).value();
+    const std::vector<int> ports = FreeLoopbackPorts(ps + workers + spare_ports).value();
+    spare_ports_.assign(ports.begin() + ps + workers, ports.end());
     for (int i = 0; i < ps + workers; ++i) {
       jobs[i < ps ? "ps" : "worker"].push_back("127.0.0.1:" + std::to_string(ports[i]));
     }
@@ -88,15 +90,24 @@ class ProcessCluster {
   ~ProcessCluster() { std::filesystem::remove_all(dir_); }
 
   const std::filesystem::path& dir() const { return dir_; }
+  int spare_port(int i) const { return spare_ports_.at(i); }
+  int PortOf(const TaskId& task) const {
+    const std::string address =
+        ClusterSpec::FromJsonFile((dir_ / "cluster.json").string()).value().AddressOf(task).value();
+    return std::stoi(address.substr(address.rfind(':') + 1));
+  }
   std::filesystem::path MetricsFile(int worker) const {
     return dir_ / "metrics" / MetricsFileName("worker", worker, "jsonl");
   }
 
   // Starts `shoal <command> --task <task>` (stderr to `stderr_file` in dir()
   // if given, a result file "<task>.json" there for workers).
-  pid_t Start(const std::string& command, const std::string& task, const std::string& stderr_file = "") const {
+  // `extra` arguments go at the end (`--bind ADDR`).
+  pid_t Start(const std::string& command, const std::string& task, const std::string& stderr_file = "",
+              const std::vector<std::string>& extra = {}) const {
     std::vector<std::string> args = {command, "--cluster", dir_ / "cluster.json", "--task", task,
                                      "--config", dir_ / "config.yaml", "--quiet"};
+    args.insert(args.end(), extra.begin(), extra.end());
     if (command == "worker") {
       args.push_back("--result_file");
       args.push_back(dir_ / (task + ".json"));
@@ -121,6 +132,7 @@ class ProcessCluster {
 
  private:
   std::filesystem::path dir_;
+  std::vector<int> spare_ports_;
 };
 
 }  // namespace shoal

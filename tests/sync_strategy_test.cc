@@ -97,6 +97,26 @@ TEST_F(SyncReplicasTest, ApplyingAStepTwiceChangesNothing) {
   EXPECT_FLOAT_EQ(Value("var_0"), -0.4f);
 }
 
+// A step counts workers, not messages: one worker pushing twice (a restarted
+// worker sending its step again) does not complete a two-worker step alone.
+TEST_F(SyncReplicasTest, OneWorkerPushingTwiceDoesNotCompleteAStep) {
+  ASSERT_EQ(Push(0, 0, /*apply_at=*/2).value(), 0);
+  EXPECT_EQ(Push(0, 0, 2).value(), 2);  // both tensors dropped as a repeat
+  auto pending = client_->ReadAtStep(names_, 1, absl::ZeroDuration());
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  EXPECT_FALSE(pending->ready);
+  EXPECT_FLOAT_EQ(Value("var_0"), 0.0f);
+  EXPECT_FALSE(Apply(2, 1, absl::Milliseconds(100)).ok());  // the chief, too, sees 1 of 2
+  ASSERT_EQ(Push(1, 0, 2).value(), 0);
+  EXPECT_FLOAT_EQ(Value("var_0"), -0.4f);  // worker 0's gradient counted once
+}
+
+TEST_F(SyncReplicasTest, AnAccumulateThatNamesNoWorkerIsRefused) {
+  auto pushed = client_->Accumulate(names_, {torch::ones({1}), torch::ones({1})}, 0, "");
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(pushed.status().message().find("names no worker"), std::string::npos) << pushed.status();
+}
+
 TEST_F(SyncReplicasTest, AMissingWorkerIsNamedAfterTheDeadline) {
   ASSERT_TRUE(Push(0, 0).ok());
   const absl::Time start = absl::Now();

@@ -224,6 +224,10 @@ void PrintReport(const TrainReport& report) {
   if (report.unfinished_workers > 0) {
     absl::PrintF("%d worker(s) had not finished when the chief evaluated\n", report.unfinished_workers);
   }
+  if (report.calls_retried > 0) {
+    absl::PrintF("calls sent again after a task was briefly unreachable: %d (each applied once)\n",
+                 report.calls_retried);
+  }
   if (!report.members.empty()) {
     absl::PrintF("population (test accuracy above is member %d's, the fittest on validation):\n%s",
                  report.best_member, report.population_summary);

@@ -16,6 +16,8 @@ namespace {
 constexpr char kBytesSent[] = "bytes_sent";
 constexpr char kBytesReceived[] = "bytes_received";
 constexpr char kTensorBytesSent[] = "tensor_bytes_sent";
+constexpr char kWorkerSteps[] = "worker_steps";
+constexpr char kCallsRetried[] = "calls_retried";
 
 }  // namespace
 
@@ -69,6 +71,8 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
       client.AddToCounter(kBytesReceived, client.bytes_received() - context.startup_bytes_received).status());
   SHOAL_RETURN_IF_ERROR(
       client.AddToCounter(kTensorBytesSent, client.tensor_bytes_sent() - context.startup_tensor_bytes_sent).status());
+  SHOAL_RETURN_IF_ERROR(client.AddToCounter(kWorkerSteps, worker->local_steps).status());
+  SHOAL_RETURN_IF_ERROR(client.AddToCounter(kCallsRetried, client.retries()).status());
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kWorkersDone, 1).status());
   if (!context.is_chief) return absl::OkStatus();
 
@@ -101,6 +105,8 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   SHOAL_ASSIGN_OR_RETURN(report->bytes_sent, context.client->AddToCounter(kBytesSent, 0));
   SHOAL_ASSIGN_OR_RETURN(report->bytes_received, context.client->AddToCounter(kBytesReceived, 0));
   SHOAL_ASSIGN_OR_RETURN(report->tensor_bytes_sent, context.client->AddToCounter(kTensorBytesSent, 0));
+  SHOAL_ASSIGN_OR_RETURN(report->worker_steps, context.client->AddToCounter(kWorkerSteps, 0));
+  SHOAL_ASSIGN_OR_RETURN(report->calls_retried, context.client->AddToCounter(kCallsRetried, 0));
   SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(*context.client));
   if (stopped) {
     report->stop_reason = worker->stop_reason.empty() ? "a worker's hook stopped the job" : worker->stop_reason;

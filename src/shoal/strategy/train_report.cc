@@ -14,7 +14,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainReport, test_accuracy, glob
                                                 uniform_average_accuracy, any_network_right, network_mean_weights,
                                                 restored_from, last_checkpoint, restarts, recoveries,
                                                 unfinished_workers, compute_threads, compute_threads_source, intra_op_threads,
-                                                blas)
+                                                blas, worker_steps, calls_retried)
 
 nlohmann::json ReportToJson(const TrainReport& report) { return report; }
 

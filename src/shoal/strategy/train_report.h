@@ -47,6 +47,11 @@ struct TrainReport {
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
   int64_t tensor_bytes_sent = 0;  // of bytes_sent, the tensors alone
+  // Steps the workers finished, all together (in async mode each pushed one
+  // update, so this equals the global steps trained: none lost, none applied
+  // twice), and calls their clients sent again because a task was unreachable.
+  int64_t worker_steps = 0;
+  int64_t calls_retried = 0;
   double epochs_trained = 0;
   // population: every member, the best by validation fitness (whose test
   // accuracy is test_accuracy above), bytes moved to read other members
