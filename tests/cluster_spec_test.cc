@@ -28,7 +28,11 @@ TEST(ClusterSpecTest, RefusesInconsistentSpecs) {
     const char* says;
   } cases[] = {
       {R"({"ps": ["a:1"], "worker": ["a:1"]})", "duplicate address 'a:1'"},
-      {R"({"ps": ["a:1"], "worker": ["b:1"], "evaluator": ["c:1"]})", "unknown job 'evaluator'"},
+      {R"({"ps": ["a:1"], "worker": ["b:1"], "trainer": ["c:1"]})", "unknown job 'trainer'"},
+      {R"({"ps": ["a:1"], "master": ["b:1"], "chief": ["c:1"]})", "both 'master' and 'chief'"},
+      {R"({"ps": ["a:1"], "worker": {"one": "b:1"}})", "task index 'one'"},
+      {R"({"ps": ["a:1"], "worker": {"99999999": "b:1"}})", "task index '99999999'"},
+      {R"({"ps": ["a:1"], "worker": {"1": 7}})", "task 1 has no address"},
       {R"({"worker": ["b:1"]})", "no 'ps' job"},
       {R"({"ps": [], "worker": ["b:1"]})", "job 'ps' has no tasks"},
       {R"({"ps": ["a:1"], "worker": ["b:1"], "chief": ["c:1", "d:1"]})", "exactly one task"},
@@ -49,6 +53,36 @@ TEST(ClusterSpecTest, ParsesTfConfig) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->task, (TaskId{"worker", 1}));
   EXPECT_EQ(config->cluster.NumTasks("worker"), 2);
+}
+
+// What the Kubeflow training operator sets today: every replica type in the
+// cluster (an evaluator too), "master" for the chief in older TFJobs, and
+// the sparse form that lists only some workers.
+TEST(ClusterSpecTest, ParsesTheTfConfigsOfTodaysTfJobs) {
+  auto with_evaluator = ParseTfConfig(
+      R"({"cluster": {"chief": ["c:1"], "ps": ["a:1"], "worker": ["b:1"], "evaluator": ["e:1"]},
+          "task": {"type": "evaluator", "index": 0}})");
+  ASSERT_TRUE(with_evaluator.ok()) << with_evaluator.status();
+  EXPECT_EQ(with_evaluator->task, (TaskId{"evaluator", 0}));
+  EXPECT_EQ(with_evaluator->cluster.TrainingTasks().size(), 2u);  // the evaluator does not train
+
+  auto master = ParseTfConfig(
+      R"({"cluster": {"master": ["m:1"], "ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "master", "index": 0}})");
+  ASSERT_TRUE(master.ok()) << master.status();
+  EXPECT_EQ(master->task, (TaskId{"chief", 0}));
+  EXPECT_TRUE(master->cluster.IsChief(master->task));
+  EXPECT_EQ(master->cluster.AddressOf({"chief", 0}).value(), "m:1");
+  EXPECT_EQ(ParseTaskId("master:0").value(), (TaskId{"chief", 0}));
+
+  auto sparse = ParseTfConfig(
+      R"({"cluster": {"ps": ["a:1", "a:2"], "worker": {"1": "w1:1"}}, "task": {"type": "worker", "index": 1}})");
+  ASSERT_TRUE(sparse.ok()) << sparse.status();
+  EXPECT_EQ(sparse->cluster.NumTasks("worker"), 2);  // worker 0 exists, somewhere
+  EXPECT_EQ(sparse->cluster.AddressOf({"worker", 1}).value(), "w1:1");
+  auto unknown = sparse->cluster.AddressOf({"worker", 0});
+  EXPECT_TRUE(absl::IsNotFound(unknown.status()));
+  EXPECT_NE(unknown.status().message().find("sparse form"), std::string::npos) << unknown.status();
+  EXPECT_EQ(sparse->cluster.AllTasks().size(), 3u);  // the tasks it can reach
 }
 
 TEST(ClusterSpecTest, TfConfigIndexOutOfRangeIsRefused) {

@@ -55,6 +55,10 @@ usage:
   shoal worker --task worker:1 [--cluster FILE] [--config FILE] [--bind ADDR]
                [--result_file FILE] [--quiet]
       Trains as one worker of a real cluster.
+  shoal evaluator --task evaluator:0 [--cluster FILE] [--config FILE]
+      Evaluates each new checkpoint under checkpoint.dir on the test set,
+      writing evaluator_0.jsonl to hooks.metrics_dir, until the chief ends
+      the job. (An evaluator task in TF_CONFIG does so under any command.)
   shoal plot   --metrics_dir DIR [--out FILE.png]
       Draws the loss and batch-accuracy curves of every task's metrics file
       (hooks.metrics_dir) into one PNG.
@@ -64,7 +68,8 @@ usage:
       checks its CRC32C (a corrupt byte is DATA_LOSS naming file and variable).
   Without --cluster/--task, server and worker read TF_CONFIG
   ({"cluster": {...}, "task": {"type": "worker", "index": 1}}); WORKER_ID
-  overrides a worker's index.
+  overrides a worker's index. Jobs: chief (or master), ps, worker,
+  evaluator; a job may list only some tasks ({"1": "host:port"}).
 )";
 
 // The first SIGINT or SIGTERM (what Kubernetes sends a pod it deletes) stops
@@ -342,6 +347,8 @@ absl::Status RunTask(Flags& flags, bool server) {
   const bool quiet = flags.Has("quiet");
   const std::string result_file = flags.Get("result_file");
   SHOAL_RETURN_IF_ERROR(flags.CheckAllUsed());
+  // An evaluator in TF_CONFIG evaluates, whichever command the replica runs.
+  if (task.job == "evaluator") return RunEvaluatorTask(config, cluster, task, options);
   if (server) return RunServerTask(config, cluster, task, options);
   TrainReport report;
   SHOAL_RETURN_IF_ERROR(RunWorkerTask(config, cluster, task, options, quiet ? nullptr : stderr, &report));
@@ -376,7 +383,7 @@ int Main(int argc, char** argv) {
       status = Train(*flags);
     } else if (command == "server") {
       status = RunTask(*flags, /*server=*/true);
-    } else if (command == "worker") {
+    } else if (command == "worker" || command == "evaluator") {
       status = RunTask(*flags, /*server=*/false);
     } else if (command == "plot") {
       status = Plot(*flags);

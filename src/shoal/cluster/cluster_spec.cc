@@ -21,27 +21,65 @@ namespace shoal {
 namespace {
 
 const std::set<std::string>& KnownJobs() {
-  static const auto* jobs = new std::set<std::string>{"chief", "ps", "worker"};
+  static const auto* jobs = new std::set<std::string>{"chief", "ps", "worker", "evaluator"};
   return *jobs;
 }
 
-absl::StatusOr<std::map<std::string, std::vector<std::string>>> JobsFromJson(
-    const nlohmann::json& cluster) {
-  if (!cluster.is_object()) return absl::InvalidArgumentError("cluster must be a JSON object of job -> addresses");
-  std::map<std::string, std::vector<std::string>> jobs;
-  for (const auto& [job, addresses] : cluster.items()) {
-    if (!addresses.is_array()) {
-      return absl::InvalidArgumentError(absl::StrCat("job '", job, "' must list its task addresses as an array"));
-    }
+constexpr char kKnownJobsText[] = "known jobs are chief (or master), ps, worker, evaluator";
+
+// The most tasks a job in the sparse form may number: its indices become a
+// vector, so a hostile "1000000000" must not allocate one.
+constexpr int kMaxSparseIndex = 1 << 16;
+
+// Older TFJobs name the chief "master".
+std::string CanonicalJob(const std::string& job) { return job == "master" ? "chief" : job; }
+
+// A job's addresses: a list by index, or TensorFlow's sparse form, an object
+// from index to address ({"1": "host:port"}) naming only some tasks, whose
+// missing addresses stay empty (and are marked in `sparse`).
+absl::Status AddressesFromJson(const std::string& job, const nlohmann::json& addresses, std::vector<std::string>* out,
+                               std::set<std::string>* sparse) {
+  if (addresses.is_array()) {
     for (const auto& address : addresses) {
       if (!address.is_string()) {
         return absl::InvalidArgumentError(absl::StrCat("job '", job, "' has an address that is not a string"));
       }
-      jobs[job].push_back(address.get<std::string>());
+      out->push_back(address.get<std::string>());
     }
-    if (addresses.empty()) jobs[job];
+    return absl::OkStatus();
   }
-  return jobs;
+  if (!addresses.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", job, "' must list its task addresses as an array, or as an object from index to address"));
+  }
+  sparse->insert(job);
+  for (const auto& [key, address] : addresses.items()) {
+    int index = -1;
+    if (!absl::SimpleAtoi(key, &index) || index < 0 || index >= kMaxSparseIndex) {
+      return absl::InvalidArgumentError(absl::StrCat("job '", job, "' has task index '", key,
+                                                     "'; expected an integer from 0 to ", kMaxSparseIndex - 1));
+    }
+    if (!address.is_string() || address.get<std::string>().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("job '", job, "' task ", key, " has no address string"));
+    }
+    if (static_cast<int>(out->size()) <= index) out->resize(index + 1);
+    (*out)[index] = address.get<std::string>();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ClusterSpec> SpecFromJson(const nlohmann::json& cluster) {
+  if (!cluster.is_object()) return absl::InvalidArgumentError("cluster must be a JSON object of job -> addresses");
+  std::map<std::string, std::vector<std::string>> jobs;
+  std::set<std::string> sparse;
+  for (const auto& [given, addresses] : cluster.items()) {
+    const std::string job = CanonicalJob(given);
+    if (jobs.count(job)) {
+      return absl::InvalidArgumentError("the cluster has both 'master' and 'chief' jobs; name the chief once");
+    }
+    SHOAL_RETURN_IF_ERROR(AddressesFromJson(given, addresses, &jobs[job], &sparse));
+  }
+  return ClusterSpec::Create(std::move(jobs), sparse);
 }
 
 }  // namespace
@@ -57,22 +95,21 @@ absl::StatusOr<TaskId> ParseTaskId(const std::string& text) {
     if (parts.size() < 2 || !absl::StartsWith(parts.back(), "task:")) {
       return absl::InvalidArgumentError(absl::StrCat("bad task name '", text, "'; expected /job:NAME/task:INDEX"));
     }
-    task.job = parts[0];
+    task.job = CanonicalJob(parts[0]);
     index_text = parts.back().substr(5);
   } else {
     std::vector<std::string> parts = absl::StrSplit(rest, ':');
     if (parts.size() != 2) {
       return absl::InvalidArgumentError(absl::StrCat("bad task name '", text, "'; expected JOB:INDEX"));
     }
-    task.job = parts[0];
+    task.job = CanonicalJob(parts[0]);
     index_text = parts[1];
   }
   if (!absl::SimpleAtoi(index_text, &task.index) || task.index < 0) {
     return absl::InvalidArgumentError(absl::StrCat("bad task index in '", text, "'"));
   }
   if (!KnownJobs().count(task.job)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown job '", task.job, "' in '", text,
-                                                   "'; known jobs are chief, ps, worker"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown job '", task.job, "' in '", text, "'; ", kKnownJobsText));
   }
   return task;
 }
@@ -90,16 +127,18 @@ std::string CanonicalAddress(const std::string& address) {
 
 }  // namespace
 
-absl::StatusOr<ClusterSpec> ClusterSpec::Create(std::map<std::string, std::vector<std::string>> jobs) {
+absl::StatusOr<ClusterSpec> ClusterSpec::Create(std::map<std::string, std::vector<std::string>> jobs,
+                                                const std::set<std::string>& sparse_jobs) {
   std::map<std::string, TaskId> seen;
   for (const auto& [job, addresses] : jobs) {
     if (!KnownJobs().count(job)) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown job '", job, "' in the cluster; known jobs are chief, ps, worker"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown job '", job, "' in the cluster; ", kKnownJobsText));
     }
     if (addresses.empty()) return absl::InvalidArgumentError(absl::StrCat("job '", job, "' has no tasks"));
     for (size_t i = 0; i < addresses.size(); ++i) {
       TaskId task{job, static_cast<int>(i)};
       if (addresses[i].empty()) {
+        if (sparse_jobs.count(job)) continue;  // a task this spec does not list
         return absl::InvalidArgumentError(absl::StrCat(task.ToString(), " has an empty address"));
       }
       // localhost and 127.0.0.1 are one host: two tasks there would share a port.
@@ -126,9 +165,7 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Create(std::map<std::string, std::vecto
 absl::StatusOr<ClusterSpec> ClusterSpec::FromJson(const std::string& json_text) {
   nlohmann::json doc = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return absl::InvalidArgumentError("cluster spec is not valid JSON");
-  const nlohmann::json& cluster = doc.contains("cluster") ? doc["cluster"] : doc;
-  SHOAL_ASSIGN_OR_RETURN(auto jobs, JobsFromJson(cluster));
-  return Create(std::move(jobs));
+  return SpecFromJson(doc.contains("cluster") ? doc["cluster"] : doc);
 }
 
 absl::StatusOr<ClusterSpec> ClusterSpec::FromJsonFile(const std::string& path) {
@@ -169,7 +206,13 @@ absl::StatusOr<std::string> ClusterSpec::AddressOf(const TaskId& task) const {
     return absl::NotFoundError(absl::StrCat(task.ToString(), " is not in the cluster (job '", task.job,
                                             "' has ", NumTasks(task.job), " tasks)"));
   }
-  return jobs_.at(task.job)[task.index];
+  const std::string& address = jobs_.at(task.job)[task.index];
+  if (address.empty()) {
+    return absl::NotFoundError(absl::StrCat("the address of ", task.ToString(),
+                                            " is not in this task's cluster spec (its sparse form lists only some "
+                                            "tasks of job '", task.job, "')"));
+  }
+  return address;
 }
 
 std::vector<TaskId> ClusterSpec::Tasks(const std::string& job) const {
@@ -181,7 +224,9 @@ std::vector<TaskId> ClusterSpec::Tasks(const std::string& job) const {
 std::vector<TaskId> ClusterSpec::AllTasks() const {
   std::vector<TaskId> tasks;
   for (const auto& [job, addresses] : jobs_) {
-    for (size_t i = 0; i < addresses.size(); ++i) tasks.push_back({job, static_cast<int>(i)});
+    for (size_t i = 0; i < addresses.size(); ++i) {
+      if (!addresses[i].empty()) tasks.push_back({job, static_cast<int>(i)});
+    }
   }
   return tasks;
 }
@@ -228,8 +273,7 @@ absl::StatusOr<TfConfig> ParseTfConfig(const std::string& json_text) {
   nlohmann::json doc = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object()) return absl::InvalidArgumentError("TF_CONFIG is not a JSON object");
   if (!doc.contains("cluster")) return absl::InvalidArgumentError("TF_CONFIG has no 'cluster'");
-  SHOAL_ASSIGN_OR_RETURN(auto jobs, JobsFromJson(doc["cluster"]));
-  auto spec = ClusterSpec::Create(std::move(jobs));
+  auto spec = SpecFromJson(doc["cluster"]);
   if (!spec.ok()) return Annotate(spec.status(), "TF_CONFIG");
   const nlohmann::json& task = doc.value("task", nlohmann::json::object());
   if (!task.contains("type") || !task["type"].is_string()) {
@@ -238,7 +282,7 @@ absl::StatusOr<TfConfig> ParseTfConfig(const std::string& json_text) {
   if (!task.contains("index") || !task["index"].is_number_integer()) {
     return absl::InvalidArgumentError("TF_CONFIG has no integer task.index");
   }
-  TaskId id{task["type"].get<std::string>(), task["index"].get<int>()};
+  TaskId id{CanonicalJob(task["type"].get<std::string>()), task["index"].get<int>()};
   if (!spec->HasTask(id)) {
     return absl::InvalidArgumentError(absl::StrCat("TF_CONFIG task ", id.ToString(),
                                                    " is out of range: job '", id.job, "' has ",

@@ -4,14 +4,18 @@
 // A spec comes from a JSON cluster file ({"ps": [...], "worker": [...]}, or
 // the same under a "cluster" key), from TF_CONFIG as Kubeflow's TFJob sets it
 // ({"cluster": {...}, "task": {"type": "worker", "index": 1}}), or is built in
-// code. Every constructor validates: known jobs only (chief, ps, worker),
-// no empty job, no duplicate address, at most one chief, and at least one ps
-// and one worker. Immutable once built; safe to share between threads.
+// code. Every constructor validates: known jobs only (chief, ps, worker,
+// evaluator; "master" is read as chief, as older TFJobs name it), no empty
+// job, no duplicate address, at most one chief, and at least one ps and one
+// worker. A job may be given in TensorFlow's sparse form, {"1": "host:port"}:
+// the tasks it leaves out exist but have no address here. Immutable once
+// built; safe to share between threads.
 #ifndef SHOAL_CLUSTER_CLUSTER_SPEC_H_
 #define SHOAL_CLUSTER_CLUSTER_SPEC_H_
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -34,8 +38,10 @@ absl::StatusOr<TaskId> ParseTaskId(const std::string& text);
 
 class ClusterSpec {
  public:
-  // Validates `jobs` (job name -> task addresses, by index).
-  static absl::StatusOr<ClusterSpec> Create(std::map<std::string, std::vector<std::string>> jobs);
+  // Validates `jobs` (job name -> task addresses, by index). In
+  // `sparse_jobs` an empty address is a task this spec does not list.
+  static absl::StatusOr<ClusterSpec> Create(std::map<std::string, std::vector<std::string>> jobs,
+                                            const std::set<std::string>& sparse_jobs = {});
   // Parses the JSON text of a cluster file.
   static absl::StatusOr<ClusterSpec> FromJson(const std::string& json_text);
   static absl::StatusOr<ClusterSpec> FromJsonFile(const std::string& path);
@@ -47,6 +53,7 @@ class ClusterSpec {
   const std::vector<std::string>& Addresses(const std::string& job) const;
   absl::StatusOr<std::string> AddressOf(const TaskId& task) const;
   std::vector<TaskId> Tasks(const std::string& job) const;
+  // Every task whose address this spec lists.
   std::vector<TaskId> AllTasks() const;
   bool HasTask(const TaskId& task) const;
   // The chief: chief:0 when there is a chief job, else worker:0.

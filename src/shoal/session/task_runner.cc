@@ -1,12 +1,17 @@
 #include "shoal/session/task_runner.h"
 
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
+#include "shoal/checkpoint/checkpoint.h"
 #include "shoal/core/file.h"
 #include "shoal/core/status.h"
 #include "shoal/hooks/standard_hooks.h"
+#include "shoal/session/evaluator.h"
 #include "shoal/session/progress.h"
 #include "shoal/strategy/gated_strategy.h"
 #include "shoal/strategy/population_strategy.h"
@@ -122,6 +127,49 @@ WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& clus
   return context;
 }
 
+absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
+                              const TaskOptions& options) {
+  SHOAL_RETURN_IF_ERROR(Annotate(CheckEvaluatorConfig(config), task.ToString()));
+  SetUpComputeThreads(config, /*training_task=*/false, cluster.TrainingTasksOnHostOf(task));
+  SHOAL_ASSIGN_OR_RETURN(DataSplits data, LoadData(config));
+  SHOAL_ASSIGN_OR_RETURN(GrpcOptions grpc_options, GrpcOptionsFor(config));
+  GrpcTransport transport(grpc_options);
+  std::unique_ptr<VariableService> service;  // holds nothing; the chief ends the job through it
+  std::unique_ptr<ServerHandle> server;
+  SHOAL_RETURN_IF_ERROR(
+      Serve(config, cluster, task, options, transport, &service, &server, !grpc_options.token.empty()));
+  std::ofstream metrics;
+  if (!config.hooks.metrics_dir.empty()) {
+    std::filesystem::create_directories(config.hooks.metrics_dir);
+    const auto path = std::filesystem::path(config.hooks.metrics_dir) / MetricsFileName(task.job, task.index, "jsonl");
+    metrics.open(path, std::ios::app);
+    if (!metrics) return absl::InternalError(absl::StrCat(task.ToString(), " cannot write ", path.string()));
+  }
+  const bool fall_back = config.checkpoint.on_corrupt == "fall_back";
+  int64_t evaluated_step = -1;
+  while (true) {
+    // Once the chief has ended the job (its last checkpoint saved), one
+    // more look, for that checkpoint, and the evaluator is done.
+    const bool ending = service->shutdown_requested().HasBeenNotified() ||
+                        (options.signal != nullptr && options.signal->load() != 0);
+    absl::StatusOr<std::string> latest = LatestCheckpoint(config.checkpoint.dir, fall_back);
+    if (!latest.ok() && !absl::IsNotFound(latest.status())) return Annotate(latest.status(), task.ToString());
+    if (latest.ok()) {
+      SHOAL_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(*latest));
+      if (index.step > evaluated_step) {
+        SHOAL_ASSIGN_OR_RETURN(CheckpointEvaluation evaluation, EvaluateCheckpoint(config, *latest, data.test));
+        evaluated_step = evaluation.global_step;
+        absl::FPrintF(stderr, "%s: %s (global step %d): test accuracy %.2f%%, loss %.4f\n", task.ToString(),
+                      evaluation.checkpoint, evaluation.global_step, 100 * evaluation.test_accuracy,
+                      evaluation.test_loss);
+        if (metrics.is_open()) metrics << EvaluationJsonLine(task.ToString(), evaluation) << std::endl;
+      }
+    }
+    if (ending) return absl::OkStatus();
+    service->shutdown_requested().WaitForNotificationWithTimeout(absl::Seconds(1));
+  }
+}
+
 absl::Status RunServerTask(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
                            const TaskOptions& options) {
   SetUpComputeThreads(config, /*training_task=*/false, cluster.TrainingTasksOnHostOf(task));
@@ -178,6 +226,7 @@ absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, 
     // serve. A task already gone is not waited for beyond a short deadline.
     std::unique_ptr<Client> closing = client->WithTimeout(absl::Seconds(2));
     for (const TaskId& ps : cluster.Tasks("ps")) closing->Shutdown(ps).IgnoreError();
+    for (const TaskId& evaluator : cluster.Tasks("evaluator")) closing->Shutdown(evaluator).IgnoreError();
     if (serves_members) {
       for (const TaskId& worker : workers) {
         if (worker != task) closing->Shutdown(worker).IgnoreError();

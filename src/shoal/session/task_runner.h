@@ -47,6 +47,13 @@ struct TaskOptions {
 absl::Status RunServerTask(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
                            const TaskOptions& options);
 
+// The evaluator task: evaluates each new checkpoint under checkpoint.dir
+// on the test set, writing a line to its metrics file (hooks.metrics_dir,
+// evaluator_<i>.jsonl) and to stderr, until the chief ends the job (after
+// its last checkpoint, which it evaluates too) or a signal.
+absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
+                              const TaskOptions& options);
+
 // Runs a training task over gRPC: serves its own variables, trains, and on the
 // chief evaluates and then shuts the ps tasks down. `report` is filled on the
 // chief. `progress` may be null.

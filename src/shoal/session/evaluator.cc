@@ -1,0 +1,67 @@
+#include "shoal/session/evaluator.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "shoal/checkpoint/checkpoint.h"
+#include "shoal/core/status.h"
+#include "shoal/model/mlp.h"
+
+namespace shoal {
+
+absl::Status CheckEvaluatorConfig(const JobConfig& config) {
+  if (config.checkpoint.dir.empty()) {
+    return absl::FailedPreconditionError(
+        "an evaluator task evaluates the chief's checkpoints: set checkpoint.dir (a folder every task can read)");
+  }
+  if (config.training.mode == "population" || config.training.mode == "gated") {
+    return absl::FailedPreconditionError(absl::StrCat("an evaluator task evaluates one model per checkpoint; mode '",
+                                                      config.training.mode,
+                                                      "' trains several (its chief reports each)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointEvaluation> EvaluateCheckpoint(const JobConfig& config, const std::string& checkpoint,
+                                                        const Dataset& test_set) {
+  Mlp model(config.model);
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& v : model.variables()) shapes.emplace_back(v.sizes().begin(), v.sizes().end());
+  CheckpointIndex index;
+  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(checkpoint, &index));
+  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> chosen,
+                         SelectVariables(std::move(all), model.variable_names(), shapes, checkpoint));
+  std::vector<torch::Tensor> values;
+  for (auto& v : chosen) values.push_back(v.value);
+  model.Load(values);
+  CheckpointEvaluation result;
+  result.checkpoint = checkpoint;
+  result.global_step = index.step;
+  // Accuracy and mean cross-entropy in one pass over the test set.
+  torch::NoGradGuard no_grad;
+  int64_t correct = 0;
+  double loss_sum = 0;
+  for (int64_t begin = 0; begin < test_set.size(); begin += 1000) {
+    const int64_t n = std::min<int64_t>(1000, test_set.size() - begin);
+    const torch::Tensor labels = test_set.labels.narrow(0, begin, n);
+    torch::Tensor logits = model.Forward(test_set.images.narrow(0, begin, n));
+    correct += logits.argmax(1).eq(labels).sum().item<int64_t>();
+    loss_sum += CrossEntropyLoss(logits, labels).item<double>() * static_cast<double>(n);
+  }
+  result.test_accuracy = test_set.size() == 0 ? 0 : static_cast<double>(correct) / test_set.size();
+  result.test_loss = test_set.size() == 0 ? 0 : loss_sum / test_set.size();
+  return result;
+}
+
+std::string EvaluationJsonLine(const std::string& task, const CheckpointEvaluation& evaluation) {
+  nlohmann::json line = {{"task", task},
+                         {"global_step", evaluation.global_step},
+                         {"test_accuracy", evaluation.test_accuracy},
+                         {"test_loss", evaluation.test_loss},
+                         {"checkpoint", evaluation.checkpoint},
+                         {"unix_time", absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())}};
+  return line.dump();
+}
+
+}  // namespace shoal
