@@ -371,5 +371,41 @@ TEST(SignalTest, ALauncherKilledBySigkillLeavesNoTaskRunning) {
   EXPECT_FALSE(any_running()) << "a task outlived its launcher";
 }
 
+// The job's error names what went wrong in the task that failed first, not
+// only its exit code: a chief that cannot read the newest checkpoint.
+TEST(FaultTest, TheJobsErrorSaysWhyTheFirstTaskFailed) {
+  LongAsyncJob setup(0, "shoal_fault_first_error");
+  setup.config.checkpoint.dir = setup.checkpoint_dir();
+  std::filesystem::create_directories(std::filesystem::path(setup.checkpoint_dir()) / "ckpt-100");
+  std::ofstream(std::filesystem::path(setup.checkpoint_dir()) / "ckpt-100" / "index.json") << "{\"step\": ";
+  auto job = setup.Start();
+  ASSERT_EQ(job.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the job did not fail fast";
+  auto report = job.get();
+  ASSERT_FALSE(report.ok());
+  const std::string message(report.status().message());
+  EXPECT_NE(message.find("/job:worker/task:0 exited with code 1: "), std::string::npos) << message;
+  EXPECT_NE(message.find("DATA_LOSS"), std::string::npos) << message;
+  EXPECT_NE(message.find("index.json"), std::string::npos) << message;
+}
+
+// A task that hangs (here a worker frozen by SIGSTOP) cannot hold the job:
+// the chief finishes without it after the RPC deadline, and the launcher
+// stops it once the chief is done, instead of waiting forever.
+TEST(FaultTest, AFrozenWorkerDoesNotHoldTheJobForever) {
+  LongAsyncJob setup(0, "shoal_fault_frozen");
+  setup.config.transport.rpc_timeout_s = 3;
+  auto job = setup.Start();
+  const pid_t worker = FindChild("--task /job:worker/task:1");
+  ASSERT_GT(worker, 0) << LongAsyncJob::Outcome(job);
+  ASSERT_GE(setup.WaitForGlobalStep(1, kKillAt), kKillAt) << LongAsyncJob::Outcome(job);
+  ASSERT_EQ(kill(worker, SIGSTOP), 0);
+  ASSERT_EQ(job.wait_for(std::chrono::seconds(120)), std::future_status::ready) << "the launcher waited on";
+  auto report = job.get();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->unfinished_workers, 1);
+  EXPECT_GE(report->global_step, kJobSteps);
+  EXPECT_FALSE(Running(worker));
+}
+
 }  // namespace
 }  // namespace shoal

@@ -336,7 +336,7 @@ absl::Status CheckpointTool(const std::string& action, const std::string& path) 
   return absl::OkStatus();
 }
 
-absl::Status RunTask(Flags& flags, bool server) {
+absl::Status RunTaskAsConfigured(Flags& flags, bool server) {
   SHOAL_ASSIGN_OR_RETURN(JobConfig config, ConfigFromFlags(flags));
   ClusterSpec cluster = ClusterSpec::Local(1, 1);
   TaskId task;
@@ -357,6 +357,15 @@ absl::Status RunTask(Flags& flags, bool server) {
     if (!result_file.empty()) SHOAL_RETURN_IF_ERROR(WriteResult(result_file, report));
   }
   return absl::OkStatus();
+}
+
+// Runs one task; with --error_file (the local launcher's), a failure is
+// also written there, for the job's own error message.
+absl::Status RunTask(Flags& flags, bool server) {
+  const std::string error_file = flags.Get("error_file");
+  absl::Status status = RunTaskAsConfigured(flags, server);
+  if (!status.ok() && !error_file.empty()) std::ofstream(error_file) << status.ToString() << "\n";
+  return status;
 }
 
 int Main(int argc, char** argv) {

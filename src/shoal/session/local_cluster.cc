@@ -18,9 +18,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "shoal/core/file.h"
 #include "shoal/core/status.h"
 #include "shoal/session/task_runner.h"
 
@@ -239,9 +241,15 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
   const std::string &cluster_file = files.cluster_file, &config_file = files.config_file,
                     &result_file = files.result_file;
 
+  // Each task writes its error there if it fails, so that the job's error
+  // says what went wrong, not just which task's exit code was 1.
+  auto error_file = [&](const TaskId& task) {
+    return (dir / absl::StrCat(task.job, "_", task.index, ".error")).string();
+  };
   auto args_for = [&](const TaskId& task) {
     std::vector<std::string> args = {task.job == "ps" ? "server" : "worker", "--cluster", cluster_file,
-                                     "--task", task.ToString(), "--config", config_file};
+                                     "--task", task.ToString(), "--config", config_file,
+                                     "--error_file", error_file(task)};
     if (cluster.IsChief(task)) {
       args.insert(args.end(), {"--result_file", result_file});
       if (!show_progress) args.push_back("--quiet");
@@ -265,22 +273,46 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
   // started again while the restart budget lasts (it rejoins as a restarted
   // worker does), and so is a ps task when the job keeps checkpoints (the
   // chief restores it); any other failure ends the job.
+  //
+  // Nothing waits forever: once the chief is done (or a signal has been
+  // passed on), the other tasks get a deadline to exit, after which they are
+  // stopped and named.
   absl::Status failure;
   std::vector<std::string> restarts;
   bool all_done = false, signal_forwarded = false;
+  absl::Time exit_deadline = absl::InfiniteFuture();
+  const absl::Duration after_chief = absl::Seconds(config.transport.rpc_timeout_s) + absl::Seconds(10);
   while (!all_done && failure.ok()) {
     if (signal != nullptr && signal->load() != 0 && !signal_forwarded) {
       for (Child& c : children) {
         if (!c.exited) kill(c.pid, SIGTERM);  // each stops as a task given SIGTERM does
       }
       signal_forwarded = true;
+      exit_deadline = std::min(exit_deadline, absl::Now() + TaskOptions().grace_after_signal + absl::Seconds(10));
+    }
+    if (absl::Now() > exit_deadline) {
+      std::vector<std::string> hung;
+      for (const Child& c : children) {
+        if (!c.exited) hung.push_back(c.task.ToString());
+      }
+      absl::FPrintF(stderr, "shoal: %s still running %s after the job ended; stopping %s\n", absl::StrJoin(hung, ", "),
+                    absl::FormatDuration(signal_forwarded ? TaskOptions().grace_after_signal + absl::Seconds(10)
+                                                          : after_chief),
+                    hung.size() == 1 ? "it" : "them");
+      break;
     }
     all_done = true;
     for (Child& c : children) {
       if (!c.exited && waitpid(c.pid, &c.status, WNOHANG) == c.pid) {
         c.exited = true;
-        if (!(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)) {
-          const std::string what = absl::StrCat(c.task.ToString(), " ", DescribeExit(c.status));
+        const bool succeeded = WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
+        if (succeeded && cluster.IsChief(c.task)) exit_deadline = std::min(exit_deadline, absl::Now() + after_chief);
+        if (!succeeded) {
+          std::string what = absl::StrCat(c.task.ToString(), " ", DescribeExit(c.status));
+          if (auto said = ReadTextFile(error_file(c.task), "error file"); said.ok() && !said->empty()) {
+            absl::StrAppend(&what, ": ", absl::StripTrailingAsciiWhitespace(*said));
+            std::filesystem::remove(error_file(c.task));  // a restarted task writes its own
+          }
           // A ps task comes back empty: only a checkpoint can give it its
           // variables back, so without checkpoints it is not restarted.
           const bool restartable = c.task.job != "ps" || !config.checkpoint.dir.empty();
