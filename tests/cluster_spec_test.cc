@@ -132,4 +132,17 @@ TEST(ClusterSpecTest, TwoNamesForOneAddressAreADuplicate) {
 }
 
 }  // namespace
+// Without a token, a shutdown is taken only from the hosts of the job's tasks.
+TEST(ClusterSpecTest, APeerIsOfTheJobWhenItIsOnOneOfItsHosts) {
+  const ClusterSpec local = ClusterSpec::FromJson(R"({"ps": ["127.0.0.1:1"], "worker": ["localhost:2"]})").value();
+  EXPECT_TRUE(IsPeerOfJob("ipv4:127.0.0.1:41234", local));
+  EXPECT_TRUE(IsPeerOfJob("ipv6:[::1]:41234", local));
+  EXPECT_FALSE(IsPeerOfJob("ipv4:10.9.8.7:41234", local));
+  const ClusterSpec remote = ClusterSpec::FromJson(R"({"ps": ["10.9.8.7:1"], "worker": ["10.9.8.6:2"]})").value();
+  EXPECT_TRUE(IsPeerOfJob("ipv4:10.9.8.6:5000", remote));
+  EXPECT_TRUE(IsPeerOfJob("ipv6:[::ffff:10.9.8.7]:5000", remote));
+  EXPECT_FALSE(IsPeerOfJob("ipv4:127.0.0.1:5000", remote));  // this machine is none of the job's hosts
+  EXPECT_FALSE(IsPeerOfJob("ipv4:10.9.8.5:5000", remote));
+}
+
 }  // namespace shoal

@@ -374,6 +374,29 @@ TEST(GrpcSecurityTest, ACallWithoutTheTokenIsUnauthenticatedAndChangesNothing) {
   EXPECT_TRUE(service.store().Lookup({"secret_test"})[0].present);
 }
 
+// `shutdown` is taken only from the job's own tasks: the server asks who the
+// caller is (the peer address gRPC saw) and refuses a stranger.
+TEST(GrpcSecurityTest, AShutdownFromOutsideTheJobIsRefused) {
+  std::string seen_peer;
+  VariableServiceOptions options{"/job:ps/task:0"};
+  options.is_job_peer = [&](const std::string& peer) {
+    seen_peer = peer;
+    return false;
+  };
+  VariableService service(options);
+  GrpcTransport transport;
+  auto server = transport.Serve("127.0.0.1:0", &service).value();
+  auto channel = transport.Connect({"ps", 0}, server->address()).value();
+  Request shutdown;
+  shutdown.header.mutable_shutdown();
+  Response response;
+  absl::Status status = CallAndWait(*channel, shutdown, &response, absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+  EXPECT_NE(status.message().find("not a host of this job's tasks"), std::string::npos) << status;
+  EXPECT_EQ(seen_peer.rfind("ipv4:127.0.0.1:", 0), 0u) << seen_peer;
+  EXPECT_FALSE(service.shutdown_requested().HasBeenNotified());
+}
+
 GrpcTlsOptions Tls(const std::string& ca, const std::string& cert, bool mutual) {
   const std::string dir = std::string(SHOAL_SOURCE_DIR) + "/tests/data/tls/";
   GrpcTlsOptions tls;

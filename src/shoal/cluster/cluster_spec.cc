@@ -1,6 +1,9 @@
 #include "shoal/cluster/cluster_spec.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <fstream>
 #include <set>
@@ -253,6 +256,49 @@ bool IsLoopbackAddress(const std::string& address) {
   if (host == "localhost" || host == "::1") return true;
   in_addr ipv4{};
   return inet_pton(AF_INET, host.c_str(), &ipv4) == 1 && (ntohl(ipv4.s_addr) >> 24) == 127;  // 127.0.0.0/8
+}
+
+namespace {
+
+// The IP address in a gRPC peer string ("ipv4:10.0.0.5:41234",
+// "ipv6:[::1]:41234"), an IPv4 address mapped into IPv6 given as IPv4.
+std::string PeerIp(const std::string& peer) {
+  std::string rest = peer.substr(peer.find(':') + 1);
+  std::string ip = HostOf(rest);
+  if (absl::StartsWith(ip, "::ffff:")) ip = ip.substr(7);
+  return ip;
+}
+
+bool IsLoopbackIp(const std::string& ip) { return IsLoopbackAddress(absl::StrCat(ip, ":0")); }
+
+// Whether `host` (a name or an address) names the machine at `ip`.
+bool HostHasIp(const std::string& host, const std::string& ip) {
+  if (host == ip) return true;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
+  bool match = false;
+  for (addrinfo* a = found; a != nullptr && !match; a = a->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* raw = a->ai_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
+                                              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+    if (inet_ntop(a->ai_family, raw, text, sizeof(text)) != nullptr) match = ip == text;
+  }
+  freeaddrinfo(found);
+  return match;
+}
+
+}  // namespace
+
+bool IsPeerOfJob(const std::string& peer, const ClusterSpec& cluster) {
+  const std::string ip = PeerIp(peer);
+  for (const TaskId& task : cluster.AllTasks()) {
+    const std::string host = HostOf(*cluster.AddressOf(task));
+    if (IsLoopbackIp(ip) && IsLoopbackAddress(absl::StrCat(host, ":0"))) return true;
+    if (HostHasIp(host, ip)) return true;
+  }
+  return false;
 }
 
 int ClusterSpec::TrainingTasksOnHostOf(const TaskId& task) const {

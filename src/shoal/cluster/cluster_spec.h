@@ -77,6 +77,11 @@ std::string HostOf(const std::string& address);
 // 127.0.0.0/8, ::1 or localhost. 0.0.0.0 and every other host are not.
 bool IsLoopbackAddress(const std::string& address);
 
+// Whether a caller seen as `peer` (gRPC's "ipv4:10.0.0.5:41234") is on a
+// host of one of `cluster`'s tasks (names are resolved; every loopback
+// address is one host).
+bool IsPeerOfJob(const std::string& peer, const ClusterSpec& cluster);
+
 // TF_CONFIG's content: the cluster and this process's task.
 struct TfConfig {
   ClusterSpec cluster;

@@ -9,6 +9,7 @@
 
 #include <torch/types.h>
 
+#include <string>
 #include <vector>
 
 #include "shoal/wire.pb.h"
@@ -18,6 +19,9 @@ namespace shoal {
 struct Request {
   wire::RequestHeader header;
   std::vector<torch::Tensor> tensors;
+  // Who sent it, as the transport saw it ("ipv4:10.0.0.5:41234"); empty
+  // in-process.
+  std::string peer;
 };
 
 struct Response {

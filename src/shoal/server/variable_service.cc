@@ -288,6 +288,10 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       return absl::OkStatus();
     }
     case wire::RequestHeader::kShutdown:
+      if (!request.peer.empty() && options_.is_job_peer && !options_.is_job_peer(request.peer)) {
+        return absl::PermissionDeniedError(absl::StrCat(options_.task_name, " refused a shutdown from ", request.peer,
+                                                        ", which is not a host of this job's tasks"));
+      }
       response->header.mutable_shutdown();
       std::call_once(shutdown_once_, [this] { shutdown_requested_.Notify(); });
       return absl::OkStatus();

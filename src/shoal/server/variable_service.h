@@ -27,6 +27,9 @@ struct VariableServiceOptions {
   size_t max_message_bytes = 512ull << 20;     // tensor payload per request
   // Where save_shard writes (checkpoint.dir); empty: this task writes no files.
   std::string checkpoint_dir;
+  // Whether a shutdown from `peer` (Request::peer) comes from one of the
+  // job's own tasks; unset: any caller the transport let in may end the job.
+  std::function<bool(const std::string& peer)> is_job_peer;
 };
 
 class VariableService {

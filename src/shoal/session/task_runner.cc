@@ -53,7 +53,10 @@ absl::Status Serve(const JobConfig& config, const ClusterSpec& cluster, const Ta
         "job. Give every task the same token (security.token_file, or SHOAL_TOKEN in the environment), or set "
         "security.insecure: true to accept that"));
   }
-  *service = MakeVariableService(config, task);
+  // Without a token, only the job's own hosts may end it with a shutdown.
+  std::function<bool(const std::string&)> is_job_peer;
+  if (!has_token) is_job_peer = [cluster](const std::string& peer) { return IsPeerOfJob(peer, cluster); };
+  *service = MakeVariableService(config, task, std::move(is_job_peer));
   SHOAL_ASSIGN_OR_RETURN(*server, transport.Serve(address, service->get()));
   return absl::OkStatus();
 }
@@ -77,9 +80,12 @@ void DescribeCompute(const ComputeThreads& threads, TrainReport* report) {
   report->blas = IdentifyBlas().name;
 }
 
-std::unique_ptr<VariableService> MakeVariableService(const JobConfig& config, const TaskId& task) {
-  return std::make_unique<VariableService>(VariableServiceOptions{
-      task.ToString(), static_cast<size_t>(config.transport.max_message_mb) << 20, config.checkpoint.dir});
+std::unique_ptr<VariableService> MakeVariableService(const JobConfig& config, const TaskId& task,
+                                                     std::function<bool(const std::string&)> is_job_peer) {
+  return std::make_unique<VariableService>(VariableServiceOptions{task.ToString(),
+                                                                  static_cast<size_t>(config.transport.max_message_mb)
+                                                                      << 20,
+                                                                  config.checkpoint.dir, std::move(is_job_peer)});
 }
 
 absl::StatusOr<std::shared_ptr<const Placement>> MakePlacement(const JobConfig& config, const ClusterSpec& cluster) {

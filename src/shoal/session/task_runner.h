@@ -15,8 +15,10 @@ namespace shoal {
 // The placement of the configured model's variables on `cluster`.
 absl::StatusOr<std::shared_ptr<const Placement>> MakePlacement(const JobConfig& config, const ClusterSpec& cluster);
 
-// The server every task runs, with the job's message size limit.
-std::unique_ptr<VariableService> MakeVariableService(const JobConfig& config, const TaskId& task);
+// The server every task runs, with the job's message size limit;
+// `is_job_peer` as in VariableServiceOptions.
+std::unique_ptr<VariableService> MakeVariableService(const JobConfig& config, const TaskId& task,
+                                                     std::function<bool(const std::string&)> is_job_peer = nullptr);
 
 // A worker's context: its index among the training tasks, chief or not, and
 // its shard of `train`.

@@ -98,8 +98,8 @@ struct WaitingCalls {
 // Serves one call: decode, hand to the service, encode the answer.
 class CallReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  CallReactor(VariableService* service, size_t max_bytes, std::shared_ptr<WaitingCalls> waiting)
-      : service_(service), max_bytes_(max_bytes), waiting_(std::move(waiting)) {
+  CallReactor(VariableService* service, size_t max_bytes, std::shared_ptr<WaitingCalls> waiting, std::string peer)
+      : service_(service), max_bytes_(max_bytes), waiting_(std::move(waiting)), peer_(std::move(peer)) {
     StartRead(&request_buffer_);
   }
 
@@ -109,6 +109,7 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
       return;
     }
     auto request = std::make_shared<Request>();
+    request->peer = peer_;
     ReceivedChunks chunks;
     absl::Status status = Chunks(request_buffer_, &chunks);
     if (status.ok()) status = DecodeRequest(chunks.views, max_bytes_ + kHeaderSlack, request.get(), chunks.owners);
@@ -164,6 +165,7 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
   VariableService* service_;
   size_t max_bytes_;
   std::shared_ptr<WaitingCalls> waiting_;
+  const std::string peer_;
   grpc::ByteBuffer request_buffer_, response_buffer_;
 };
 
@@ -212,7 +214,7 @@ class GenericService final : public grpc::CallbackGenericService {
     if (context->method() != kMethod) {
       return new RefusingReactor(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "unknown method " + context->method()));
     }
-    return new CallReactor(service_, max_bytes_, waiting_);
+    return new CallReactor(service_, max_bytes_, waiting_, context->peer());
   }
 
  private:
