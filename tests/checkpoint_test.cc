@@ -4,6 +4,8 @@
 #include "shoal/checkpoint/checkpoint.h"
 
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -214,6 +216,36 @@ TEST(CheckpointTest, AnUnfinishedCheckpointIsNeverTheLatestAndPruningKeepsTheNew
   // Kept: the two newest complete ones, and the unfinished ones newer than them.
   EXPECT_EQ(left, (std::vector<int64_t>{20, 30, 40, 50}));
   EXPECT_EQ(LatestCheckpoint((dir / "none").string()).status().code(), absl::StatusCode::kNotFound);
+  fs::remove_all(dir);
+}
+
+// A checkpoint keeps the job's counters, so that a lost counter task gets
+// them back; an index written before counters were kept still reads.
+TEST(CheckpointTest, ACheckpointKeepsTheJobsCountersAndOlderIndexesStillRead) {
+  const fs::path dir = TempDir("counters");
+  SmallCluster cluster(1, {{"w", {4}}}, {}, dir);
+  wire::OptimizerConfig sgd;
+  sgd.set_kind("sgd");
+  ASSERT_TRUE(cluster.client->CreateVariables({{"w", torch::ones({4}), sgd}}).ok());
+  ASSERT_TRUE(cluster.client->AddToCounter("workers_done", 2).ok());
+  ASSERT_TRUE(cluster.client->AddToCounter("bytes_sent", 12345).ok());
+  auto saved = SaveCheckpoint(*cluster.client, dir.string(), 7, {"workers_done", "bytes_sent", "never_touched"});
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  const CheckpointIndex index = ReadCheckpointIndex(*saved).value();
+  EXPECT_EQ(index.counters, (std::map<std::string, int64_t>{{"bytes_sent", 12345}, {"never_touched", 0},
+                                                            {"workers_done", 2}}));
+  // The same index without its counters (as written before they were kept).
+  nlohmann::json older = nlohmann::json::parse(std::ifstream(fs::path(*saved) / "index.json"));
+  older.erase("counters");
+  std::ofstream(fs::path(*saved) / "index.json") << older.dump();
+  auto reread = ReadCheckpointIndex(*saved);
+  ASSERT_TRUE(reread.ok()) << reread.status();
+  EXPECT_TRUE(reread->counters.empty());
+  EXPECT_EQ(reread->step, 7);
+  // Setting a counter is one operation, whatever it held.
+  EXPECT_EQ(cluster.client->SetCounter("global_step", 100).value(), 100);
+  EXPECT_EQ(cluster.client->SetCounter("global_step", 40).value(), 40);
+  EXPECT_EQ(cluster.client->AddToCounter("global_step", 0).value(), 40);
   fs::remove_all(dir);
 }
 

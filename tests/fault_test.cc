@@ -186,6 +186,33 @@ TEST(FaultTest, AKilledPsIsRestartedAndRestoredFromTheLastCheckpoint) {
   EXPECT_GT(report->test_accuracy, 0.75);
 }
 
+// Synchronous training survives a lost ps too, even the one that holds the
+// job's counters: the chief restores the newest checkpoint (values, slots,
+// global step and counters), every task's accumulators restart at its step,
+// and the workers go on from there in lockstep.
+TEST(FaultTest, AKilledPsInASyncJobIsRestoredAndItsStepsRestartAtTheCheckpoint) {
+  LongAsyncJob setup(1, "shoal_fault_sync_ps");
+  setup.config.training.mode = "sync";
+  const std::string dir = setup.checkpoint_dir();
+  setup.config.checkpoint.dir = dir;
+  setup.config.checkpoint.every_steps = 100;
+  auto job = setup.Start();
+  const pid_t ps = FindChild("--task /job:ps/task:0");
+  ASSERT_GT(ps, 0) << LongAsyncJob::Outcome(job);
+  ASSERT_TRUE(WaitForACheckpoint(dir)) << LongAsyncJob::Outcome(job);
+  const int64_t at = LatestInMetrics(setup.MetricsFile(0), "global_step");
+  ASSERT_LT(at, kMustStillBeBefore);
+  ASSERT_EQ(kill(ps, SIGKILL), 0);
+  auto report = job.get();
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->restarts.size(), 1u);
+  EXPECT_NE(report->restarts[0].find("/job:ps/task:0 was killed by signal 9"), std::string::npos);
+  ASSERT_GE(report->recoveries.size(), 1u);
+  EXPECT_NE(report->recoveries[0].find("restored " + dir), std::string::npos) << report->recoveries[0];
+  EXPECT_GE(report->global_step, kJobSteps);
+  EXPECT_GT(report->test_accuracy, 0.75);
+}
+
 // The chief killed and started again. With restore: if_lost it finds the
 // variables live on the ps tasks (newer than any checkpoint) and goes on
 // from them; with restore: always it rolls them back to the newest

@@ -28,7 +28,8 @@ constexpr char kIndexFile[] = "index.json";
 
 }  // namespace
 
-absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& dir, int64_t step) {
+absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& dir, int64_t step,
+                                           const std::vector<std::string>& counters) {
   const std::string folder = fs::absolute(CheckpointFolder(dir, step)).string();
   std::error_code error;
   fs::create_directories(folder, error);
@@ -74,8 +75,13 @@ absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& di
     }
     index.variables.push_back(std::move(v));
   }
+  for (const std::string& name : counters) {
+    SHOAL_ASSIGN_OR_RETURN(index.counters[name], client.AddToCounter(name, 0));
+  }
+  nlohmann::json text = index;
+  text["counters"] = index.counters;  // optional: older indexes have none
   // The index last: until it is in place, this checkpoint does not exist.
-  SHOAL_RETURN_IF_ERROR(WriteFileAtomically((fs::path(folder) / kIndexFile).string(), nlohmann::json(index).dump(1)));
+  SHOAL_RETURN_IF_ERROR(WriteFileAtomically((fs::path(folder) / kIndexFile).string(), text.dump(1)));
   return folder;
 }
 
@@ -130,7 +136,9 @@ absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& checkpoin
   SHOAL_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path, "checkpoint index"));
   CheckpointIndex index;
   try {
-    index = nlohmann::json::parse(text).get<CheckpointIndex>();
+    const nlohmann::json json = nlohmann::json::parse(text);
+    index = json.get<CheckpointIndex>();
+    if (json.contains("counters")) index.counters = json["counters"].get<std::map<std::string, int64_t>>();
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat("checkpoint index '", path, "' is corrupt: ", e.what()));
   }
@@ -223,14 +231,14 @@ absl::StatusOr<std::vector<CheckpointVariable>> SelectVariables(std::vector<Chec
 }
 
 absl::Status RestoreVariables(Client& client, const std::vector<CheckpointVariable>& variables,
-                              const std::vector<std::string>& names) {
+                              const std::vector<std::string>& names, std::optional<int64_t> accumulator_step) {
   std::vector<torch::Tensor> values;
   std::vector<OptimizerSlots> slots;
   for (const auto& v : variables) {
     values.push_back(v.value);
     slots.push_back(v.slots);
   }
-  SHOAL_RETURN_IF_ERROR(client.Assign(names, values));
+  SHOAL_RETURN_IF_ERROR(client.Assign(names, values, accumulator_step));
   return client.AssignSlots(names, slots);
 }
 

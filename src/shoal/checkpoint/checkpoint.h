@@ -14,6 +14,8 @@
 #ifndef SHOAL_CHECKPOINT_CHECKPOINT_H_
 #define SHOAL_CHECKPOINT_CHECKPOINT_H_
 
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,9 @@ struct CheckpointIndex {
   std::vector<std::string> shards;  // file names in the checkpoint's folder
   std::vector<std::string> tasks;   // the task that wrote each shard
   std::vector<Variable> variables;
+  // The job's counters when it was saved (stop flag, workers done, traffic,
+  // drops...), so that a lost counter task gets them back.
+  std::map<std::string, int64_t> counters;
 };
 
 // A variable as restored: whole, with its optimizer slots.
@@ -63,7 +68,9 @@ struct CheckpointInfo {
 // Saves every variable of the client's placement at `step` under `dir`
 // (made absolute, since the tasks write their shards themselves: `dir` must
 // be on a file system they share). Returns the checkpoint's path.
-absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& dir, int64_t step);
+// `counters` are read from the counter task and saved in the index.
+absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& dir, int64_t step,
+                                           const std::vector<std::string>& counters = {});
 
 // Every ckpt-<step> folder under `dir`, oldest first.
 std::vector<CheckpointInfo> ListCheckpoints(const std::string& dir);
@@ -88,8 +95,10 @@ absl::StatusOr<std::vector<CheckpointVariable>> LoadCheckpoint(const std::string
 
 // Assigns the values and slots of `variables` (named `names`, in that order)
 // through the client: onto whatever placement the client has.
+// With `accumulator_step`, their accumulators also start again there.
 absl::Status RestoreVariables(Client& client, const std::vector<CheckpointVariable>& variables,
-                              const std::vector<std::string>& names);
+                              const std::vector<std::string>& names,
+                              std::optional<int64_t> accumulator_step = std::nullopt);
 
 // The checkpoint's variables named `names`, in that order: NotFound for one
 // it lacks, InvalidArgument for another shape than `shapes` says.

@@ -5,8 +5,8 @@
 
 namespace shoal {
 
-CheckpointSaverHook::CheckpointSaverHook(Client* client, CheckpointConfig config)
-    : client_(client), config_(std::move(config)), last_time_(absl::Now()) {
+CheckpointSaverHook::CheckpointSaverHook(Client* client, CheckpointConfig config, std::vector<std::string> counters)
+    : client_(client), config_(std::move(config)), counters_(std::move(counters)), last_time_(absl::Now()) {
   if (config_.every_steps <= 0 && config_.every_seconds <= 0) config_.every_seconds = 60;
 }
 
@@ -15,7 +15,7 @@ absl::Status CheckpointSaverHook::AfterStep(const StepInfo& step, StopRequest* s
   const bool steps_due = config_.every_steps > 0 && step.global_step - last_step_ >= config_.every_steps;
   const bool time_due = config_.every_seconds > 0 && absl::Now() - last_time_ >= absl::Seconds(config_.every_seconds);
   if (!steps_due && !time_due) return absl::OkStatus();
-  auto saved = SaveAndPrune(*client_, config_, step.global_step);
+  auto saved = SaveAndPrune(*client_, config_, step.global_step, counters_);
   if (!saved.ok()) {
     // A task is down (it may come back and be restored): this save is lost,
     // training is not. The unfinished folder never counts as a checkpoint.
@@ -27,8 +27,9 @@ absl::Status CheckpointSaverHook::AfterStep(const StepInfo& step, StopRequest* s
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> SaveAndPrune(Client& client, const CheckpointConfig& config, int64_t step) {
-  SHOAL_ASSIGN_OR_RETURN(std::string path, SaveCheckpoint(client, config.dir, step));
+absl::StatusOr<std::string> SaveAndPrune(Client& client, const CheckpointConfig& config, int64_t step,
+                                         const std::vector<std::string>& counters) {
+  SHOAL_ASSIGN_OR_RETURN(std::string path, SaveCheckpoint(client, config.dir, step, counters));
   SHOAL_RETURN_IF_ERROR(PruneCheckpoints(config.dir, config.keep));
   return path;
 }

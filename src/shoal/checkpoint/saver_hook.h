@@ -14,21 +14,23 @@ namespace shoal {
 
 class CheckpointSaverHook : public TrainingHook {
  public:
-  // `client` must outlive the hook.
-  CheckpointSaverHook(Client* client, CheckpointConfig config);
+  // `client` must outlive the hook; `counters` are saved with each checkpoint.
+  CheckpointSaverHook(Client* client, CheckpointConfig config, std::vector<std::string> counters = {});
 
   absl::Status AfterStep(const StepInfo& step, StopRequest* stop) override;
 
  private:
   Client* client_;
   CheckpointConfig config_;
+  std::vector<std::string> counters_;
   int64_t last_step_ = -1;
   absl::Time last_time_;
 };
 
 // Saves a checkpoint at `step` under config.dir and prunes to config.keep;
 // returns its path.
-absl::StatusOr<std::string> SaveAndPrune(Client& client, const CheckpointConfig& config, int64_t step);
+absl::StatusOr<std::string> SaveAndPrune(Client& client, const CheckpointConfig& config, int64_t step,
+                                         const std::vector<std::string>& counters = {});
 
 }  // namespace shoal
 

@@ -363,14 +363,29 @@ absl::Status Client::AddPerShard(const std::vector<std::string>& names, const st
   return absl::OkStatus();
 }
 
-absl::Status Client::Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values) {
+absl::Status Client::Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values,
+                            std::optional<int64_t> accumulator_step) {
   TaskCalls calls;
   SHOAL_RETURN_IF_ERROR(AddPerShard(names, values, "assign",
-                                    [](wire::RequestHeader& h, const std::string& name, size_t, const torch::Tensor&) {
+                                    [&](wire::RequestHeader& h, const std::string& name, size_t, const torch::Tensor&) {
                                       h.mutable_assign()->add_names(name);
+                                      if (accumulator_step.has_value()) {
+                                        h.mutable_assign()->set_reset_accumulators(true);
+                                        h.mutable_assign()->set_accumulator_step(*accumulator_step);
+                                      }
                                     },
                                     &calls));
   return RunAll(calls);
+}
+
+absl::StatusOr<int64_t> Client::SetCounter(const std::string& name, int64_t value) {
+  TaskCalls calls;
+  auto* request = calls[placement_->counter_task()].request.header.mutable_counter();
+  request->mutable_counter()->set_name(name);
+  request->mutable_counter()->set_delta(value);
+  request->set_assign(true);
+  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  return calls[placement_->counter_task()].response.header.counter().value();
 }
 
 absl::StatusOr<std::vector<int64_t>> Client::ApplyGradients(const std::vector<std::string>& names,

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -96,7 +97,10 @@ class Client {
   };
   absl::StatusOr<StepValues> ReadAtStep(const std::vector<std::string>& names, int64_t min_step, absl::Duration wait);
 
-  absl::Status Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values);
+  // With `accumulator_step`, the variables' accumulators also start again,
+  // empty, at that step (restoring a checkpoint in synchronous modes).
+  absl::Status Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values,
+                      std::optional<int64_t> accumulator_step = std::nullopt);
 
   // Sends gradients to be applied by each variable's optimizer, and bumps
   // `counters` (on the counter task) once the gradients are in. Returns the
@@ -113,6 +117,9 @@ class Client {
 
   // Adds `delta` to a counter on the counter task; returns the new value.
   absl::StatusOr<int64_t> AddToCounter(const std::string& name, int64_t delta);
+
+  // Sets a counter on the counter task to `value`, in one operation.
+  absl::StatusOr<int64_t> SetCounter(const std::string& name, int64_t value);
 
   // One long poll (at most `wait`, capped by the server) for a counter to
   // reach `at_least`; returns its value, which may still be lower.

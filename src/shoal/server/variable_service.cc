@@ -72,7 +72,7 @@ bool VariableService::Changes(const Request& request) {
     case wire::RequestHeader::OP_NOT_SET:
       return false;
     case wire::RequestHeader::kCounter:
-      return h.counter().counter().delta() != 0;
+      return h.counter().counter().delta() != 0 || h.counter().assign();
     default:
       return true;
   }
@@ -157,6 +157,9 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
     case wire::RequestHeader::kAssign: {
       std::vector<int64_t> versions;
       SHOAL_RETURN_IF_ERROR(store_.Assign(Names(h.assign().names()), request.tensors, &versions));
+      if (h.assign().reset_accumulators()) {
+        SHOAL_RETURN_IF_ERROR(store_.ResetAccumulators(Names(h.assign().names()), h.assign().accumulator_step()));
+      }
       CopyInts(versions, response->header.mutable_assign()->mutable_versions());
       return absl::OkStatus();
     }
@@ -179,7 +182,8 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       if (counter.name().empty()) {
         return absl::InvalidArgumentError(absl::StrCat("counter request to ", options_.task_name, " has no name"));
       }
-      int64_t value = store_.AddToCounter(counter.name(), counter.delta());
+      int64_t value = h.counter().assign() ? store_.SetCounter(counter.name(), counter.delta())
+                                           : store_.AddToCounter(counter.name(), counter.delta());
       if (h.counter().wait_ms() > 0 && value < h.counter().wait_until_at_least()) {
         value = store_.WaitForCounter(counter.name(), h.counter().wait_until_at_least(),
                                       absl::Milliseconds(std::min<int64_t>(h.counter().wait_ms(), kMaxWaitMs)));

@@ -216,6 +216,32 @@ int64_t VariableStore::AddToCounter(const std::string& name, int64_t delta) {
   return value;
 }
 
+int64_t VariableStore::SetCounter(const std::string& name, int64_t value) {
+  std::lock_guard lock(counter_mu_);
+  counters_[name] = value;
+  counter_changed_.notify_all();
+  return value;
+}
+
+absl::Status VariableStore::ResetAccumulators(const std::vector<std::string>& names, int64_t step) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("accumulator step ", step, " sent to ", task_name_, " is negative"));
+  }
+  std::vector<std::shared_ptr<Variable>> vars;
+  SHOAL_RETURN_IF_ERROR(Find(names, &vars));
+  {
+    std::lock_guard lock(accumulate_mu_);
+    for (const auto& var : vars) {
+      if (var->gradient_sum.defined()) var->gradient_sum.zero_();
+      var->accumulated = 0;
+      var->contributors.clear();
+      var->accumulator_step = step;
+    }
+  }
+  accumulated_.notify_all();
+  return absl::OkStatus();
+}
+
 int64_t VariableStore::WaitForCounter(const std::string& name, int64_t at_least, absl::Duration wait) {
   std::unique_lock lock(counter_mu_);
   counter_changed_.wait_for(lock, absl::ToChronoNanoseconds(wait), [&] { return counters_[name] >= at_least; });

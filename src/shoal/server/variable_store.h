@@ -67,6 +67,11 @@ class VariableStore {
 
   // Adds `delta` to counter `name` (created at 0) and returns the new value.
   int64_t AddToCounter(const std::string& name, int64_t delta);
+  // Sets counter `name` to `value`; returns it.
+  int64_t SetCounter(const std::string& name, int64_t value);
+  // Empties the named variables' accumulators and moves them to `step`
+  // (a restored checkpoint's), waking whoever waits on them.
+  absl::Status ResetAccumulators(const std::vector<std::string>& names, int64_t step);
   // Waits at most `wait` for counter `name` to reach `at_least`; returns its value then.
   int64_t WaitForCounter(const std::string& name, int64_t at_least, absl::Duration wait);
 

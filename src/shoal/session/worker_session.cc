@@ -19,6 +19,13 @@ constexpr char kTensorBytesSent[] = "tensor_bytes_sent";
 constexpr char kWorkerSteps[] = "worker_steps";
 constexpr char kCallsRetried[] = "calls_retried";
 
+// The job's counters a checkpoint keeps, for a counter task that is lost
+// (global_step is the checkpoint's own step).
+std::vector<std::string> SavedCounters() {
+  return {kStopRequested, kWorkersDone, kStaleGradients, kRestores,    kBytesSent,
+          kBytesReceived, kTensorBytesSent, kWorkerSteps, kCallsRetried};
+}
+
 }  // namespace
 
 absl::StatusOr<DataSplits> LoadData(const JobConfig& config) {
@@ -53,7 +60,7 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
                          MakeStandardHooks(context.config->hooks, context.task.job, context.task.index,
                                            context.is_chief));
   if (context.is_chief && !context.config->checkpoint.dir.empty()) {
-    hooks->Add(std::make_shared<CheckpointSaverHook>(context.client, context.config->checkpoint));
+    hooks->Add(std::make_shared<CheckpointSaverHook>(context.client, context.config->checkpoint, SavedCounters()));
   }
   for (const auto& hook : context.extra_hooks) hooks->Add(hook);
   context.hooks = hooks.get();
@@ -99,7 +106,8 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   report->recoveries = context.recoveries;
   if (!context.config->checkpoint.dir.empty()) {
     SHOAL_ASSIGN_OR_RETURN(report->last_checkpoint,
-                           SaveAndPrune(*context.client, context.config->checkpoint, report->global_step));
+                           SaveAndPrune(*context.client, context.config->checkpoint, report->global_step,
+                                        SavedCounters()));
   }
   SHOAL_ASSIGN_OR_RETURN(report->stale_gradients_dropped, context.client->AddToCounter(kStaleGradients, 0));
   SHOAL_ASSIGN_OR_RETURN(report->bytes_sent, context.client->AddToCounter(kBytesSent, 0));

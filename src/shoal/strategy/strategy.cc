@@ -133,14 +133,22 @@ absl::StatusOr<int64_t> RestoreOnto(WorkerContext& context, const std::string& c
   SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(checkpoint, &index));
   SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored,
                          SelectVariables(std::move(all), names, shapes, checkpoint));
-  SHOAL_ASSIGN_OR_RETURN(int64_t now, client.AddToCounter(kGlobalStep, 0));
-  SHOAL_RETURN_IF_ERROR(client.AddToCounter(kGlobalStep, index.step - now).status());
+  SHOAL_RETURN_IF_ERROR(client.SetCounter(kGlobalStep, index.step).status());
+  // The job's counters as saved, where a counter task that was lost has
+  // fewer: they only grow, so the larger value is the truer one.
+  for (const auto& [name, saved] : index.counters) {
+    SHOAL_ASSIGN_OR_RETURN(int64_t live, client.AddToCounter(name, 0));
+    if (saved > live) SHOAL_RETURN_IF_ERROR(client.SetCounter(name, saved).status());
+  }
   std::vector<VariableInit> inits;
   for (size_t i = 0; i < restored.size(); ++i) {
     inits.push_back({names[i], restored[i].value, optimizer, context.config->training.use_locking});
   }
   SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));
-  SHOAL_RETURN_IF_ERROR(RestoreVariables(client, restored, names));
+  // Values, slots and accumulators: synchronous steps and rounds start again
+  // at the checkpoint's step on every task.
+  SHOAL_RETURN_IF_ERROR(RestoreVariables(client, restored, names, index.step));
+  SHOAL_RETURN_IF_ERROR(client.AddToCounter(kRestores, 1).status());
   return index.step;
 }
 
@@ -252,21 +260,31 @@ absl::StatusOr<bool> ApplyAccumulatedOrStop(WorkerContext& context, const std::v
   }
 }
 
-absl::StatusOr<Client::StepValues> ReadAtStepOrStop(WorkerContext& context, const std::vector<std::string>& names,
-                                                    int64_t min_step, int replicas) {
+absl::StatusOr<StepWait> ReadAtStepOrStop(WorkerContext& context, const std::vector<std::string>& names,
+                                          int64_t min_step, int replicas, const std::function<absl::Status()>& resend) {
   Client& client = *context.client;
   const absl::Duration timeout = absl::Seconds(context.config->training.sync_timeout_s);
   const absl::Time give_up = absl::Now() + timeout;
+  absl::Time next_resend = absl::Now() + absl::Seconds(1);
+  StepWait wait;
   while (true) {
     // The server's longest wait; a stop or an abort is seen between waits.
-    SHOAL_ASSIGN_OR_RETURN(Client::StepValues pulled, client.ReadAtStep(names, min_step, absl::Milliseconds(200)));
-    if (pulled.ready) return pulled;
+    SHOAL_ASSIGN_OR_RETURN(wait.values, client.ReadAtStep(names, min_step, absl::Milliseconds(200)));
+    if (wait.values.ready) return wait;
+    if (wait.values.step < min_step - 1) {
+      wait.rewound = true;
+      return wait;
+    }
     SHOAL_ASSIGN_OR_RETURN(bool stopped, StoppedOrAborted(context, absl::StrCat("step ", min_step)));
-    if (stopped) return pulled;
+    if (stopped) return wait;
+    if (resend && absl::Now() >= next_resend) {
+      SHOAL_RETURN_IF_ERROR(resend());
+      next_resend = absl::Now() + absl::Seconds(1);
+    }
     if (absl::Now() > give_up) {
       client.AddToCounter(kJobAborted, 1).IgnoreError();  // release the others
-      return Annotate(IncompleteStepError(min_step, static_cast<int>(pulled.heard_from.size()), replicas, timeout,
-                                          WorkerNames(context), pulled.heard_from),
+      return Annotate(IncompleteStepError(min_step, static_cast<int>(wait.values.heard_from.size()), replicas, timeout,
+                                          WorkerNames(context), wait.values.heard_from),
                       context.task.ToString());
     }
   }

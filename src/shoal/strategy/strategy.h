@@ -22,6 +22,8 @@ inline constexpr char kGlobalStep[] = "global_step";
 inline constexpr char kWorkersDone[] = "workers_done";
 inline constexpr char kStaleGradients[] = "stale_gradients_dropped";
 inline constexpr char kJobAborted[] = "job_aborted";
+// Restores of a checkpoint onto a running job (a lost ps task), so far.
+inline constexpr char kRestores[] = "restores";
 // Above 0 once a hook on any worker stopped the job: every worker ends cleanly
 // at its next exchange with the ps.
 inline constexpr char kStopRequested[] = "stop_requested";
@@ -171,8 +173,18 @@ absl::StatusOr<bool> ApplyAccumulatedOrStop(WorkerContext& context, const std::v
 // that a stop is seen; not ready means the job was stopped. After
 // sync_timeout_s, DeadlineExceeded naming the workers whose gradients did not
 // arrive, and the job is aborted so the others stop too.
-absl::StatusOr<Client::StepValues> ReadAtStepOrStop(WorkerContext& context, const std::vector<std::string>& names,
-                                                    int64_t min_step, int replicas);
+// A restore rewinds a step in progress: when the accumulators are found
+// below `min_step - 1` (a checkpoint put them back), `rewound` is set and
+// nothing is waited for. While waiting, `resend` (if set) sends this
+// worker's gradient again every second: an accumulator that a restore
+// emptied takes it, one that has it already drops the repeat.
+struct StepWait {
+  Client::StepValues values;
+  bool rewound = false;
+};
+absl::StatusOr<StepWait> ReadAtStepOrStop(WorkerContext& context, const std::vector<std::string>& names,
+                                          int64_t min_step, int replicas,
+                                          const std::function<absl::Status()>& resend = nullptr);
 
 }  // namespace shoal
 

@@ -22,30 +22,57 @@ absl::StatusOr<WorkerResult> SyncStrategy::RunWorker(WorkerContext& context) {
                         config.training.seed * 1000003 + context.worker_index);
 
   WorkerResult result;
-  SHOAL_ASSIGN_OR_RETURN(int64_t local_step, client.AddToCounter(kGlobalStep, 0));
-  int64_t global_step = local_step;  // the chief's last word to the counter
-  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(names));
-  model.Load(values);
-  while (local_step < context.max_steps) {
+  int64_t local_step = 0;
+  int64_t global_step = 0;  // the chief's last word to the counter
+  // Where the job is: at the start, and again after a restore put it back.
+  auto join = [&]() -> absl::Status {
+    SHOAL_ASSIGN_OR_RETURN(local_step, client.AddToCounter(kGlobalStep, 0));
+    global_step = local_step;
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(names));
+    model.Load(values);
+    return absl::OkStatus();
+  };
+  SHOAL_RETURN_IF_ERROR(join());
+  // One step; false when training is over.
+  auto step_once = [&]() -> absl::StatusOr<bool> {
     const BatchResult batch = ComputeGradients(model, batches);
     StepInfo info = MakeStepInfo(result.local_steps + 1, local_step, batch, model);
     const std::vector<torch::Tensor> gradients = model.Gradients();
     SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, gradients, info, &result));
-    if (!send) break;
+    if (!send) return false;
     // The gradient that completes a step's R makes its server apply the mean.
     SHOAL_ASSIGN_OR_RETURN(int dropped, client.Accumulate(names, gradients, local_step, me, replicas));
     if (dropped > 0) SHOAL_RETURN_IF_ERROR(client.AddToCounter(kStaleGradients, 1).status());
     // The barrier and the next step's pull in one call.
-    SHOAL_ASSIGN_OR_RETURN(Client::StepValues next, ReadAtStepOrStop(context, names, local_step + 1, replicas));
-    if (!next.ready) break;  // stopped
-    model.Load(next.values);
-    if (context.is_chief && next.step > global_step) {
-      SHOAL_ASSIGN_OR_RETURN(global_step, client.AddToCounter(kGlobalStep, next.step - global_step));
+    auto resend = [&] { return client.Accumulate(names, gradients, local_step, me, replicas).status(); };
+    SHOAL_ASSIGN_OR_RETURN(StepWait next, ReadAtStepOrStop(context, names, local_step + 1, replicas, resend));
+    if (next.rewound) {
+      SHOAL_RETURN_IF_ERROR(join());
+      return true;
     }
-    info.global_step = next.step;
+    if (!next.values.ready) return false;  // stopped
+    model.Load(next.values.values);
+    if (context.is_chief && next.values.step > global_step) {
+      SHOAL_ASSIGN_OR_RETURN(global_step, client.AddToCounter(kGlobalStep, next.values.step - global_step));
+    }
+    info.global_step = next.values.step;
     SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
-    if (!go_on) break;
-    local_step = next.step;
+    local_step = next.values.step;
+    return go_on;
+  };
+  while (local_step < context.max_steps) {
+    absl::StatusOr<bool> go_on = step_once();
+    if (!go_on.ok() && Recoverable(context, go_on.status())) {
+      // A ps task died (and is perhaps back, empty): the chief restores the
+      // newest checkpoint, accumulators included, and every worker goes on
+      // from its step.
+      SHOAL_RETURN_IF_ERROR(
+          RecoverLostVariables(context, names, model.variables(), config.training.optimizer, go_on.status()));
+      SHOAL_RETURN_IF_ERROR(join());
+      continue;
+    }
+    SHOAL_RETURN_IF_ERROR(go_on.status());
+    if (!*go_on) break;
   }
   return result;
 }
