@@ -186,13 +186,16 @@ TEST(FaultTest, AKilledPsIsRestartedAndRestoredFromTheLastCheckpoint) {
   EXPECT_GT(report->test_accuracy, 0.75);
 }
 
-// Synchronous training survives a lost ps too, even the one that holds the
-// job's counters: the chief restores the newest checkpoint (values, slots,
-// global step and counters), every task's accumulators restart at its step,
-// and the workers go on from there in lockstep.
-TEST(FaultTest, AKilledPsInASyncJobIsRestoredAndItsStepsRestartAtTheCheckpoint) {
-  LongAsyncJob setup(1, "shoal_fault_sync_ps");
-  setup.config.training.mode = "sync";
+// The other modes survive a lost ps too, even the one that holds the job's
+// counters: the chief restores the newest checkpoint (values, slots, global
+// step and counters), every task's accumulators restart at its step (sync
+// goes on in lockstep from there), and local replicas start again from the
+// restored values.
+class ModeFaultTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ModeFaultTest, AKilledPsIsRestoredAndTrainingGoesOnFromTheCheckpoint) {
+  LongAsyncJob setup(1, std::string("shoal_fault_ps_") + GetParam());
+  setup.config.training.mode = GetParam();
   const std::string dir = setup.checkpoint_dir();
   setup.config.checkpoint.dir = dir;
   setup.config.checkpoint.every_steps = 100;
@@ -212,6 +215,9 @@ TEST(FaultTest, AKilledPsInASyncJobIsRestoredAndItsStepsRestartAtTheCheckpoint) 
   EXPECT_GE(report->global_step, kJobSteps);
   EXPECT_GT(report->test_accuracy, 0.75);
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, ModeFaultTest, ::testing::Values("sync", "downpour", "easgd"),
+                         [](const auto& info) { return std::string(info.param); });
 
 // The chief killed and started again. With restore: if_lost it finds the
 // variables live on the ps tasks (newer than any checkpoint) and goes on

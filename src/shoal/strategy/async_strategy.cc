@@ -27,18 +27,8 @@ absl::StatusOr<WorkerResult> AsyncStrategy::RunWorker(WorkerContext& context) {
     SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, step, &result));
     return go_on && counters[1] == 0 && global_step < context.max_steps;
   };
-  while (true) {
-    absl::StatusOr<bool> go_on = step_once();
-    if (!go_on.ok() && Recoverable(context, go_on.status())) {
-      // A ps task died (and is perhaps back, empty): wait for the chief to
-      // restore the last checkpoint, then carry on from it.
-      SHOAL_RETURN_IF_ERROR(
-          RecoverLostVariables(context, names, model.variables(), config.training.optimizer, go_on.status()));
-      continue;
-    }
-    SHOAL_RETURN_IF_ERROR(go_on.status());
-    if (!*go_on) break;
-  }
+  SHOAL_RETURN_IF_ERROR(
+      StepUntilDone(context, names, model.variables(), config.training.optimizer, step_once, /*rejoin=*/nullptr));
   return result;
 }
 

@@ -93,7 +93,8 @@ absl::StatusOr<WorkerResult> DownpourStrategy::RunWorker(WorkerContext& context)
   std::vector<torch::Tensor> pending = ZerosLike(replica->model().variables());  // gradients not yet pushed
   WorkerResult result;
   int64_t global_step = 0;
-  for (int64_t step = 0;; ++step) {
+  int64_t step = 0;
+  auto step_once = [&]() -> absl::StatusOr<bool> {
     if (context.before_step) context.before_step(step);
     if (step % local.n_fetch == 0) SHOAL_RETURN_IF_ERROR(FetchGlobal(*context.client, *replica));
     BatchResult batch = ComputeGradients(replica->model(), batches);
@@ -105,14 +106,22 @@ absl::StatusOr<WorkerResult> DownpourStrategy::RunWorker(WorkerContext& context)
     if ((step + 1) % local.n_push == 0) {
       SHOAL_ASSIGN_OR_RETURN(Push push, PushExchange(context, names, pending, wire::UPDATE_OPTIMIZER, local.n_push,
                                                      info, &result));
-      if (!push.sent) break;
+      if (!push.sent) return false;
       for (auto& p : pending) p.zero_();
       global_step = info.global_step;
       last = push.last;
     }
+    ++step;
     SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
-    if (!go_on || last) break;
-  }
+    return go_on && !last;
+  };
+  // After a restore: the restored values, and no gradients from before it.
+  auto rejoin = [&]() -> absl::Status {
+    for (auto& p : pending) p.zero_();
+    return FetchGlobal(*context.client, *replica);
+  };
+  SHOAL_RETURN_IF_ERROR(StepUntilDone(context, names, replica->model().variables(),
+                                      context.config->training.optimizer, step_once, rejoin));
   return result;
 }
 
@@ -201,7 +210,8 @@ absl::StatusOr<WorkerResult> ElasticAverageStrategy::RunWorker(WorkerContext& co
   BatchIterator batches = WorkerBatches(context);
   WorkerResult result;
   int64_t global_step = 0;
-  for (int64_t step = 0;; ++step) {
+  int64_t step = 0;
+  auto step_once = [&]() -> absl::StatusOr<bool> {
     if (context.before_step) context.before_step(step);
     BatchResult batch = ComputeGradients(replica->model(), batches);
     std::vector<torch::Tensor> gradients = replica->model().Gradients();
@@ -221,7 +231,7 @@ absl::StatusOr<WorkerResult> ElasticAverageStrategy::RunWorker(WorkerContext& co
       for (size_t i = 0; i < x.size(); ++i) deltas.push_back(alpha * (x[i] - read[i]));
       SHOAL_ASSIGN_OR_RETURN(Push push,
                              PushExchange(context, names, deltas, wire::UPDATE_ADD, local.tau, info, &result));
-      if (!push.sent) break;
+      if (!push.sent) return false;
       for (size_t i = 0; i < x.size(); ++i) x[i] -= deltas[i];
       // The elastic penalty's anchor is the centre as read at this exchange,
       // before this worker's own push, as TensorFlow's
@@ -231,9 +241,19 @@ absl::StatusOr<WorkerResult> ElasticAverageStrategy::RunWorker(WorkerContext& co
       global_step = info.global_step;
       last = push.last;
     }
+    ++step;
     SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
-    if (!go_on || last) break;
-  }
+    return go_on && !last;
+  };
+  // After a restore the centre went back to the checkpoint: start again
+  // from it, as a worker joining the job does.
+  auto rejoin = [&]() -> absl::Status {
+    SHOAL_RETURN_IF_ERROR(FetchGlobal(*context.client, *replica));
+    centre = replica->Values();
+    return absl::OkStatus();
+  };
+  SHOAL_RETURN_IF_ERROR(StepUntilDone(context, names, replica->model().variables(),
+                                      context.config->training.optimizer, step_once, rejoin));
   return result;
 }
 

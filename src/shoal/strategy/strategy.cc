@@ -193,6 +193,24 @@ absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std:
   return absl::OkStatus();
 }
 
+absl::Status StepUntilDone(WorkerContext& context, const std::vector<std::string>& names,
+                           const std::vector<torch::Tensor>& shapes_from, const wire::OptimizerConfig& optimizer,
+                           const std::function<absl::StatusOr<bool>()>& step,
+                           const std::function<absl::Status()>& rejoin) {
+  while (true) {
+    absl::StatusOr<bool> go_on = step();
+    if (!go_on.ok() && Recoverable(context, go_on.status())) {
+      // A ps task died (and is perhaps back, empty): the chief restores the
+      // newest checkpoint and everyone goes on from it.
+      SHOAL_RETURN_IF_ERROR(RecoverLostVariables(context, names, shapes_from, optimizer, go_on.status()));
+      if (rejoin) SHOAL_RETURN_IF_ERROR(rejoin());
+      continue;
+    }
+    SHOAL_RETURN_IF_ERROR(go_on.status());
+    if (!*go_on) return absl::OkStatus();
+  }
+}
+
 namespace {
 
 std::vector<std::string> WorkerNames(const WorkerContext& context) {

@@ -148,6 +148,16 @@ absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std:
                                   const std::vector<torch::Tensor>& shapes_from,
                                   const wire::OptimizerConfig& optimizer, const absl::Status& error);
 
+// A worker's training loop: runs `step` until it returns false. A failure
+// that is Recoverable is recovered from (RecoverLostVariables, for the
+// variables `names` shaped as `shapes_from`, created with `optimizer`), and
+// `rejoin` (re-reading what the worker keeps of the job) runs before the
+// next step; any other failure ends the loop.
+absl::Status StepUntilDone(WorkerContext& context, const std::vector<std::string>& names,
+                           const std::vector<torch::Tensor>& shapes_from, const wire::OptimizerConfig& optimizer,
+                           const std::function<absl::StatusOr<bool>()>& step,
+                           const std::function<absl::Status()>& rejoin);
+
 // Waits until counter `name` reaches `target`, polling, or the job is stopped
 // or aborted, or `timeout` runs out; `what` names the wait in errors, and
 // `completer` the task that should have moved the counter (default: the

@@ -60,20 +60,15 @@ absl::StatusOr<WorkerResult> SyncStrategy::RunWorker(WorkerContext& context) {
     local_step = next.values.step;
     return go_on;
   };
-  while (local_step < context.max_steps) {
-    absl::StatusOr<bool> go_on = step_once();
-    if (!go_on.ok() && Recoverable(context, go_on.status())) {
-      // A ps task died (and is perhaps back, empty): the chief restores the
-      // newest checkpoint, accumulators included, and every worker goes on
-      // from its step.
-      SHOAL_RETURN_IF_ERROR(
-          RecoverLostVariables(context, names, model.variables(), config.training.optimizer, go_on.status()));
-      SHOAL_RETURN_IF_ERROR(join());
-      continue;
-    }
-    SHOAL_RETURN_IF_ERROR(go_on.status());
-    if (!*go_on) break;
-  }
+  // A lost ps: the chief restores the newest checkpoint, accumulators
+  // included, and every worker goes on from its step.
+  SHOAL_RETURN_IF_ERROR(StepUntilDone(
+      context, names, model.variables(), config.training.optimizer,
+      [&]() -> absl::StatusOr<bool> {
+        if (local_step >= context.max_steps) return false;
+        return step_once();
+      },
+      join));
   return result;
 }
 
