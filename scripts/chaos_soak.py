@@ -1,0 +1,167 @@
+#!/usr/bin/python3
+"""A bounded chaos soak: jobs over processes, with checkpoints, while a random
+task is killed or frozen every little while. Not part of the default suite.
+
+For each mode it trains once undisturbed and once under faults, then checks:
+  - the disturbed job finished (exit 0, a result);
+  - no update was applied twice and the steps lost per ps loss are at most the
+    checkpoint interval (plus the steps in flight when the ps died): from the
+    job's own ledger, the steps the workers made against the global step;
+  - its test accuracy is within 1 point of the undisturbed run's.
+
+Faults, every --interval seconds (uniform): SIGKILL of a ps task (the launcher
+restarts it, the chief restores the newest checkpoint), or SIGSTOP of any
+task for 1-3 s, then SIGCONT. Workers are not killed: a killed worker takes
+its step count with it, and the ledger would no longer balance.
+
+    /usr/bin/python3 scripts/chaos_soak.py                 # about 10 minutes
+    /usr/bin/python3 scripts/chaos_soak.py --quick         # about 3 minutes
+"""
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def children_of(pid):
+    """(pid, command line) of each process whose parent is `pid`."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+            parent = int(stat[stat.rindex(")") + 2:].split()[1])
+            if parent != pid:
+                continue
+            with open(f"/proc/{name}/cmdline") as f:
+                found.append((int(name), f.read().replace("\0", " ")))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def run_job(shoal, mode, epochs, every_steps, workdir, faults=None, interval=(30, 60), seed=0):
+    """Runs one job; returns (exit code, result dict or None, fault log)."""
+    checkpoints = os.path.join(workdir, f"{mode}_{'chaos' if faults else 'calm'}_ckpt")
+    config = os.path.join(workdir, f"{mode}.yaml")
+    with open(config, "w") as f:
+        f.write(f"cluster: {{ps: 2, workers: 2, max_restarts: 50}}\n"
+                f"training: {{mode: {mode}, epochs: {epochs}}}\n"
+                f"checkpoint: {{dir: {checkpoints}, every_steps: {every_steps}, keep: 3}}\n")
+    result_file = os.path.join(workdir, f"{mode}_{'chaos' if faults else 'calm'}.json")
+    launcher = subprocess.Popen([shoal, "train", "--processes", "--quiet", "--config", config,
+                                 "--result_file", result_file], stderr=subprocess.PIPE, text=True)
+    log, stderr_lines = [], []
+    reader = threading.Thread(target=lambda: stderr_lines.extend(launcher.stderr), daemon=True)
+    reader.start()
+    rng = random.Random(seed)
+    next_fault = time.time() + rng.uniform(*interval)
+    while launcher.poll() is None:
+        time.sleep(0.2)
+        if not faults or time.time() < next_fault:
+            continue
+        next_fault = time.time() + rng.uniform(*interval)
+        tasks = [(pid, cmd) for pid, cmd in children_of(launcher.pid) if "--task" in cmd]
+        ps = [(pid, cmd) for pid, cmd in tasks if "/job:ps/" in cmd]
+        if ps and rng.random() < 0.5:
+            pid, cmd = rng.choice(ps)
+            os.kill(pid, signal.SIGKILL)
+            log.append(("kill", cmd.split("--task ")[1].split()[0]))
+        elif tasks:
+            pid, cmd = rng.choice(tasks)
+            pause = rng.uniform(1, 3)
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(pause)
+            os.kill(pid, signal.SIGCONT)
+            log.append((f"freeze {pause:.1f}s", cmd.split("--task ")[1].split()[0]))
+    reader.join(timeout=5)
+    result = None
+    if os.path.exists(result_file):
+        with open(result_file) as f:
+            result = json.load(f)
+    if launcher.returncode != 0:
+        sys.stderr.write("".join(stderr_lines[-20:]))
+    return launcher.returncode, result, log
+
+
+def lost_steps(mode, result, workers=2):
+    """Steps the workers made that the job no longer counts (rewound by
+    restores); negative would mean updates applied twice."""
+    made = result["worker_steps"]
+    if mode == "sync":  # every worker makes every step
+        made = made / workers
+    return made - result["global_step"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
+    parser.add_argument("--modes", default="async,sync,downpour")
+    parser.add_argument("--quick", action="store_true", help="shorter jobs, faults every 5-10 s")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    epochs = {"async": 60, "sync": 30, "downpour": 60}
+    interval = (30, 60)
+    every_steps = 500
+    if args.quick:
+        epochs = {m: max(4, e // 6) for m, e in epochs.items()}
+        interval = (5, 10)
+        every_steps = 200
+    rows, ok = [], True
+    with tempfile.TemporaryDirectory(prefix="shoal-soak-") as workdir:
+        for mode in args.modes.split(","):
+            e = epochs.get(mode, 10)
+            start = time.time()
+            calm_code, calm, _ = run_job(args.shoal, mode, e, every_steps, workdir)
+            calm_s = time.time() - start
+            start = time.time()
+            code, chaos, log = run_job(args.shoal, mode, e, every_steps, workdir, faults=True, interval=interval,
+                                       seed=args.seed)
+            chaos_s = time.time() - start
+            kills = sum(1 for kind, _ in log if kind == "kill")
+            freezes = len(log) - kills
+            checks = []
+            if calm_code != 0 or calm is None:
+                checks.append("undisturbed run failed")
+            if code != 0 or chaos is None:
+                checks.append("disturbed run failed")
+            lost = None
+            if chaos is not None:
+                lost = lost_steps(mode, chaos)
+                restores = len(chaos.get("recoveries", []))
+                if lost < 0:
+                    checks.append(f"{-lost:.0f} steps applied twice")
+                # Steps in flight when a ps dies (2 workers, a few each) come on top of the interval.
+                if restores and lost / restores > every_steps + 20:
+                    checks.append(f"lost {lost / restores:.0f} steps per restore (> {every_steps})")
+                if restores == 0 and kills > 0:
+                    checks.append("a ps was killed but nothing was restored")
+            if calm is not None and chaos is not None and abs(calm["test_accuracy"] - chaos["test_accuracy"]) > 0.01:
+                checks.append("accuracy differs by more than 1 point")
+            ok = ok and not checks
+            rows.append((mode, e, f"{calm['test_accuracy'] * 100:.2f}%" if calm else "-",
+                         f"{chaos['test_accuracy'] * 100:.2f}%" if chaos else "-", kills, freezes,
+                         len(chaos.get("recoveries", [])) if chaos else "-",
+                         f"{lost:.0f}" if lost is not None else "-", f"{calm_s:.0f} / {chaos_s:.0f}",
+                         "ok" if not checks else "; ".join(checks)))
+            print(f"{mode}: faults {log}", flush=True)
+    print("\n| mode | epochs | accuracy undisturbed | accuracy with faults | ps killed | tasks frozen | restores "
+          "| steps lost | seconds (calm / chaos) | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(str(c) for c in row) + " |")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
