@@ -163,44 +163,28 @@ TEST(FaultTest, ASpentRestartBudgetStopsTheJobWithAReport) {
 // With checkpoints a killed ps task is started again, empty; the workers
 // see it unreachable, then without its variables, and wait; the chief
 // restores the newest checkpoint onto every task and training goes on.
-TEST(FaultTest, AKilledPsIsRestartedAndRestoredFromTheLastCheckpoint) {
-  LongAsyncJob setup(1, "shoal_fault_ckpt");
-  const std::string dir = setup.checkpoint_dir();
-  setup.config.checkpoint.dir = dir;
-  setup.config.checkpoint.every_steps = 100;
-  auto job = setup.Start();
-  const pid_t ps = FindChild("--task /job:ps/task:1");
-  ASSERT_GT(ps, 0) << LongAsyncJob::Outcome(job);
-  // Kill it once a checkpoint exists, well before the end.
-  ASSERT_TRUE(WaitForACheckpoint(dir));
-  const int64_t at = LatestInMetrics(setup.MetricsFile(0), "global_step");
-  ASSERT_LT(at, kMustStillBeBefore);
-  ASSERT_EQ(kill(ps, SIGKILL), 0);
-  auto report = job.get();
-  ASSERT_TRUE(report.ok()) << report.status();
-  ASSERT_EQ(report->restarts.size(), 1u);
-  EXPECT_NE(report->restarts[0].find("/job:ps/task:1 was killed by signal 9"), std::string::npos);
-  ASSERT_GE(report->recoveries.size(), 1u);
-  EXPECT_NE(report->recoveries[0].find("restored " + dir), std::string::npos) << report->recoveries[0];
-  EXPECT_GE(report->global_step, kJobSteps);
-  EXPECT_GT(report->test_accuracy, 0.75);
-}
-
-// The other modes survive a lost ps too, even the one that holds the job's
-// counters: the chief restores the newest checkpoint (values, slots, global
-// step and counters), every task's accumulators restart at its step (sync
-// goes on in lockstep from there), and local replicas start again from the
-// restored values.
-class ModeFaultTest : public ::testing::TestWithParam<const char*> {};
+// A ps task killed mid-job, with checkpoints every 100 steps: the launcher
+// restarts it (empty, a new incarnation) and the chief restores the newest
+// checkpoint (values, slots, global step and the job's counters) onto every
+// task; accumulators restart at its step (sync goes on in lockstep from
+// there), and local replicas start again from the restored values. In the
+// other modes the ps killed is ps 0, which also holds the job's counters.
+struct PsLoss {
+  const char* mode;
+  int ps;
+};
+class ModeFaultTest : public ::testing::TestWithParam<PsLoss> {};
 
 TEST_P(ModeFaultTest, AKilledPsIsRestoredAndTrainingGoesOnFromTheCheckpoint) {
-  LongAsyncJob setup(1, std::string("shoal_fault_ps_") + GetParam());
-  setup.config.training.mode = GetParam();
+  const PsLoss loss = GetParam();
+  LongAsyncJob setup(1, std::string("shoal_fault_ps_") + loss.mode);
+  setup.config.training.mode = loss.mode;
   const std::string dir = setup.checkpoint_dir();
   setup.config.checkpoint.dir = dir;
   setup.config.checkpoint.every_steps = 100;
   auto job = setup.Start();
-  const pid_t ps = FindChild("--task /job:ps/task:0");
+  const std::string task = "/job:ps/task:" + std::to_string(loss.ps);
+  const pid_t ps = FindChild("--task " + task);
   ASSERT_GT(ps, 0) << LongAsyncJob::Outcome(job);
   ASSERT_TRUE(WaitForACheckpoint(dir)) << LongAsyncJob::Outcome(job);
   const int64_t at = LatestInMetrics(setup.MetricsFile(0), "global_step");
@@ -209,15 +193,17 @@ TEST_P(ModeFaultTest, AKilledPsIsRestoredAndTrainingGoesOnFromTheCheckpoint) {
   auto report = job.get();
   ASSERT_TRUE(report.ok()) << report.status();
   ASSERT_EQ(report->restarts.size(), 1u);
-  EXPECT_NE(report->restarts[0].find("/job:ps/task:0 was killed by signal 9"), std::string::npos);
+  EXPECT_NE(report->restarts[0].find(task + " was killed by signal 9"), std::string::npos);
   ASSERT_GE(report->recoveries.size(), 1u);
   EXPECT_NE(report->recoveries[0].find("restored " + dir), std::string::npos) << report->recoveries[0];
   EXPECT_GE(report->global_step, kJobSteps);
   EXPECT_GT(report->test_accuracy, 0.75);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, ModeFaultTest, ::testing::Values("sync", "downpour", "easgd"),
-                         [](const auto& info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Modes, ModeFaultTest,
+                         ::testing::Values(PsLoss{"async", 1}, PsLoss{"sync", 0}, PsLoss{"downpour", 0},
+                                           PsLoss{"easgd", 0}),
+                         [](const auto& info) { return std::string(info.param.mode); });
 
 // The chief killed and started again. With restore: if_lost it finds the
 // variables live on the ps tasks (newer than any checkpoint) and goes on
