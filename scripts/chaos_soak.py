@@ -110,11 +110,11 @@ def main():
     parser.add_argument("--quick", action="store_true", help="shorter jobs, faults every 5-10 s")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    epochs = {"async": 60, "sync": 30, "downpour": 60}
+    epochs = {"async": 30, "sync": 15, "downpour": 30}  # about 1.5 minutes each, undisturbed, on 2 cores
     interval = (30, 60)
     every_steps = 500
     if args.quick:
-        epochs = {m: max(4, e // 6) for m, e in epochs.items()}
+        epochs = {m: max(4, e // 3) for m, e in epochs.items()}
         interval = (5, 10)
         every_steps = 200
     rows, ok = [], True

@@ -91,6 +91,11 @@ TEST_P(StopAtStepTest, EveryWorkerStopsCleanly) {
   JobConfig config = QuickJob(GetParam());
   config.training.sync_timeout_s = 60;
   config.hooks.stop_at_step = 40;
+  // An easgd chief sees the global step only at its own exchanges: with tau
+  // 8 on a loaded machine the other worker can be several exchanges ahead
+  // by then (72 was seen). Exchanging every 2 steps keeps that within the
+  // bound below; the stop itself is the same.
+  if (std::string(GetParam()) == "easgd") config.local.tau = 2;
   auto report = TrainInProcess(config, InProcOptions{}, nullptr);
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_NE(report->stop_reason.find("stop_at_step 40"), std::string::npos) << report->stop_reason;

@@ -118,9 +118,13 @@ absl::Status Client::RunAll(TaskCalls& calls) {
   std::vector<std::pair<Channel*, TaskCall*>> pending;
   for (auto& [task, call] : calls) {
     SHOAL_ASSIGN_OR_RETURN(Channel* channel, ChannelFor(task));
-    call.request.header.set_client_id(numbers_->client_id);
-    call.request.header.set_request_id(numbers_->Open());
     pending.emplace_back(channel, &call);
+  }
+  // Numbered only once every call has a channel: each number opened here is
+  // closed below, or the servers could never forget this client's requests.
+  for (auto& [channel, call] : pending) {
+    call->request.header.set_client_id(numbers_->client_id);
+    call->request.header.set_request_id(numbers_->Open());
   }
   // A call that found its task unreachable (a dropped connection, a task
   // still starting) is sent again, with the same number, until the deadline:

@@ -282,13 +282,14 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
   bool all_done = false, signal_forwarded = false;
   absl::Time exit_deadline = absl::InfiniteFuture();
   const absl::Duration after_chief = absl::Seconds(config.transport.rpc_timeout_s) + absl::Seconds(10);
+  const absl::Duration after_signal = TaskOptions().grace_after_signal + absl::Seconds(10);
   while (!all_done && failure.ok()) {
     if (signal != nullptr && signal->load() != 0 && !signal_forwarded) {
       for (Child& c : children) {
         if (!c.exited) kill(c.pid, SIGTERM);  // each stops as a task given SIGTERM does
       }
       signal_forwarded = true;
-      exit_deadline = std::min(exit_deadline, absl::Now() + TaskOptions().grace_after_signal + absl::Seconds(10));
+      exit_deadline = std::min(exit_deadline, absl::Now() + after_signal);
     }
     if (absl::Now() > exit_deadline) {
       std::vector<std::string> hung;
@@ -296,8 +297,7 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
         if (!c.exited) hung.push_back(c.task.ToString());
       }
       absl::FPrintF(stderr, "shoal: %s still running %s after the job ended; stopping %s\n", absl::StrJoin(hung, ", "),
-                    absl::FormatDuration(signal_forwarded ? TaskOptions().grace_after_signal + absl::Seconds(10)
-                                                          : after_chief),
+                    absl::FormatDuration(signal_forwarded ? after_signal : after_chief),
                     hung.size() == 1 ? "it" : "them");
       break;
     }

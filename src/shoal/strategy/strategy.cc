@@ -1,6 +1,7 @@
 #include "shoal/strategy/strategy.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -145,9 +146,13 @@ absl::StatusOr<int64_t> RestoreOnto(WorkerContext& context, const std::string& c
     inits.push_back({names[i], restored[i].value, optimizer, context.config->training.use_locking});
   }
   SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));
-  // Values, slots and accumulators: synchronous steps and rounds start again
-  // at the checkpoint's step on every task.
-  SHOAL_RETURN_IF_ERROR(RestoreVariables(client, restored, names, index.step));
+  // Values, slots and, for the strategies that use them, accumulators:
+  // synchronous steps and rounds start again at the checkpoint's on every task.
+  std::optional<int64_t> accumulator_step;
+  if (context.restore_accumulator_step) {
+    SHOAL_ASSIGN_OR_RETURN(accumulator_step, context.restore_accumulator_step(index.step));
+  }
+  SHOAL_RETURN_IF_ERROR(RestoreVariables(client, restored, names, accumulator_step));
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kRestores, 1).status());
   return index.step;
 }

@@ -59,6 +59,11 @@ struct WorkerContext {
   int64_t restored_step = 0;
   // The chief's restores after a task lost its variables mid-job.
   std::vector<std::string> recoveries;
+  // Set by a strategy that trains through the accumulators (sync counts
+  // global steps in them): called by a restore to `global_step`, it puts the
+  // strategy's own counters back and returns the step every accumulator
+  // restarts at, emptied. Unset: accumulators are left as they are.
+  std::function<absl::StatusOr<int64_t>(int64_t global_step)> restore_accumulator_step;
   // Hooks run after the configured ones (tests, programs embedding shoal).
   std::vector<std::shared_ptr<TrainingHook>> extra_hooks;
 };

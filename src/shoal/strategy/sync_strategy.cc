@@ -15,6 +15,8 @@ absl::StatusOr<WorkerResult> SyncStrategy::RunWorker(WorkerContext& context) {
   }
   Client& client = *context.client;
   Mlp model(config.model);
+  // A restore puts the accumulators at the checkpoint's global step.
+  context.restore_accumulator_step = [](int64_t global_step) -> absl::StatusOr<int64_t> { return global_step; };
   SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, model));
   const std::vector<std::string>& names = model.variable_names();
   const std::string me = context.task.ToString();
