@@ -383,13 +383,11 @@ absl::Status Client::Assign(const std::vector<std::string>& names, const std::ve
 }
 
 absl::StatusOr<int64_t> Client::SetCounter(const std::string& name, int64_t value) {
-  TaskCalls calls;
-  auto* request = calls[placement_->counter_task()].request.header.mutable_counter();
-  request->mutable_counter()->set_name(name);
-  request->mutable_counter()->set_delta(value);
-  request->set_assign(true);
-  SHOAL_RETURN_IF_ERROR(RunAll(calls));
-  return calls[placement_->counter_task()].response.header.counter().value();
+  wire::CounterRequest request;
+  request.mutable_counter()->set_name(name);
+  request.mutable_counter()->set_delta(value);
+  request.set_assign(true);
+  return CallCounter(request);
 }
 
 absl::StatusOr<std::vector<int64_t>> Client::ApplyGradients(const std::vector<std::string>& names,
@@ -430,23 +428,26 @@ absl::StatusOr<std::vector<int64_t>> Client::Update(wire::UpdateRule rule, const
   return std::vector<int64_t>(values.begin(), values.end());
 }
 
-absl::StatusOr<int64_t> Client::AddToCounter(const std::string& name, int64_t delta) {
+absl::StatusOr<int64_t> Client::CallCounter(const wire::CounterRequest& request) {
   TaskCalls calls;
-  auto* counter = calls[placement_->counter_task()].request.header.mutable_counter()->mutable_counter();
-  counter->set_name(name);
-  counter->set_delta(delta);
+  *calls[placement_->counter_task()].request.header.mutable_counter() = request;
   SHOAL_RETURN_IF_ERROR(RunAll(calls));
   return calls.begin()->second.response.header.counter().value();
 }
 
+absl::StatusOr<int64_t> Client::AddToCounter(const std::string& name, int64_t delta) {
+  wire::CounterRequest request;
+  request.mutable_counter()->set_name(name);
+  request.mutable_counter()->set_delta(delta);
+  return CallCounter(request);
+}
+
 absl::StatusOr<int64_t> Client::PollCounter(const std::string& name, int64_t at_least, absl::Duration wait) {
-  TaskCalls calls;
-  auto* request = calls[placement_->counter_task()].request.header.mutable_counter();
-  request->mutable_counter()->set_name(name);
-  request->set_wait_until_at_least(at_least);
-  request->set_wait_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(wait)));
-  SHOAL_RETURN_IF_ERROR(RunAll(calls));
-  return calls.begin()->second.response.header.counter().value();
+  wire::CounterRequest request;
+  request.mutable_counter()->set_name(name);
+  request.set_wait_until_at_least(at_least);
+  request.set_wait_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(wait)));
+  return CallCounter(request);
 }
 
 absl::StatusOr<int> Client::Accumulate(const std::vector<std::string>& names,

@@ -219,6 +219,8 @@ class Client {
   // The variables' values from answered read calls, partitions put together.
   absl::StatusOr<std::vector<torch::Tensor>> Reassemble(const std::vector<VariablePlacement>& placements,
                                                         TaskCalls& calls) const;
+  // One counter request to the counter task; the counter's value after it.
+  absl::StatusOr<int64_t> CallCounter(const wire::CounterRequest& request);
   absl::StatusOr<std::vector<int64_t>> Update(wire::UpdateRule rule, const std::vector<std::string>& names,
                                               const std::vector<torch::Tensor>& updates,
                                               const std::vector<CounterDelta>& counters);
