@@ -263,7 +263,10 @@ absl::Status VariableStore::Accumulate(const std::vector<std::string>& names,
     std::lock_guard lock(accumulate_mu_);
     for (size_t i = 0; i < vars.size(); ++i) {
       Variable& var = *vars[i];
-      if (local_step < var.accumulator_step) continue;  // stale: dropped
+      // Stale (older than the accumulator's step), or from a step the
+      // accumulator has not reached: from a worker that has not yet seen a
+      // restore take the job back. Either is dropped.
+      if (local_step != var.accumulator_step) continue;
       // A step counts workers, not messages: a worker's second tensor for the
       // same step (sent again after a restart, say) is dropped.
       if (std::find(var.contributors.begin(), var.contributors.end(), worker) != var.contributors.end()) continue;
@@ -273,7 +276,7 @@ absl::Status VariableStore::Accumulate(const std::vector<std::string>& names,
       var.contributors.push_back(worker);
       (*accepted)[i] = true;
       if (apply_at > 0 && var.accumulated >= apply_at) {
-        ApplyAccumulator(var, wire::MEAN_GRADIENT, std::max(var.accumulator_step, local_step) + 1);
+        ApplyAccumulator(var, wire::MEAN_GRADIENT, var.accumulator_step + 1);
       }
     }
   }

@@ -76,7 +76,8 @@ class VariableStore {
   int64_t WaitForCounter(const std::string& name, int64_t at_least, absl::Duration wait);
 
   // Synchronous training. Adds each gradient to its variable's accumulator
-  // unless it is stale (local_step older than the accumulator's step) or
+  // unless local_step is not the accumulator's step (older: stale; newer:
+  // from a worker that missed a restore) or
   // `worker` already gave one for the accumulator's step (a step counts
   // distinct workers); `accepted` says which were taken. Validated like ApplyGradients. With
   // apply_at > 0, an accumulator that now holds apply_at gradients applies

@@ -39,6 +39,14 @@ int64_t LocalStepsInRound(const LocalReplicaConfig& config, int64_t round) {
   return round < config.warmup_steps ? 1 : config.interval_steps;
 }
 
+int64_t RoundAtLocalStep(const LocalReplicaConfig& config, int64_t local_step) {
+  int64_t round = 0;
+  for (int64_t covered = LocalStepsInRound(config, 0); covered <= local_step;
+       covered += LocalStepsInRound(config, ++round)) {
+  }
+  return round;
+}
+
 int64_t AveragingRounds(const LocalReplicaConfig& config, int64_t max_steps, int num_workers) {
   const int64_t per_worker = (max_steps + num_workers - 1) / num_workers;
   const int64_t warmup = std::min<int64_t>(config.warmup_steps, per_worker);
@@ -131,6 +139,8 @@ absl::StatusOr<WorkerResult> DownpourStrategy::RunWorker(WorkerContext& context)
 // the average.
 absl::StatusOr<WorkerResult> ModelAverageStrategy::RunWorker(WorkerContext& context) {
   const LocalReplicaConfig& local = context.config->local;
+  Client& client = *context.client;
+  const int workers = context.num_workers;
   SHOAL_ASSIGN_OR_RETURN(auto replica, LocalReplica::Create(context.config->model, local.optimizer));
   // With block momentum the global copy keeps BMUF's bg as a momentum slot:
   // momentum SGD on (global - average) is exactly bg = m*bg + lr*(global - average).
@@ -138,61 +148,72 @@ absl::StatusOr<WorkerResult> ModelAverageStrategy::RunWorker(WorkerContext& cont
   block.set_kind("momentum");
   block.set_learning_rate(local.block_learning_rate);
   block.set_momentum(local.block_momentum);
+  // A restore puts the rounds, and the accumulators that average them, at
+  // the round the checkpoint's step ends.
+  context.restore_accumulator_step = [&](int64_t global_step) -> absl::StatusOr<int64_t> {
+    const int64_t round = RoundAtLocalStep(local, global_step / workers);
+    SHOAL_RETURN_IF_ERROR(client.SetCounter(kAverageRound, round).status());
+    return round;
+  };
   SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, replica->model(), &block));
   const wire::AccumulatedRule rule = local.block_momentum > 0 ? wire::BLOCK_MOMENTUM : wire::ASSIGN_MEAN;
   const std::vector<std::string>& names = replica->names();
-  const int64_t rounds = AveragingRounds(local, context.max_steps, context.num_workers);
+  const int64_t rounds = AveragingRounds(local, context.max_steps, workers);
   const absl::Duration timeout = absl::Seconds(context.config->training.sync_timeout_s);
   BatchIterator batches = WorkerBatches(context);
   WorkerResult result;
-  // A restarted worker joins the round in progress.
-  SHOAL_ASSIGN_OR_RETURN(int64_t round, context.client->AddToCounter(kAverageRound, 0));
-  SHOAL_RETURN_IF_ERROR(FetchGlobal(*context.client, *replica));
-  int64_t local_step = 0;
-  for (int64_t r = 0; r < round; ++r) local_step += LocalStepsInRound(local, r);
-  // Every worker takes the same steps per round, so the global step after a
-  // round is known without asking.
-  int64_t global_step = local_step * context.num_workers;
-  for (; round < rounds; ++round) {
+  int64_t round = 0;        // the averaging round in progress
+  int64_t in_round = 0;     // local steps taken in it
+  int64_t local_step = 0;   // before it, and in it
+  int64_t global_step = 0;  // before it: every worker takes the same steps per round
+  // At the start (a restarted worker joins the round in progress) and after
+  // a restore: from the global copy, at the start of the job's round.
+  auto join = [&]() -> absl::Status {
+    SHOAL_ASSIGN_OR_RETURN(round, client.AddToCounter(kAverageRound, 0));
+    local_step = 0;
+    for (int64_t r = 0; r < round; ++r) local_step += LocalStepsInRound(local, r);
+    global_step = local_step * workers;
+    in_round = 0;
+    return FetchGlobal(client, *replica);
+  };
+  SHOAL_RETURN_IF_ERROR(join());
+  auto step_once = [&]() -> absl::StatusOr<bool> {
+    if (round >= rounds) return false;
     const int64_t steps = LocalStepsInRound(local, round);
-    for (int64_t k = 0; k < steps; ++k) {
-      if (context.before_step) context.before_step(local_step);
-      BatchResult batch = ComputeGradients(replica->model(), batches);
-      replica->Apply(replica->model().Gradients());
-      ++local_step;
-      StepInfo info = MakeStepInfo(local_step, global_step, batch, replica->model());
-      if (k + 1 < steps) {
-        SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
-        if (!go_on) return result;
-        continue;
-      }
-      // The round's last step: average.
-      const std::vector<torch::Tensor> values = replica->Values();
-      SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, values, info, &result));
-      if (!send) return result;
-      SHOAL_RETURN_IF_ERROR(context.client->Accumulate(names, values, round, context.task.ToString()).status());
-      if (context.is_chief) {
-        SHOAL_ASSIGN_OR_RETURN(bool applied,
-                               ApplyAccumulatedOrStop(context, names, context.num_workers, round + 1, rule));
-        if (!applied) return result;
-        // Both counters in one call (no variables to update).
-        SHOAL_RETURN_IF_ERROR(context.client
-                                  ->ApplyGradients({}, {}, {{kGlobalStep, steps * context.num_workers},
-                                                           {kAverageRound, 1}})
-                                  .status());
-      } else {
-        SHOAL_ASSIGN_OR_RETURN(int64_t done, WaitForCounter(context, kAverageRound, round + 1, timeout,
-                                                            absl::StrCat("averaging round ", round + 1)));
-        if (done == 0) return result;  // stopped
-      }
-      SHOAL_RETURN_IF_ERROR(FetchGlobal(*context.client, *replica));
-      global_step += steps * context.num_workers;
-      info.global_step = global_step;
-      info.exchanged = true;
-      SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
-      if (!go_on) return result;
+    if (context.before_step) context.before_step(local_step);
+    BatchResult batch = ComputeGradients(replica->model(), batches);
+    replica->Apply(replica->model().Gradients());
+    ++local_step;
+    StepInfo info = MakeStepInfo(local_step, global_step, batch, replica->model());
+    if (++in_round < steps) return FinishStep(context, info, &result);
+    // The round's last step: average.
+    const std::vector<torch::Tensor> values = replica->Values();
+    SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, values, info, &result));
+    if (!send) return false;
+    SHOAL_RETURN_IF_ERROR(client.Accumulate(names, values, round, context.task.ToString()).status());
+    if (context.is_chief) {
+      SHOAL_ASSIGN_OR_RETURN(bool applied, ApplyAccumulatedOrStop(context, names, workers, round + 1, rule));
+      if (!applied) return false;
+      // Both counters in one call (no variables to update).
+      SHOAL_RETURN_IF_ERROR(
+          client.ApplyGradients({}, {}, {{kGlobalStep, steps * workers}, {kAverageRound, 1}}).status());
+    } else {
+      SHOAL_ASSIGN_OR_RETURN(int64_t done, WaitForCounter(context, kAverageRound, round + 1, timeout,
+                                                          absl::StrCat("averaging round ", round + 1)));
+      if (done == 0) return false;  // stopped
     }
-  }
+    SHOAL_RETURN_IF_ERROR(FetchGlobal(client, *replica));
+    global_step += steps * workers;
+    ++round;
+    in_round = 0;
+    info.global_step = global_step;
+    info.exchanged = true;
+    return FinishStep(context, info, &result);
+  };
+  // A lost ps: the chief restores the newest checkpoint, rounds and
+  // accumulators included, and every worker starts that round again.
+  SHOAL_RETURN_IF_ERROR(
+      StepUntilDone(context, names, replica->model().variables(), block, step_once, join));
   return result;
 }
 

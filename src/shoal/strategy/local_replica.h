@@ -61,6 +61,9 @@ class ElasticAverageStrategy : public TrainingStrategy {
 // that covers a worker's share of `max_steps`.
 int64_t LocalStepsInRound(const LocalReplicaConfig& config, int64_t round);
 int64_t AveragingRounds(const LocalReplicaConfig& config, int64_t max_steps, int num_workers);
+// The round in progress after `local_step` local steps: the one that starts
+// there (a restored checkpoint's step, per worker), or holds it.
+int64_t RoundAtLocalStep(const LocalReplicaConfig& config, int64_t local_step);
 
 // Counts the averaging exchanges completed.
 inline constexpr char kAverageRound[] = "average_round";

@@ -141,6 +141,12 @@ absl::StatusOr<int64_t> RestoreOnto(WorkerContext& context, const std::string& c
     SHOAL_ASSIGN_OR_RETURN(int64_t live, client.AddToCounter(name, 0));
     if (saved > live) SHOAL_RETURN_IF_ERROR(client.SetCounter(name, saved).status());
   }
+  // Counted before any variable comes back, so that a worker that finds the
+  // variables again also finds the count moved; the other workers wait for
+  // restore_in_progress to fall before they read.
+  SHOAL_RETURN_IF_ERROR(client.SetCounter(kRestoreInProgress, 1).status());
+  SHOAL_RETURN_IF_ERROR(client.SetCounter(kRestoredStep, index.step).status());
+  SHOAL_RETURN_IF_ERROR(client.AddToCounter(kRestores, 1).status());
   std::vector<VariableInit> inits;
   for (size_t i = 0; i < restored.size(); ++i) {
     inits.push_back({names[i], restored[i].value, optimizer, context.config->training.use_locking});
@@ -153,7 +159,7 @@ absl::StatusOr<int64_t> RestoreOnto(WorkerContext& context, const std::string& c
     SHOAL_ASSIGN_OR_RETURN(accumulator_step, context.restore_accumulator_step(index.step));
   }
   SHOAL_RETURN_IF_ERROR(RestoreVariables(client, restored, names, accumulator_step));
-  SHOAL_RETURN_IF_ERROR(client.AddToCounter(kRestores, 1).status());
+  SHOAL_RETURN_IF_ERROR(client.SetCounter(kRestoreInProgress, 0).status());
   return index.step;
 }
 
@@ -170,12 +176,22 @@ absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std:
   Client& client = *context.client;
   const absl::Duration timeout = absl::Seconds(context.config->transport.startup_timeout_s);
   absl::FPrintF(stderr, "%s: %s; waiting for the job to recover\n", context.task.ToString(), error.message());
+  const absl::Time give_up = absl::Now() + timeout;
   if (!context.is_chief) {
     absl::Status back = client.WaitForVariables(names, timeout);
-    if (back.ok()) return back;
-    return Annotate(error, absl::StrCat("the variables did not come back: ", back.message()));
+    if (!back.ok()) return Annotate(error, absl::StrCat("the variables did not come back: ", back.message()));
+    // The variables exist again; their values are the checkpoint's once the
+    // chief's restore is over.
+    while (true) {
+      SHOAL_ASSIGN_OR_RETURN(int64_t restoring, client.AddToCounter(kRestoreInProgress, 0));
+      if (restoring == 0) return absl::OkStatus();
+      if (absl::Now() > give_up) {
+        return Annotate(error, absl::StrCat("the chief's restore did not finish within ",
+                                            absl::FormatDuration(timeout)));
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
   }
-  const absl::Time give_up = absl::Now() + timeout;
   while (true) {
     auto exist = client.VariablesExist(names);
     if (exist.ok()) {
@@ -198,6 +214,25 @@ absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std:
   return absl::OkStatus();
 }
 
+absl::Status NoteJobState(WorkerContext& context) {
+  SHOAL_ASSIGN_OR_RETURN(context.restores_known, context.client->AddToCounter(kRestores, 0));
+  context.restarts_known = context.client->restarts_seen();
+  return absl::OkStatus();
+}
+
+absl::Status JobRewound(WorkerContext& context) {
+  if (context.client->restarts_seen() != context.restarts_known) {
+    return absl::UnavailableError(
+        absl::StrCat(context.task.ToString(), ": a task of the job restarted while this worker waited"));
+  }
+  SHOAL_ASSIGN_OR_RETURN(int64_t restores, context.client->AddToCounter(kRestores, 0));
+  if (restores != context.restores_known) {
+    return absl::UnavailableError(absl::StrCat(context.task.ToString(),
+                                               ": the job was restored from a checkpoint while this worker waited"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StepUntilDone(WorkerContext& context, const std::vector<std::string>& names,
                            const std::vector<torch::Tensor>& shapes_from, const wire::OptimizerConfig& optimizer,
                            const std::function<absl::StatusOr<bool>()>& step,
@@ -208,6 +243,7 @@ absl::Status StepUntilDone(WorkerContext& context, const std::vector<std::string
       // A ps task died (and is perhaps back, empty): the chief restores the
       // newest checkpoint and everyone goes on from it.
       SHOAL_RETURN_IF_ERROR(RecoverLostVariables(context, names, shapes_from, optimizer, go_on.status()));
+      SHOAL_RETURN_IF_ERROR(NoteJobState(context));
       if (rejoin) SHOAL_RETURN_IF_ERROR(rejoin());
       continue;
     }
@@ -230,6 +266,7 @@ std::vector<std::string> WorkerNames(const WorkerContext& context) {
 absl::StatusOr<bool> StoppedOrAborted(WorkerContext& context, absl::string_view what) {
   SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(*context.client));
   if (stopped) return true;
+  SHOAL_RETURN_IF_ERROR(JobRewound(context));
   SHOAL_ASSIGN_OR_RETURN(int64_t aborted, context.client->AddToCounter(kJobAborted, 0));
   if (aborted > 0) {
     return absl::AbortedError(absl::StrCat(context.task.ToString(), ": another task ended the job during ", what,
@@ -274,11 +311,14 @@ absl::StatusOr<bool> ApplyAccumulatedOrStop(WorkerContext& context, const std::v
     if (absl::IsDeadlineExceeded(applied)) {
       SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(*context.client));
       if (stopped) return false;
+      SHOAL_RETURN_IF_ERROR(JobRewound(context));
       if (absl::Now() < give_up) continue;
       applied = absl::DeadlineExceededError(
           absl::StrCat("after ", absl::FormatDuration(timeout), ": ", applied.message()));
     }
-    context.client->AddToCounter(kJobAborted, 1).IgnoreError();  // release the others
+    // A lost ps is recovered from (StepUntilDone); anything else ends the
+    // job, and the others are released.
+    if (!Recoverable(context, applied)) context.client->AddToCounter(kJobAborted, 1).IgnoreError();
     return applied;
   }
 }
@@ -407,7 +447,7 @@ absl::Status InitializeOrWait(WorkerContext& context, const std::vector<std::str
   context.startup_bytes_sent = context.client->bytes_sent();
   context.startup_bytes_received = context.client->bytes_received();
   context.startup_tensor_bytes_sent = context.client->tensor_bytes_sent();
-  return absl::OkStatus();
+  return NoteJobState(context);
 }
 
 }  // namespace shoal

@@ -24,6 +24,11 @@ inline constexpr char kStaleGradients[] = "stale_gradients_dropped";
 inline constexpr char kJobAborted[] = "job_aborted";
 // Restores of a checkpoint onto a running job (a lost ps task), so far.
 inline constexpr char kRestores[] = "restores";
+// 1 while the chief restores a checkpoint onto the job (workers wait for it
+// to finish before they read the restored values), 0 otherwise.
+inline constexpr char kRestoreInProgress[] = "restore_in_progress";
+// The global step of the checkpoint the job was last restored to.
+inline constexpr char kRestoredStep[] = "restored_step";
 // Above 0 once a hook on any worker stopped the job: every worker ends cleanly
 // at its next exchange with the ps.
 inline constexpr char kStopRequested[] = "stop_requested";
@@ -64,6 +69,11 @@ struct WorkerContext {
   // strategy's own counters back and returns the step every accumulator
   // restarts at, emptied. Unset: accumulators are left as they are.
   std::function<absl::StatusOr<int64_t>(int64_t global_step)> restore_accumulator_step;
+  // What this worker knew of the job when it last (re)joined: the restores
+  // counter and the task restarts its client had seen. A change in either
+  // while it waits means the job went back to a checkpoint (JobRewound).
+  int64_t restores_known = 0;
+  int64_t restarts_known = 0;
   // Hooks run after the configured ones (tests, programs embedding shoal).
   std::vector<std::shared_ptr<TrainingHook>> extra_hooks;
 };
@@ -153,11 +163,22 @@ absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std:
                                   const std::vector<torch::Tensor>& shapes_from,
                                   const wire::OptimizerConfig& optimizer, const absl::Status& error);
 
+// Notes what the worker now knows of the job (restores_known,
+// restarts_known): at the start of training and after each rejoin.
+absl::Status NoteJobState(WorkerContext& context);
+
+// Unavailable when the job was restored from a checkpoint, or a task
+// restarted, since the worker last noted the job's state: a worker waiting
+// for the others at a barrier, or for a round or step that the restore undid,
+// must give up and rejoin (StepUntilDone does) rather than wait for ever.
+absl::Status JobRewound(WorkerContext& context);
+
 // A worker's training loop: runs `step` until it returns false. A failure
 // that is Recoverable is recovered from (RecoverLostVariables, for the
-// variables `names` shaped as `shapes_from`, created with `optimizer`), and
-// `rejoin` (re-reading what the worker keeps of the job) runs before the
-// next step; any other failure ends the loop.
+// variables `names` shaped as `shapes_from`, created with `optimizer`), the
+// job's state is noted again (NoteJobState), and `rejoin` (re-reading what
+// the worker keeps of the job) runs before the next step; any other failure
+// ends the loop.
 absl::Status StepUntilDone(WorkerContext& context, const std::vector<std::string>& names,
                            const std::vector<torch::Tensor>& shapes_from, const wire::OptimizerConfig& optimizer,
                            const std::function<absl::StatusOr<bool>()>& step,
