@@ -203,7 +203,7 @@ TEST_P(ModeFaultTest, AKilledPsIsRestoredAndTrainingGoesOnFromTheCheckpoint) {
 INSTANTIATE_TEST_SUITE_P(Modes, ModeFaultTest,
                          ::testing::Values(PsLoss{"async", 1}, PsLoss{"sync", 0}, PsLoss{"ssp", 1},
                                            PsLoss{"ssp", 0}, PsLoss{"downpour", 0}, PsLoss{"model_average", 0},
-                                           PsLoss{"model_average", 1}, PsLoss{"easgd", 0}),
+                                           PsLoss{"model_average", 1}, PsLoss{"easgd", 0}, PsLoss{"gated", 0}),
                          [](const auto& info) {
                            return std::string(info.param.mode) + "_ps" + std::to_string(info.param.ps);
                          });

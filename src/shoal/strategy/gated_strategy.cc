@@ -84,15 +84,33 @@ class LockstepWorker {
     for (const Mlp* part : pulled_parts_) pulled_names_ = Concat(pulled_names_, part->variable_names());
   }
 
-  // Runs the whole job from this task.
-  absl::StatusOr<WorkerResult> Run() {
+  // Runs the whole job from this task; `names` and `values` are every
+  // variable of the job, for a restore.
+  absl::StatusOr<WorkerResult> Run(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values) {
     std::optional<BatchIterator> batches;
     if (context_.is_chief) batches.emplace(GatedBatchIndices(context_.train_shard, *context_.config));
     WorkerResult result;
-    for (int64_t t = 0; t < context_.max_steps; ++t) {
-      SHOAL_ASSIGN_OR_RETURN(bool go_on, Step(t, batches ? &*batches : nullptr, &result));
-      if (!go_on) break;
-    }
+    int64_t t = 0;
+    int64_t generation = -1;  // the restores when t was read
+    // At the start (a restarted network joins the step the chief waits in)
+    // and after a restore (which put every counter at its step): the job's
+    // step. A failure that undid nothing leaves the lockstep where it was.
+    auto join = [&]() -> absl::Status {
+      if (context_.restores_known == generation) return absl::OkStatus();
+      generation = context_.restores_known;
+      SHOAL_ASSIGN_OR_RETURN(t, client_.AddToCounter(kGlobalStep, 0));
+      return absl::OkStatus();
+    };
+    SHOAL_RETURN_IF_ERROR(join());
+    SHOAL_RETURN_IF_ERROR(StepUntilDone(
+        context_, names, values, context_.config->training.optimizer,
+        [&]() -> absl::StatusOr<bool> {
+          if (t >= context_.max_steps) return false;
+          SHOAL_ASSIGN_OR_RETURN(bool go_on, Step(t, batches ? &*batches : nullptr, &result));
+          ++t;
+          return go_on;
+        },
+        join));
     return result;
   }
 
@@ -144,6 +162,7 @@ class LockstepWorker {
     if (trunk_) {
       SHOAL_ASSIGN_OR_RETURN(int dropped, client_.Accumulate(trunk_names_, shared, t, me_));
       if (dropped > 0) {
+        SHOAL_RETURN_IF_ERROR(JobRewound(context_));  // a restore took the job back past step t
         return absl::InternalError(absl::StrCat(me_, ": the ps dropped its trunk gradient of step ", t,
                                                 " as stale; the lockstep is broken"));
       }
@@ -278,7 +297,14 @@ absl::StatusOr<WorkerResult> RunWholeEnsemble(WorkerContext& context, GatedEnsem
   BatchIterator batches = GatedBatchIndices(context.train_shard, *context.config);
   const std::vector<std::string>& names = ensemble.variable_names();
   WorkerResult result;
-  for (int64_t t = 0; t < context.max_steps; ++t) {
+  int64_t t = 0;
+  auto join = [&]() -> absl::Status {
+    SHOAL_ASSIGN_OR_RETURN(t, client.AddToCounter(kGlobalStep, 0));
+    return absl::OkStatus();
+  };
+  SHOAL_RETURN_IF_ERROR(join());
+  auto step_once = [&]() -> absl::StatusOr<bool> {
+    if (t >= context.max_steps) return false;
     torch::Tensor index_rows, labels;
     batches.Next(&index_rows, &labels);
     const torch::Tensor images = context.train_shard.images.index_select(0, index_rows.squeeze(1).to(torch::kInt64));
@@ -293,11 +319,14 @@ absl::StatusOr<WorkerResult> RunWholeEnsemble(WorkerContext& context, GatedEnsem
     batch.examples = labels.size(0);
     StepInfo info = MakeStepInfo(result.local_steps + 1, t + 1, batch, ensemble.network(0));
     SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, step.gradients, info, &result));
-    if (!send) break;
-    SHOAL_RETURN_IF_ERROR(client.ApplyGradients(names, step.gradients, {{kGlobalStep, 1}}).status());
-    SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
-    if (!go_on) break;
-  }
+    if (!send) return false;
+    SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> counters,
+                           client.ApplyGradients(names, step.gradients, {{kGlobalStep, 1}}));
+    t = counters[0];
+    return FinishStep(context, info, &result);
+  };
+  SHOAL_RETURN_IF_ERROR(
+      StepUntilDone(context, names, ensemble.variables(), context.config->training.optimizer, step_once, join));
   return result;
 }
 
@@ -343,9 +372,19 @@ absl::StatusOr<WorkerResult> GatedStrategy::RunWorker(WorkerContext& context) {
       values.push_back(torch::zeros(spec.shape));
     }
   }
+  // A restore puts every counter of the lockstep, and the trunk's
+  // accumulators, at the checkpoint's step.
+  context.restore_accumulator_step = [&](int64_t global_step) -> absl::StatusOr<int64_t> {
+    std::vector<std::string> counters = {kBatchCounter, kScalesCounter};
+    for (int k = 1; k < context.num_workers; ++k) counters.push_back(LogitsCounter(k));
+    for (const std::string& counter : counters) {
+      SHOAL_RETURN_IF_ERROR(context.client->SetCounter(counter, global_step).status());
+    }
+    return global_step;
+  };
   SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, names, values, config.training.optimizer));
   if (context.num_workers == 1) return RunWholeEnsemble(context, ensemble);
-  auto result = LockstepWorker(context, ensemble).Run();
+  auto result = LockstepWorker(context, ensemble).Run(names, values);
   // The others would wait for this task until their deadline: release them.
   if (!result.ok()) context.client->AddToCounter(kJobAborted, 1).IgnoreError();
   return result;
