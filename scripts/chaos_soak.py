@@ -106,11 +106,12 @@ def lost_steps(mode, result, workers=2):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
-    parser.add_argument("--modes", default="async,sync,downpour")
+    parser.add_argument("--modes", default="async,sync,model_average")
     parser.add_argument("--quick", action="store_true", help="shorter jobs, faults every 5-10 s")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    epochs = {"async": 30, "sync": 15, "downpour": 30}  # about 1.5 minutes each, undisturbed, on 2 cores
+    # About 1.5 minutes each, undisturbed, on 2 cores.
+    epochs = {"async": 30, "sync": 15, "downpour": 30, "model_average": 30}
     interval = (30, 60)
     every_steps = 500
     if args.quick:
@@ -138,7 +139,7 @@ def main():
             lost = None
             if chaos is not None:
                 lost = lost_steps(mode, chaos)
-                restores = len(chaos.get("recoveries", []))
+                restores = chaos.get("restores", 0)
                 if lost < 0:
                     checks.append(f"{-lost:.0f} steps applied twice")
                 # Steps in flight when a ps dies (2 workers, a few each) come on top of the interval.
@@ -151,7 +152,7 @@ def main():
             ok = ok and not checks
             rows.append((mode, e, f"{calm['test_accuracy'] * 100:.2f}%" if calm else "-",
                          f"{chaos['test_accuracy'] * 100:.2f}%" if chaos else "-", kills, freezes,
-                         len(chaos.get("recoveries", [])) if chaos else "-",
+                         chaos.get("restores", 0) if chaos else "-",
                          f"{lost:.0f}" if lost is not None else "-", f"{calm_s:.0f} / {chaos_s:.0f}",
                          "ok" if not checks else "; ".join(checks)))
             print(f"{mode}: faults {log}", flush=True)

@@ -226,6 +226,7 @@ void PrintReport(const TrainReport& report) {
   if (!report.stop_reason.empty()) absl::PrintF("stopped early: %s\n", report.stop_reason);
   for (const std::string& restart : report.restarts) absl::PrintF("restart: %s\n", restart);
   for (const std::string& recovery : report.recoveries) absl::PrintF("recovery: %s\n", recovery);
+  if (report.restores > 0) absl::PrintF("checkpoints restored onto the job: %d\n", report.restores);
   if (report.unfinished_workers > 0) {
     absl::PrintF("%d worker(s) had not finished when the chief evaluated\n", report.unfinished_workers);
   }

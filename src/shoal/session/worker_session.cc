@@ -21,9 +21,15 @@ constexpr char kCallsRetried[] = "calls_retried";
 
 // The job's counters a checkpoint keeps, for a counter task that is lost
 // (global_step is the checkpoint's own step).
-std::vector<std::string> SavedCounters() {
-  return {kStopRequested, kWorkersDone, kStaleGradients, kRestores,    kBytesSent,
-          kBytesReceived, kTensorBytesSent, kWorkerSteps, kCallsRetried};
+std::vector<std::string> SavedCounters(const WorkerContext& context) {
+  std::vector<std::string> counters = {kStopRequested,  kWorkersDone,     kStaleGradients, kRestores,    kBytesSent,
+                                       kBytesReceived,  kTensorBytesSent, kWorkerSteps,    kCallsRetried};
+  if (context.config->training.mode == "population") {
+    for (std::string& member : PopulationCounters(*context.config, context.num_workers)) {
+      counters.push_back(std::move(member));
+    }
+  }
+  return counters;
 }
 
 }  // namespace
@@ -60,7 +66,7 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
                          MakeStandardHooks(context.config->hooks, context.task.job, context.task.index,
                                            context.is_chief));
   if (context.is_chief && !context.config->checkpoint.dir.empty()) {
-    hooks->Add(std::make_shared<CheckpointSaverHook>(context.client, context.config->checkpoint, SavedCounters()));
+    hooks->Add(std::make_shared<CheckpointSaverHook>(context.client, context.config->checkpoint, SavedCounters(context)));
   }
   for (const auto& hook : context.extra_hooks) hooks->Add(hook);
   context.hooks = hooks.get();
@@ -104,10 +110,11 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   SHOAL_ASSIGN_OR_RETURN(report->global_step, context.client->AddToCounter(kGlobalStep, 0));
   report->restored_from = context.restored_from;
   report->recoveries = context.recoveries;
+  SHOAL_ASSIGN_OR_RETURN(report->restores, context.client->AddToCounter(kRestores, 0));
   if (!context.config->checkpoint.dir.empty()) {
     SHOAL_ASSIGN_OR_RETURN(report->last_checkpoint,
                            SaveAndPrune(*context.client, context.config->checkpoint, report->global_step,
-                                        SavedCounters()));
+                                        SavedCounters(context)));
   }
   SHOAL_ASSIGN_OR_RETURN(report->stale_gradients_dropped, context.client->AddToCounter(kStaleGradients, 0));
   SHOAL_ASSIGN_OR_RETURN(report->bytes_sent, context.client->AddToCounter(kBytesSent, 0));

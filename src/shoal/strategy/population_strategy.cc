@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "shoal/checkpoint/checkpoint.h"
 #include "shoal/core/status.h"
 #include "shoal/population/lineage.h"
 #include "shoal/server/optimizer.h"
@@ -106,6 +107,96 @@ Member MemberOf(const JobConfig& config, int m) {
   return Member{m, Mlp(MemberModel(config, m)).variable_names(), HyperparametersVariable(m), FitnessVariable(m)};
 }
 
+std::vector<std::string> AllNames(const Member& member) {
+  std::vector<std::string> names = member.names;
+  names.push_back(member.hparams);
+  names.push_back(member.fitness);
+  return names;
+}
+
+// A member's lead after a task holding its variables was lost (and is
+// perhaps back, empty): once every task answers, a member that lacks some
+// of its variables gets all of them back from the newest checkpoint, with
+// their slots, its hyper-parameters (and the optimizer they make), its
+// fitness and its member step; the job's counters come back as saved where
+// a lost counter task has fewer. A member whose variables all survived keeps
+// them. Its other workers wait for the variables. Each member recovers by
+// itself: the others train on.
+absl::Status RecoverMember(WorkerContext& context, const Member& member, const std::vector<torch::Tensor>& shapes_from,
+                           const wire::OptimizerConfig& base, bool lead, const absl::Status& error) {
+  Client& client = *context.client;
+  const std::vector<std::string> names = AllNames(member);
+  const absl::Duration timeout = absl::Seconds(context.config->transport.startup_timeout_s);
+  absl::FPrintF(stderr, "%s: %s; waiting for member %d to recover\n", context.task.ToString(), error.message(),
+                member.index);
+  if (!lead) {
+    absl::Status back = client.WaitForVariables(names, timeout);
+    return back.ok() ? back : Annotate(error, absl::StrCat("the variables did not come back: ", back.message()));
+  }
+  const absl::Time give_up = absl::Now() + timeout;
+  std::vector<bool> exist;
+  while (true) {
+    auto answered = client.VariablesExist(names);
+    if (answered.ok()) {
+      exist = *answered;
+      break;
+    }
+    if (absl::Now() > give_up) {
+      return Annotate(error, absl::StrCat("no recovery within ", absl::FormatDuration(timeout), ": ",
+                                          answered.status().message()));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  auto latest = LatestCheckpoint(context.config->checkpoint.dir, context.config->checkpoint.on_corrupt == "fall_back");
+  if (!latest.ok()) return Annotate(error, absl::StrCat("cannot recover: ", latest.status().message()));
+  CheckpointIndex index;
+  // The job's counters only grow in a population; its global step is the
+  // sum of the member steps saved with them.
+  auto restore_counters = [&]() -> absl::Status {
+    SHOAL_RETURN_IF_ERROR(RestoreSavedCounters(client, index));
+    int64_t saved_steps = 0;
+    for (const std::string& counter : PopulationCounters(*context.config, context.num_workers)) {
+      auto saved = index.counters.find(counter);
+      if (saved != index.counters.end()) saved_steps += saved->second;
+    }
+    SHOAL_ASSIGN_OR_RETURN(int64_t live, client.AddToCounter(kGlobalStep, 0));
+    return saved_steps > live ? client.SetCounter(kGlobalStep, saved_steps).status() : absl::OkStatus();
+  };
+  if (std::all_of(exist.begin(), exist.end(), [](bool e) { return e; })) {
+    SHOAL_ASSIGN_OR_RETURN(index, ReadCheckpointIndex(*latest));
+    return restore_counters();
+  }
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& v : shapes_from) shapes.emplace_back(v.sizes().begin(), v.sizes().end());
+  shapes.push_back({4});
+  shapes.push_back({3});
+  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(*latest, &index));
+  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored,
+                         SelectVariables(std::move(all), names, shapes, *latest));
+  const Hyperparameters h = FromTensor(restored[member.names.size()].value);
+  const wire::OptimizerConfig optimizer = WithHyperparameters(base, h);
+  std::vector<VariableInit> inits;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const bool trained = i < member.names.size();
+    inits.push_back({names[i], restored[i].value, trained ? optimizer : Constant(),
+                     context.config->training.use_locking});
+  }
+  SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));
+  // Those that survived go back to the checkpoint too, under its optimizer.
+  SHOAL_RETURN_IF_ERROR(client.SetOptimizer(member.names, optimizer));
+  SHOAL_RETURN_IF_ERROR(RestoreVariables(client, restored, names));
+  SHOAL_RETURN_IF_ERROR(restore_counters());
+  const std::string step_counter = MemberStepCounter(member.index);
+  auto saved_step = index.counters.find(step_counter);
+  if (saved_step != index.counters.end()) SHOAL_RETURN_IF_ERROR(client.SetCounter(step_counter, saved_step->second).status());
+  SHOAL_RETURN_IF_ERROR(client.AddToCounter(kRestores, 1).status());
+  context.recoveries.push_back(absl::StrCat("member ", member.index, ": restored ", *latest, " (member step ",
+                                            saved_step != index.counters.end() ? saved_step->second : 0,
+                                            ") after: ", error.message()));
+  absl::FPrintF(stderr, "%s: %s\n", context.task.ToString(), context.recoveries.back());
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int NumMembers(const JobConfig& config, int num_workers) {
@@ -119,6 +210,12 @@ MlpConfig MemberModel(const JobConfig& config, int member) {
   model.scope = MemberScope(member);
   model.seed = config.model.seed + member;
   return model;
+}
+
+std::vector<std::string> PopulationCounters(const JobConfig& config, int num_workers) {
+  std::vector<std::string> counters;
+  for (int m = 0; m < NumMembers(config, num_workers); ++m) counters.push_back(MemberStepCounter(m));
+  return counters;
 }
 
 std::string HyperparametersVariable(int member) { return MemberScope(member) + "hparams"; }
@@ -172,9 +269,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
 
   // Start-up: the lead creates the member's variables (a restarted lead finds
   // them and keeps their values and hyper-parameters); its workers wait.
-  std::vector<std::string> all_names = own.names;
-  all_names.push_back(own.hparams);
-  all_names.push_back(own.fitness);
+  const std::vector<std::string> all_names = AllNames(own);
   if (lead) {
     const Hyperparameters start =
         DrawInitial(pc, HyperparametersOf(base->config(), config.training.batch_size), rng);
@@ -329,7 +424,8 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     return lineage->Write(decided);
   };
 
-  while (step < member_steps) {
+  auto step_once = [&]() -> absl::StatusOr<bool> {
+    if (step >= member_steps) return false;
     if (context.before_step) context.before_step(result.local_steps);
     std::vector<std::string> pull = own.names;
     if (!lead) pull.push_back(own.hparams);  // the lead may have changed the batch size
@@ -348,7 +444,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     StepInfo info = MakeStepInfo(result.local_steps + 1, step, batch, model);
     const std::vector<torch::Tensor> gradients = model.Gradients();
     SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, own.names, gradients, info, &result));
-    if (!send) break;
+    if (!send) return false;
     SHOAL_ASSIGN_OR_RETURN(auto counters, client.ApplyGradients(own.names, gradients,
                                                                 {{MemberStepCounter(me), 1},
                                                                  {kGlobalStep, 1},
@@ -365,8 +461,26 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
       SHOAL_RETURN_IF_ERROR(decide());
     }
     SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
-    if (!go_on || counters[2] > 0) break;
-  }
+    return go_on && counters[2] == 0;
+  };
+  // After a recovery: the member's step and hyper-parameters as they now are
+  // (a restored member's are the checkpoint's).
+  auto rejoin = [&]() -> absl::Status {
+    SHOAL_ASSIGN_OR_RETURN(step, client.AddToCounter(MemberStepCounter(me), 0));
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> now, client.Read({own.hparams}));
+    const Hyperparameters restored = FromTensor(now[0]);
+    if (restored.batch_size != h.batch_size) {
+      batches = std::make_unique<BatchIterator>(context.train_shard, restored.batch_size,
+                                                config.training.seed * 1000003 + context.worker_index + step);
+    }
+    h = restored;
+    evaluated_at = decided_at = step;
+    return absl::OkStatus();
+  };
+  SHOAL_RETURN_IF_ERROR(StepUntilDone(context, step_once, [&](const absl::Status& error) -> absl::Status {
+    SHOAL_RETURN_IF_ERROR(RecoverMember(context, own, model.variables(), base->config(), lead, error));
+    return rejoin();
+  }));
   if (lead) {
     SHOAL_RETURN_IF_ERROR(evaluate());
     SHOAL_RETURN_IF_ERROR(lineage->Write({me, step, "end", fitness, loss, -1, "", h}));

@@ -28,6 +28,9 @@ int NumMembers(const JobConfig& config, int num_workers);
 // Member m's scope, "worker_<m>/", and its model's config (seeded per member).
 std::string MemberScope(int member);
 MlpConfig MemberModel(const JobConfig& config, int member);
+// The counters a checkpoint of a population keeps besides the job's: each
+// member's step.
+std::vector<std::string> PopulationCounters(const JobConfig& config, int num_workers);
 std::string HyperparametersVariable(int member);
 std::string FitnessVariable(int member);
 

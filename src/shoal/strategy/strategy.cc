@@ -135,12 +135,7 @@ absl::StatusOr<int64_t> RestoreOnto(WorkerContext& context, const std::string& c
   SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored,
                          SelectVariables(std::move(all), names, shapes, checkpoint));
   SHOAL_RETURN_IF_ERROR(client.SetCounter(kGlobalStep, index.step).status());
-  // The job's counters as saved, where a counter task that was lost has
-  // fewer: they only grow, so the larger value is the truer one.
-  for (const auto& [name, saved] : index.counters) {
-    SHOAL_ASSIGN_OR_RETURN(int64_t live, client.AddToCounter(name, 0));
-    if (saved > live) SHOAL_RETURN_IF_ERROR(client.SetCounter(name, saved).status());
-  }
+  SHOAL_RETURN_IF_ERROR(RestoreSavedCounters(client, index));
   // Counted before any variable comes back, so that a worker that finds the
   // variables again also finds the count moved; the other workers wait for
   // restore_in_progress to fall before they read.
@@ -164,6 +159,14 @@ absl::StatusOr<int64_t> RestoreOnto(WorkerContext& context, const std::string& c
 }
 
 }  // namespace
+
+absl::Status RestoreSavedCounters(Client& client, const CheckpointIndex& index) {
+  for (const auto& [name, saved] : index.counters) {
+    SHOAL_ASSIGN_OR_RETURN(int64_t live, client.AddToCounter(name, 0));
+    if (saved > live) SHOAL_RETURN_IF_ERROR(client.SetCounter(name, saved).status());
+  }
+  return absl::OkStatus();
+}
 
 bool Recoverable(const WorkerContext& context, const absl::Status& error) {
   return !context.config->checkpoint.dir.empty() &&
@@ -233,23 +236,30 @@ absl::Status JobRewound(WorkerContext& context) {
   return absl::OkStatus();
 }
 
-absl::Status StepUntilDone(WorkerContext& context, const std::vector<std::string>& names,
-                           const std::vector<torch::Tensor>& shapes_from, const wire::OptimizerConfig& optimizer,
-                           const std::function<absl::StatusOr<bool>()>& step,
-                           const std::function<absl::Status()>& rejoin) {
+absl::Status StepUntilDone(WorkerContext& context, const std::function<absl::StatusOr<bool>()>& step,
+                           const std::function<absl::Status(const absl::Status& error)>& recover) {
   while (true) {
     absl::StatusOr<bool> go_on = step();
     if (!go_on.ok() && Recoverable(context, go_on.status())) {
-      // A ps task died (and is perhaps back, empty): the chief restores the
-      // newest checkpoint and everyone goes on from it.
-      SHOAL_RETURN_IF_ERROR(RecoverLostVariables(context, names, shapes_from, optimizer, go_on.status()));
-      SHOAL_RETURN_IF_ERROR(NoteJobState(context));
-      if (rejoin) SHOAL_RETURN_IF_ERROR(rejoin());
+      SHOAL_RETURN_IF_ERROR(recover(go_on.status()));
       continue;
     }
     SHOAL_RETURN_IF_ERROR(go_on.status());
     if (!*go_on) return absl::OkStatus();
   }
+}
+
+absl::Status StepUntilDone(WorkerContext& context, const std::vector<std::string>& names,
+                           const std::vector<torch::Tensor>& shapes_from, const wire::OptimizerConfig& optimizer,
+                           const std::function<absl::StatusOr<bool>()>& step,
+                           const std::function<absl::Status()>& rejoin) {
+  // A ps task died (and is perhaps back, empty): the chief restores the
+  // newest checkpoint and everyone goes on from it.
+  return StepUntilDone(context, step, [&](const absl::Status& error) -> absl::Status {
+    SHOAL_RETURN_IF_ERROR(RecoverLostVariables(context, names, shapes_from, optimizer, error));
+    SHOAL_RETURN_IF_ERROR(NoteJobState(context));
+    return rejoin ? rejoin() : absl::OkStatus();
+  });
 }
 
 namespace {

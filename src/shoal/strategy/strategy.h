@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "shoal/checkpoint/checkpoint.h"
 #include "shoal/client/client.h"
 #include "shoal/data/dataset.h"
 #include "shoal/hooks/hook.h"
@@ -172,6 +173,17 @@ absl::Status NoteJobState(WorkerContext& context);
 // for the others at a barrier, or for a round or step that the restore undid,
 // must give up and rejoin (StepUntilDone does) rather than wait for ever.
 absl::Status JobRewound(WorkerContext& context);
+
+// Puts back the job's counters as `index` saved them where the counter task
+// has fewer (it was lost): they only grow, so the larger value is the truer
+// one.
+absl::Status RestoreSavedCounters(Client& client, const CheckpointIndex& index);
+
+// A training loop: runs `step` until it returns false; after a failure that
+// is Recoverable, `recover` (the strategy's way back) and on; any other
+// failure, or one of `recover`'s, ends the loop.
+absl::Status StepUntilDone(WorkerContext& context, const std::function<absl::StatusOr<bool>()>& step,
+                           const std::function<absl::Status(const absl::Status& error)>& recover);
 
 // A worker's training loop: runs `step` until it returns false. A failure
 // that is Recoverable is recovered from (RecoverLostVariables, for the

@@ -12,7 +12,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainReport, test_accuracy, glob
                                                 peer_bytes_read, population_summary, copies_per_interval, copies,
                                                 copies_by_the_worst, network_test_accuracies,
                                                 uniform_average_accuracy, any_network_right, network_mean_weights,
-                                                restored_from, last_checkpoint, restarts, recoveries,
+                                                restored_from, last_checkpoint, restarts, recoveries, restores,
                                                 unfinished_workers, compute_threads, compute_threads_source, intra_op_threads,
                                                 blas, worker_steps, calls_retried)
 

@@ -34,6 +34,9 @@ struct TrainReport {
   std::string last_checkpoint;          // the checkpoint saved at the end; empty if none
   std::vector<std::string> restarts;    // the local launcher's: which task failed how, and its restart
   std::vector<std::string> recoveries;  // the chief's restores after a task lost its variables mid-job
+  // Checkpoints restored onto the job by any task (the chief's, a population
+  // member's lead's), start-up included.
+  int64_t restores = 0;
   int unfinished_workers = 0;           // workers that had not finished when the chief evaluated (dead ones)
   // The chief's compute: its BLAS threads, why that many, libtorch's
   // intra-op threads beside them, and the BLAS its matrix products ran on.
