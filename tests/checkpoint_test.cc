@@ -325,6 +325,35 @@ TEST(CheckpointTest, ARestartedServerIsANewIncarnation) {
   EXPECT_EQ(client->restarts_seen(), 1);
 }
 
+// A job stopped early (a hook, a signal) saves its checkpoint with the stop
+// flag raised; started again, it is a new session: it restores the values
+// and the global step but not the old session's counters, and trains on
+// instead of stopping at once (or not waiting for workers "done" before).
+TEST(CheckpointTrainingTest, AJobStoppedEarlyTrainsOnWhenStartedAgain) {
+  const fs::path dir = TempDir("stopped");
+  JobConfig config = QuickJob("async");
+  config.data.train_examples = 3000;
+  config.training.max_steps = 60;
+  config.hooks.stop_at_step = 20;
+  config.checkpoint.dir = dir.string();
+  auto first = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_FALSE(first->stop_reason.empty());
+  const CheckpointIndex saved = ReadCheckpointIndex(first->last_checkpoint).value();
+  ASSERT_EQ(saved.counters.at("stop_requested"), 1);  // what a restore must not bring back
+  ASSERT_EQ(saved.counters.at("workers_done"), 2);
+  ASSERT_LT(saved.step, 60);
+
+  config.hooks.stop_at_step = 0;
+  auto second = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->restored_from, first->last_checkpoint);
+  EXPECT_TRUE(second->stop_reason.empty()) << second->stop_reason;
+  EXPECT_GE(second->global_step, 60);
+  EXPECT_EQ(second->worker_steps, second->global_step - saved.step);  // every worker finished its part
+  fs::remove_all(dir);
+}
+
 TEST(CheckpointTrainingTest, AJobStartedAgainResumesFromItsLastCheckpoint) {
   const fs::path dir = TempDir("resume");
   JobConfig config = QuickJob("sync");

@@ -306,6 +306,57 @@ TEST(PopulationTrainingTest, FourMembersInProcessLearnAndLeaveALineage) {
   std::filesystem::remove_all(dir);
 }
 
+// A population started again over its checkpoint: each member's lead
+// restores its own variables, slots, hyper-parameters and member step (a
+// fresh start would draw new hyper-parameters), and every member goes on
+// from there to its longer budget.
+TEST(PopulationTrainingTest, AStartedAgainPopulationResumesEveryMemberFromItsCheckpoint) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_resume_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  JobConfig config = QuickPopulation(2, dir + "/lineage");
+  config.training.max_steps = 80;  // 40 member steps each
+  config.checkpoint.dir = dir + "/checkpoints";
+  config.checkpoint.every_steps = 1000;  // only the save at the end
+  auto first = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->restored_from.empty());
+  auto before = ReadLineage(dir + "/lineage");
+  ASSERT_TRUE(before.ok()) << before.status();
+  std::map<int, LineageEvent> ended;
+  for (const auto& e : *before) {
+    if (e.event == "end") ended[e.member] = e;
+  }
+  ASSERT_EQ(ended.size(), 2u);
+
+  config.training.max_steps = 160;
+  config.training.seed += 1;  // a fresh start would draw other hyper-parameters
+  auto second = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->restored_from, first->last_checkpoint);
+  EXPECT_EQ(second->restores, 2);  // one per member
+  EXPECT_EQ(second->global_step, 160);
+  auto after = ReadLineage(dir + "/lineage");
+  ASSERT_TRUE(after.ok()) << after.status();
+  for (const auto& [member, end] : ended) {
+    bool resumed = false;
+    for (const auto& e : *after) {
+      if (e.member != member || e.event != "start" || e.step == 0) continue;
+      resumed = true;
+      EXPECT_EQ(e.step, end.step) << "member " << member;
+      // (kept on the ps in float32)
+      const Hyperparameters& got = e.hyperparameters;
+      const Hyperparameters& saved = end.hyperparameters;
+      EXPECT_NEAR(got.learning_rate, saved.learning_rate, 1e-6 * saved.learning_rate) << "member " << member;
+      EXPECT_NEAR(got.momentum, saved.momentum, 1e-6) << "member " << member;
+      EXPECT_NEAR(got.weight_decay, saved.weight_decay, 1e-6 * std::max(saved.weight_decay, 1e-6))
+          << "member " << member;
+      EXPECT_EQ(got.batch_size, saved.batch_size) << "member " << member;
+    }
+    EXPECT_TRUE(resumed) << "member " << member << " started afresh";
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // A live 4-member truncation run, checked from its lineage files alone:
 // every decision ranked all four members by fitness from the current round
 // (each value one that member really published at that step, a copier's

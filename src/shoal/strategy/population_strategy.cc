@@ -114,65 +114,40 @@ std::vector<std::string> AllNames(const Member& member) {
   return names;
 }
 
-// A member's lead after a task holding its variables was lost (and is
-// perhaps back, empty): once every task answers, a member that lacks some
-// of its variables gets all of them back from the newest checkpoint, with
-// their slots, its hyper-parameters (and the optimizer they make), its
-// fitness and its member step; the job's counters come back as saved where
-// a lost counter task has fewer. A member whose variables all survived keeps
-// them. Its other workers wait for the variables. Each member recovers by
-// itself: the others train on.
-absl::Status RecoverMember(WorkerContext& context, const Member& member, const std::vector<torch::Tensor>& shapes_from,
-                           const wire::OptimizerConfig& base, bool lead, const absl::Status& error) {
+// The job's counters as `index` saved them, where the counter task has
+// fewer: in a population they only grow, and the global step is the sum of
+// the member steps saved.
+absl::Status RestorePopulationCounters(WorkerContext& context, const CheckpointIndex& index) {
+  Client& client = *context.client;
+  SHOAL_RETURN_IF_ERROR(RestoreSavedCounters(client, index));
+  int64_t saved_steps = 0;
+  for (const std::string& counter : PopulationCounters(*context.config, context.num_workers)) {
+    auto saved = index.counters.find(counter);
+    if (saved != index.counters.end()) saved_steps += saved->second;
+  }
+  SHOAL_ASSIGN_OR_RETURN(int64_t live, client.AddToCounter(kGlobalStep, 0));
+  return saved_steps > live ? client.SetCounter(kGlobalStep, saved_steps).status() : absl::OkStatus();
+}
+
+// Puts `member`'s variables (shaped as `shapes_from`, then its
+// hyper-parameters and fitness) back as `checkpoint` holds them, with their
+// slots, the optimizer its hyper-parameters make and its member step; those
+// it still has go back too. Mid-job the job's counters come back where a lost
+// counter task has fewer; at start (a new session) only the member's steps
+// count towards the global step. Returns the member step restored.
+absl::StatusOr<int64_t> RestoreMember(WorkerContext& context, const Member& member,
+                                      const std::vector<torch::Tensor>& shapes_from, const wire::OptimizerConfig& base,
+                                      const std::string& checkpoint, bool mid_job) {
   Client& client = *context.client;
   const std::vector<std::string> names = AllNames(member);
-  const absl::Duration timeout = absl::Seconds(context.config->transport.startup_timeout_s);
-  absl::FPrintF(stderr, "%s: %s; waiting for member %d to recover\n", context.task.ToString(), error.message(),
-                member.index);
-  if (!lead) {
-    absl::Status back = client.WaitForVariables(names, timeout);
-    return back.ok() ? back : Annotate(error, absl::StrCat("the variables did not come back: ", back.message()));
-  }
-  const absl::Time give_up = absl::Now() + timeout;
-  std::vector<bool> exist;
-  while (true) {
-    auto answered = client.VariablesExist(names);
-    if (answered.ok()) {
-      exist = *answered;
-      break;
-    }
-    if (absl::Now() > give_up) {
-      return Annotate(error, absl::StrCat("no recovery within ", absl::FormatDuration(timeout), ": ",
-                                          answered.status().message()));
-    }
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-  auto latest = LatestCheckpoint(context.config->checkpoint.dir, context.config->checkpoint.on_corrupt == "fall_back");
-  if (!latest.ok()) return Annotate(error, absl::StrCat("cannot recover: ", latest.status().message()));
-  CheckpointIndex index;
-  // The job's counters only grow in a population; its global step is the
-  // sum of the member steps saved with them.
-  auto restore_counters = [&]() -> absl::Status {
-    SHOAL_RETURN_IF_ERROR(RestoreSavedCounters(client, index));
-    int64_t saved_steps = 0;
-    for (const std::string& counter : PopulationCounters(*context.config, context.num_workers)) {
-      auto saved = index.counters.find(counter);
-      if (saved != index.counters.end()) saved_steps += saved->second;
-    }
-    SHOAL_ASSIGN_OR_RETURN(int64_t live, client.AddToCounter(kGlobalStep, 0));
-    return saved_steps > live ? client.SetCounter(kGlobalStep, saved_steps).status() : absl::OkStatus();
-  };
-  if (std::all_of(exist.begin(), exist.end(), [](bool e) { return e; })) {
-    SHOAL_ASSIGN_OR_RETURN(index, ReadCheckpointIndex(*latest));
-    return restore_counters();
-  }
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& v : shapes_from) shapes.emplace_back(v.sizes().begin(), v.sizes().end());
   shapes.push_back({4});
   shapes.push_back({3});
-  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(*latest, &index));
+  CheckpointIndex index;
+  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(checkpoint, &index));
   SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored,
-                         SelectVariables(std::move(all), names, shapes, *latest));
+                         SelectVariables(std::move(all), names, shapes, checkpoint));
   const Hyperparameters h = FromTensor(restored[member.names.size()].value);
   const wire::OptimizerConfig optimizer = WithHyperparameters(base, h);
   std::vector<VariableInit> inits;
@@ -182,17 +157,63 @@ absl::Status RecoverMember(WorkerContext& context, const Member& member, const s
                      context.config->training.use_locking});
   }
   SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));
-  // Those that survived go back to the checkpoint too, under its optimizer.
   SHOAL_RETURN_IF_ERROR(client.SetOptimizer(member.names, optimizer));
   SHOAL_RETURN_IF_ERROR(RestoreVariables(client, restored, names));
-  SHOAL_RETURN_IF_ERROR(restore_counters());
   const std::string step_counter = MemberStepCounter(member.index);
-  auto saved_step = index.counters.find(step_counter);
-  if (saved_step != index.counters.end()) SHOAL_RETURN_IF_ERROR(client.SetCounter(step_counter, saved_step->second).status());
+  auto saved = index.counters.find(step_counter);
+  const int64_t step = saved != index.counters.end() ? saved->second : 0;
+  if (mid_job) {
+    SHOAL_RETURN_IF_ERROR(RestorePopulationCounters(context, index));
+  } else {
+    SHOAL_RETURN_IF_ERROR(client.AddToCounter(kGlobalStep, step).status());
+  }
+  SHOAL_RETURN_IF_ERROR(client.SetCounter(step_counter, step).status());
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kRestores, 1).status());
-  context.recoveries.push_back(absl::StrCat("member ", member.index, ": restored ", *latest, " (member step ",
-                                            saved_step != index.counters.end() ? saved_step->second : 0,
-                                            ") after: ", error.message()));
+  return step;
+}
+
+// The checkpoint a member's lead restores at start: the newest under
+// checkpoint.dir, unless the member's variables are all live (a restarted
+// lead whose variables are on the ps tasks goes on from them). Empty when
+// there is none.
+absl::StatusOr<std::string> MemberCheckpointToRestore(WorkerContext& context, const std::vector<std::string>& names) {
+  const CheckpointConfig& checkpoint = context.config->checkpoint;
+  if (checkpoint.dir.empty()) return std::string();
+  auto latest = LatestCheckpoint(checkpoint.dir, checkpoint.on_corrupt == "fall_back");
+  if (absl::IsNotFound(latest.status())) return std::string();
+  SHOAL_RETURN_IF_ERROR(latest.status());
+  SHOAL_ASSIGN_OR_RETURN(std::vector<bool> exist, context.client->VariablesExist(names));
+  if (std::all_of(exist.begin(), exist.end(), [](bool e) { return e; })) return std::string();
+  return *latest;
+}
+
+// A member's lead after a task holding its variables was lost (and is
+// perhaps back, empty): once every task answers, a member that lacks some
+// of its variables gets all of them back from the newest checkpoint
+// (RestoreMember); one whose variables all survived keeps them, and only the
+// job's counters come back where a lost counter task has fewer. Its other
+// workers wait for the variables. Each member recovers by itself: the
+// others train on.
+absl::Status RecoverMember(WorkerContext& context, const Member& member, const std::vector<torch::Tensor>& shapes_from,
+                           const wire::OptimizerConfig& base, bool lead, const absl::Status& error) {
+  Client& client = *context.client;
+  const std::vector<std::string> names = AllNames(member);
+  absl::FPrintF(stderr, "%s: %s; waiting for member %d to recover\n", context.task.ToString(), error.message(),
+                member.index);
+  if (!lead) {
+    absl::Status back =
+        client.WaitForVariables(names, absl::Seconds(context.config->transport.startup_timeout_s));
+    return back.ok() ? back : Annotate(error, absl::StrCat("the variables did not come back: ", back.message()));
+  }
+  SHOAL_ASSIGN_OR_RETURN(std::vector<bool> exist, VariablesOnceAnswered(context, names, error));
+  SHOAL_ASSIGN_OR_RETURN(std::string latest, CheckpointToRecoverFrom(context, error));
+  if (std::all_of(exist.begin(), exist.end(), [](bool e) { return e; })) {
+    SHOAL_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(latest));
+    return RestorePopulationCounters(context, index);
+  }
+  SHOAL_ASSIGN_OR_RETURN(int64_t step, RestoreMember(context, member, shapes_from, base, latest, /*mid_job=*/true));
+  context.recoveries.push_back(
+      absl::StrCat("member ", member.index, ": restored ", latest, " (member step ", step, ") after: ", error.message()));
   absl::FPrintF(stderr, "%s: %s\n", context.task.ToString(), context.recoveries.back());
   return absl::OkStatus();
 }
@@ -281,7 +302,19 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     inits.push_back({own.hparams, HyperparametersTensor(start), Constant()});
     inits.push_back({own.fitness, torch::tensor({-1.0f, 0.0f, 0.0f}), Constant()});
     SHOAL_RETURN_IF_ERROR(client.WaitForTasksHolding(all_names, absl::Seconds(config.transport.startup_timeout_s)));
-    SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));
+    SHOAL_ASSIGN_OR_RETURN(std::string checkpoint, MemberCheckpointToRestore(context, all_names));
+    if (checkpoint.empty()) {
+      SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));
+    } else {
+      SHOAL_ASSIGN_OR_RETURN(int64_t restored_step,
+                             RestoreMember(context, own, model.variables(), base->config(), checkpoint, /*mid_job=*/false));
+      if (context.is_chief) {
+        context.restored_from = checkpoint;
+        context.restored_step = restored_step;
+      }
+      absl::FPrintF(stderr, "%s: member %d restored from %s (member step %d)\n", context.task.ToString(), me,
+                    checkpoint, restored_step);
+    }
   } else {
     SHOAL_RETURN_IF_ERROR(
         client.WaitForVariables(all_names, absl::Seconds(config.transport.startup_timeout_s)));

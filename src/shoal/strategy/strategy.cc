@@ -123,10 +123,14 @@ bool AllExist(const std::vector<bool>& exist) {
 // `values`, created with `optimizer`): global_step first, so that no worker
 // sees restored values at another step; then the variables, created with the
 // checkpoint's values where a task lacks them; then every value and slot, so
-// that tasks that kept theirs go back to the checkpoint too. Returns its step.
+// that tasks that kept theirs go back to the checkpoint too. Mid-job, the
+// job's counters saved with it come back too (the counter task may be the
+// one lost); a job started again over a checkpoint begins its counters
+// afresh (a new session: nobody is done yet, nobody has asked to stop).
+// Returns its step.
 absl::StatusOr<int64_t> RestoreOnto(WorkerContext& context, const std::string& checkpoint,
                                     const std::vector<std::string>& names, const std::vector<torch::Tensor>& values,
-                                    const wire::OptimizerConfig& optimizer) {
+                                    const wire::OptimizerConfig& optimizer, bool mid_job) {
   Client& client = *context.client;
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& v : values) shapes.emplace_back(v.sizes().begin(), v.sizes().end());
@@ -135,7 +139,7 @@ absl::StatusOr<int64_t> RestoreOnto(WorkerContext& context, const std::string& c
   SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored,
                          SelectVariables(std::move(all), names, shapes, checkpoint));
   SHOAL_RETURN_IF_ERROR(client.SetCounter(kGlobalStep, index.step).status());
-  SHOAL_RETURN_IF_ERROR(RestoreSavedCounters(client, index));
+  if (mid_job) SHOAL_RETURN_IF_ERROR(RestoreSavedCounters(client, index));
   // Counted before any variable comes back, so that a worker that finds the
   // variables again also finds the count moved; the other workers wait for
   // restore_in_progress to fall before they read.
@@ -168,6 +172,27 @@ absl::Status RestoreSavedCounters(Client& client, const CheckpointIndex& index) 
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<bool>> VariablesOnceAnswered(WorkerContext& context, const std::vector<std::string>& names,
+                                                        const absl::Status& error) {
+  const absl::Duration timeout = absl::Seconds(context.config->transport.startup_timeout_s);
+  const absl::Time give_up = absl::Now() + timeout;
+  while (true) {
+    auto exist = context.client->VariablesExist(names);
+    if (exist.ok()) return exist;
+    if (absl::Now() > give_up) {
+      return Annotate(error, absl::StrCat("no recovery within ", absl::FormatDuration(timeout), ": ",
+                                          exist.status().message()));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+}
+
+absl::StatusOr<std::string> CheckpointToRecoverFrom(const WorkerContext& context, const absl::Status& error) {
+  auto latest = LatestCheckpoint(context.config->checkpoint.dir, context.config->checkpoint.on_corrupt == "fall_back");
+  if (!latest.ok()) return Annotate(error, absl::StrCat("cannot recover: ", latest.status().message()));
+  return latest;
+}
+
 bool Recoverable(const WorkerContext& context, const absl::Status& error) {
   return !context.config->checkpoint.dir.empty() &&
          (absl::IsUnavailable(error) || absl::IsNotFound(error) || absl::IsDeadlineExceeded(error));
@@ -195,22 +220,12 @@ absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std:
       absl::SleepFor(absl::Milliseconds(50));
     }
   }
-  while (true) {
-    auto exist = client.VariablesExist(names);
-    if (exist.ok()) {
-      if (AllExist(*exist)) return absl::OkStatus();
-      break;  // every task answers, and some lack their variables: restore
-    }
-    if (absl::Now() > give_up) {
-      return Annotate(error, absl::StrCat("no recovery within ", absl::FormatDuration(timeout), ": ",
-                                          exist.status().message()));
-    }
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-  auto latest = LatestCheckpoint(context.config->checkpoint.dir, context.config->checkpoint.on_corrupt == "fall_back");
-  if (!latest.ok()) return Annotate(error, absl::StrCat("cannot recover: ", latest.status().message()));
-  SHOAL_ASSIGN_OR_RETURN(int64_t step, RestoreOnto(context, *latest, names, shapes_from, optimizer));
-  context.recoveries.push_back(absl::StrCat("restored ", *latest, " (global step ", step, ") after: ",
+  SHOAL_ASSIGN_OR_RETURN(std::vector<bool> exist, VariablesOnceAnswered(context, names, error));
+  if (AllExist(exist)) return absl::OkStatus();
+  // Every task answers, and some lack their variables: restore.
+  SHOAL_ASSIGN_OR_RETURN(std::string latest, CheckpointToRecoverFrom(context, error));
+  SHOAL_ASSIGN_OR_RETURN(int64_t step, RestoreOnto(context, latest, names, shapes_from, optimizer, /*mid_job=*/true));
+  context.recoveries.push_back(absl::StrCat("restored ", latest, " (global step ", step, ") after: ",
                                             error.message(), " (tasks seen restarted so far: ",
                                             client.restarts_seen(), ")"));
   absl::FPrintF(stderr, "%s: %s\n", context.task.ToString(), context.recoveries.back());
@@ -415,7 +430,7 @@ absl::Status InitializeAsChief(WorkerContext& context, const std::vector<std::st
     }
     return context.client->CreateVariables(inits);
   }
-  SHOAL_ASSIGN_OR_RETURN(context.restored_step, RestoreOnto(context, checkpoint, names, values, optimizer));
+  SHOAL_ASSIGN_OR_RETURN(context.restored_step, RestoreOnto(context, checkpoint, names, values, optimizer, /*mid_job=*/false));
   context.restored_from = checkpoint;
   absl::FPrintF(stderr, "%s: restored %s (global step %d)\n", context.task.ToString(), checkpoint,
                 context.restored_step);

@@ -174,6 +174,16 @@ absl::Status NoteJobState(WorkerContext& context);
 // must give up and rejoin (StepUntilDone does) rather than wait for ever.
 absl::Status JobRewound(WorkerContext& context);
 
+// After a recoverable `error`: waits (up to the start-up timeout) until every
+// task holding `names` answers, and says which of them exist; then `error`,
+// with what was waited for.
+absl::StatusOr<std::vector<bool>> VariablesOnceAnswered(WorkerContext& context, const std::vector<std::string>& names,
+                                                        const absl::Status& error);
+
+// The newest checkpoint under checkpoint.dir, to recover from; else `error`
+// saying why there is none.
+absl::StatusOr<std::string> CheckpointToRecoverFrom(const WorkerContext& context, const absl::Status& error);
+
 // Puts back the job's counters as `index` saved them where the counter task
 // has fewer (it was lost): they only grow, so the larger value is the truer
 // one.
