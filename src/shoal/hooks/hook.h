@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "shoal/model/mlp.h"
+#include "shoal/model/model.h"
 
 namespace shoal {
 
@@ -32,7 +32,7 @@ struct StepInfo {
   int64_t examples = 0;  // in this step's batch
   double examples_per_second = 0;  // this worker's, over the last few seconds (HookList fills it in)
   bool exchanged = false;          // local modes: the step ended with an exchange with the ps
-  const Mlp* model = nullptr;      // the worker's model after the step: its local replica, in local modes
+  const Model* model = nullptr;     // the worker's model after the step: its local replica, in local modes
 };
 
 struct StopRequest {

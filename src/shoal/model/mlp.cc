@@ -57,34 +57,4 @@ torch::Tensor Mlp::Forward(const torch::Tensor& input) {
   return h;
 }
 
-std::vector<VariableSpec> Mlp::VariableSpecs() const {
-  std::vector<VariableSpec> specs;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    specs.push_back({names_[i], std::vector<int64_t>(params_[i].sizes().begin(), params_[i].sizes().end())});
-  }
-  return specs;
-}
-
-int64_t Mlp::NumParameters() const {
-  int64_t n = 0;
-  for (const auto& p : params_) n += p.numel();
-  return n;
-}
-
-void Mlp::Load(const std::vector<torch::Tensor>& values) {
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) params_[i].copy_(values[i]);
-}
-
-std::vector<torch::Tensor> Mlp::Gradients() const {
-  std::vector<torch::Tensor> grads;
-  grads.reserve(params_.size());
-  for (const auto& p : params_) grads.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
-  return grads;
-}
-
-torch::Tensor CrossEntropyLoss(const torch::Tensor& logits, const torch::Tensor& labels) {
-  return torch::nn::functional::cross_entropy(logits, labels);
-}
-
 }  // namespace shoal

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "shoal/placement/placement.h"
+#include "shoal/model/model.h"
 
 namespace shoal {
 
@@ -34,33 +34,23 @@ struct MlpConfig {
 
 absl::Status ValidateMlpConfig(const MlpConfig& config);
 
-class Mlp : public torch::nn::Module {
+class Mlp : public Model, public torch::nn::Module {
  public:
   // `config` must have passed ValidateMlpConfig.
   explicit Mlp(const MlpConfig& config);
 
   // Logits for a batch [N, layers.front()].
-  torch::Tensor Forward(const torch::Tensor& input);
+  torch::Tensor Forward(const torch::Tensor& input) override;
 
-  // Variable names and parameters, in creation order (kernel, bias per layer).
-  const std::vector<std::string>& variable_names() const { return names_; }
-  const std::vector<torch::Tensor>& variables() const { return params_; }
-  std::vector<VariableSpec> VariableSpecs() const;
-  int64_t NumParameters() const;
-
-  // Copies `values` (same order and shapes as variables()) into the model.
-  void Load(const std::vector<torch::Tensor>& values);
-  // Each parameter's gradient after backward(), in variables() order.
-  std::vector<torch::Tensor> Gradients() const;
+  // Kernel and bias per layer, in creation order.
+  const std::vector<std::string>& variable_names() const override { return names_; }
+  const std::vector<torch::Tensor>& variables() const override { return params_; }
 
  private:
   MlpConfig config_;
   std::vector<std::string> names_;
   std::vector<torch::Tensor> params_;
 };
-
-// Mean softmax cross-entropy of `logits` against int64 `labels`.
-torch::Tensor CrossEntropyLoss(const torch::Tensor& logits, const torch::Tensor& labels);
 
 }  // namespace shoal
 

@@ -19,7 +19,7 @@ class LocalReplica {
   static absl::StatusOr<std::unique_ptr<LocalReplica>> Create(const MlpConfig& model,
                                                               const wire::OptimizerConfig& optimizer);
 
-  Mlp& model() { return model_; }
+  Model& model() { return model_; }
   const std::vector<std::string>& names() const { return model_.variable_names(); }
 
   // Copies `values` into the local copy.

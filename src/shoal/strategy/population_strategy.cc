@@ -83,7 +83,7 @@ class PeerReader {
 };
 
 // Validation accuracy and loss of `model`.
-std::pair<double, double> Evaluate(Mlp& model, const Dataset& validation) {
+std::pair<double, double> Evaluate(Model& model, const Dataset& validation) {
   torch::NoGradGuard no_grad;
   torch::Tensor logits = model.Forward(validation.images);
   const double loss = CrossEntropyLoss(logits, validation.labels).item<double>();

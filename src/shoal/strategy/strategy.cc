@@ -49,7 +49,7 @@ int64_t MaxSteps(const JobConfig& config, int64_t train_examples, int num_worker
   return std::max<int64_t>(1, (examples + per_step - 1) / per_step);
 }
 
-BatchResult ComputeGradients(Mlp& model, BatchIterator& batches) {
+BatchResult ComputeGradients(Model& model, BatchIterator& batches) {
   torch::Tensor images, labels;
   batches.Next(&images, &labels);
   for (const auto& p : model.variables()) p.mutable_grad().reset();
@@ -63,13 +63,13 @@ BatchResult ComputeGradients(Mlp& model, BatchIterator& batches) {
   return result;
 }
 
-absl::StatusOr<BatchResult> PullAndComputeGradients(Client& client, Mlp& model, BatchIterator& batches) {
+absl::StatusOr<BatchResult> PullAndComputeGradients(Client& client, Model& model, BatchIterator& batches) {
   SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(model.variable_names()));
   model.Load(values);
   return ComputeGradients(model, batches);
 }
 
-StepInfo MakeStepInfo(int64_t local_step, int64_t global_step, const BatchResult& batch, const Mlp& model) {
+StepInfo MakeStepInfo(int64_t local_step, int64_t global_step, const BatchResult& batch, const Model& model) {
   StepInfo info;
   info.local_step = local_step;
   info.global_step = global_step;
@@ -383,7 +383,7 @@ absl::StatusOr<bool> JobStopRequested(Client& client) {
   return stops > 0;
 }
 
-absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model, const wire::OptimizerConfig* optimizer) {
+absl::Status InitializeOrWait(WorkerContext& context, const Model& model, const wire::OptimizerConfig* optimizer) {
   return InitializeOrWait(context, model.variable_names(), model.variables(),
                           optimizer ? *optimizer : context.config->training.optimizer);
 }

@@ -119,14 +119,14 @@ struct BatchResult {
 
 // Forward and backward on the next batch; the gradients are then in
 // model.Gradients().
-BatchResult ComputeGradients(Mlp& model, BatchIterator& batches);
+BatchResult ComputeGradients(Model& model, BatchIterator& batches);
 
 // One worker step's local half: pulls `model`'s variables into it, then
 // ComputeGradients.
-absl::StatusOr<BatchResult> PullAndComputeGradients(Client& client, Mlp& model, BatchIterator& batches);
+absl::StatusOr<BatchResult> PullAndComputeGradients(Client& client, Model& model, BatchIterator& batches);
 
 // A StepInfo for the hooks.
-StepInfo MakeStepInfo(int64_t local_step, int64_t global_step, const BatchResult& batch, const Mlp& model);
+StepInfo MakeStepInfo(int64_t local_step, int64_t global_step, const BatchResult& batch, const Model& model);
 
 // Runs the worker's hooks on `update` before it is sent. Returns false when a
 // hook stopped training: the caller must not send it, and should return.
@@ -145,7 +145,7 @@ absl::StatusOr<bool> JobStopRequested(Client& client);
 // The chief creates the model's variables (initial values from the seeded
 // model), trained on the ps by `optimizer` (default: training.optimizer);
 // every other worker waits for them, up to the start-up timeout.
-absl::Status InitializeOrWait(WorkerContext& context, const Mlp& model,
+absl::Status InitializeOrWait(WorkerContext& context, const Model& model,
                               const wire::OptimizerConfig* optimizer = nullptr);
 
 // Whether a step that failed with `error` may recover: the job keeps

@@ -1,0 +1,46 @@
+// Model: what every strategy, hook and report trains and evaluates, whatever
+// builds it (the built-in MLP today). Its trainable parameters are bound to
+// variable names (a scope, such as a population member's "worker_3/",
+// prefixes each), which is how they are placed on and pulled from the ps.
+//
+// Not thread-safe: one model per worker thread.
+#ifndef SHOAL_MODEL_MODEL_H_
+#define SHOAL_MODEL_MODEL_H_
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shoal/placement/placement.h"
+
+namespace shoal {
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // Names and parameters of the trainable variables, in one fixed order that
+  // every other list (values, gradients, specs) follows.
+  virtual const std::vector<std::string>& variable_names() const = 0;
+  virtual const std::vector<torch::Tensor>& variables() const = 0;
+  std::vector<VariableSpec> VariableSpecs() const;
+  int64_t NumParameters() const;
+
+  // Copies `values` (same order and shapes as variables()) into the model.
+  void Load(const std::vector<torch::Tensor>& values);
+  // Each parameter's gradient after backward(), in variables() order (zeros
+  // for a parameter the loss did not reach).
+  std::vector<torch::Tensor> Gradients() const;
+
+  // The model's output for a batch: logits for classification.
+  virtual torch::Tensor Forward(const torch::Tensor& input) = 0;
+};
+
+// Mean softmax cross-entropy of `logits` against int64 `labels`.
+torch::Tensor CrossEntropyLoss(const torch::Tensor& logits, const torch::Tensor& labels);
+
+}  // namespace shoal
+
+#endif  // SHOAL_MODEL_MODEL_H_
