@@ -66,7 +66,8 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
                          MakeStandardHooks(context.config->hooks, context.task.job, context.task.index,
                                            context.is_chief));
   if (context.is_chief && !context.config->checkpoint.dir.empty()) {
-    hooks->Add(std::make_shared<CheckpointSaverHook>(context.client, context.config->checkpoint, SavedCounters(context)));
+    hooks->Add(
+        std::make_shared<CheckpointSaverHook>(context.client, context.config->checkpoint, SavedCounters(context)));
   }
   for (const auto& hook : context.extra_hooks) hooks->Add(hook);
   context.hooks = hooks.get();

@@ -90,27 +90,28 @@ class LockstepWorker {
     std::optional<BatchIterator> batches;
     if (context_.is_chief) batches.emplace(GatedBatchIndices(context_.train_shard, *context_.config));
     WorkerResult result;
-    int64_t t = 0;
-    int64_t generation = -1;  // the restores when t was read
-    // At the start (a restarted network joins the step the chief waits in)
-    // and after a restore (which put every counter at its step): the job's
-    // step. A failure that undid nothing leaves the lockstep where it was.
-    auto join = [&]() -> absl::Status {
-      if (context_.restores_known == generation) return absl::OkStatus();
-      generation = context_.restores_known;
-      SHOAL_ASSIGN_OR_RETURN(t, client_.AddToCounter(kGlobalStep, 0));
-      return absl::OkStatus();
-    };
-    SHOAL_RETURN_IF_ERROR(join());
+    // The job's step: at the start (a restarted network joins the step the
+    // chief waits in) and after a restore, which put every counter there.
+    SHOAL_ASSIGN_OR_RETURN(int64_t t, client_.AddToCounter(kGlobalStep, 0));
     SHOAL_RETURN_IF_ERROR(StepUntilDone(
-        context_, names, values, context_.config->training.optimizer,
+        context_,
         [&]() -> absl::StatusOr<bool> {
           if (t >= context_.max_steps) return false;
           SHOAL_ASSIGN_OR_RETURN(bool go_on, Step(t, batches ? &*batches : nullptr, &result));
           ++t;
           return go_on;
         },
-        join));
+        [&](const absl::Status& error) -> absl::Status {
+          const int64_t restores = context_.restores_known;
+          SHOAL_RETURN_IF_ERROR(
+              RecoverLostVariables(context_, names, values, context_.config->training.optimizer, error));
+          SHOAL_RETURN_IF_ERROR(NoteJobState(context_));
+          // Half a lockstep step cannot be taken again (its counters have
+          // moved): only a restore, which puts them back, lets the job go on.
+          if (context_.restores_known == restores) return error;
+          SHOAL_ASSIGN_OR_RETURN(t, client_.AddToCounter(kGlobalStep, 0));
+          return absl::OkStatus();
+        }));
     return result;
   }
 

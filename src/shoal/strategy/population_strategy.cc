@@ -213,7 +213,8 @@ absl::Status RecoverMember(WorkerContext& context, const Member& member, const s
   }
   SHOAL_ASSIGN_OR_RETURN(int64_t step, RestoreMember(context, member, shapes_from, base, latest, /*mid_job=*/true));
   context.recoveries.push_back(
-      absl::StrCat("member ", member.index, ": restored ", latest, " (member step ", step, ") after: ", error.message()));
+      absl::StrCat("member ", member.index, ": restored ", latest, " (member step ", step, ") after: ",
+                   error.message()));
   absl::FPrintF(stderr, "%s: %s\n", context.task.ToString(), context.recoveries.back());
   return absl::OkStatus();
 }
@@ -307,7 +308,8 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
       SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));
     } else {
       SHOAL_ASSIGN_OR_RETURN(int64_t restored_step,
-                             RestoreMember(context, own, model.variables(), base->config(), checkpoint, /*mid_job=*/false));
+                             RestoreMember(context, own, model.variables(), base->config(), checkpoint,
+                                           /*mid_job=*/false));
       if (context.is_chief) {
         context.restored_from = checkpoint;
         context.restored_step = restored_step;

@@ -430,7 +430,8 @@ absl::Status InitializeAsChief(WorkerContext& context, const std::vector<std::st
     }
     return context.client->CreateVariables(inits);
   }
-  SHOAL_ASSIGN_OR_RETURN(context.restored_step, RestoreOnto(context, checkpoint, names, values, optimizer, /*mid_job=*/false));
+  SHOAL_ASSIGN_OR_RETURN(context.restored_step,
+                         RestoreOnto(context, checkpoint, names, values, optimizer, /*mid_job=*/false));
   context.restored_from = checkpoint;
   absl::FPrintF(stderr, "%s: restored %s (global step %d)\n", context.task.ToString(), checkpoint,
                 context.restored_step);

@@ -23,7 +23,8 @@ inline constexpr char kGlobalStep[] = "global_step";
 inline constexpr char kWorkersDone[] = "workers_done";
 inline constexpr char kStaleGradients[] = "stale_gradients_dropped";
 inline constexpr char kJobAborted[] = "job_aborted";
-// Restores of a checkpoint onto a running job (a lost ps task), so far.
+// Checkpoints restored onto the job so far: at start, after a lost ps task,
+// and by each population member that restored its own.
 inline constexpr char kRestores[] = "restores";
 // 1 while the chief restores a checkpoint onto the job (workers wait for it
 // to finish before they read the restored values), 0 otherwise.
