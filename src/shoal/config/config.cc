@@ -122,6 +122,8 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
 
   Section model = top.Child("model");
   SHOAL_RETURN_IF_ERROR(model.Check());
+  SHOAL_RETURN_IF_ERROR(model.Get("kind", &c->model.kind));
+  SHOAL_RETURN_IF_ERROR(model.Get("path", &c->model.path));
   SHOAL_RETURN_IF_ERROR(model.Get("layers", &c->model.layers));
   SHOAL_RETURN_IF_ERROR(model.Get("activation", &c->model.activation));
   SHOAL_RETURN_IF_ERROR(model.Get("seed", &c->model.seed));
@@ -364,7 +366,12 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   if (c.cluster.threads_per_task < 0) {
     return absl::InvalidArgumentError("config: 'cluster.threads_per_task' must not be negative (0 = derive it)");
   }
-  SHOAL_RETURN_IF_ERROR(Annotate(ValidateMlpConfig(c.model), "config"));
+  SHOAL_RETURN_IF_ERROR(Annotate(ValidateModelConfig(c.model), "config"));
+  if (c.model.kind != "mlp" && (c.training.mode == "population" || c.training.mode == "gated")) {
+    return absl::InvalidArgumentError(absl::StrCat("config: training.mode ", c.training.mode,
+                                                   " trains the built-in MLP only (model.kind mlp), not ",
+                                                   c.model.kind));
+  }
   if (c.data.train_examples < 0 || c.data.test_examples < 0) {
     return absl::InvalidArgumentError("config: 'data.train_examples' and 'data.test_examples' must not be negative");
   }
@@ -479,7 +486,9 @@ std::string JobConfigToYaml(const JobConfig& c) {
       << c.cluster.processes << YAML::Key << "cluster_file" << YAML::Value << c.cluster.cluster_file << YAML::Key
       << "max_restarts" << YAML::Value << c.cluster.max_restarts << YAML::Key << "threads_per_task" << YAML::Value
       << c.cluster.threads_per_task << YAML::EndMap;
-  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "layers" << YAML::Value << YAML::Flow
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "kind" << YAML::Value << c.model.kind;
+  if (!c.model.path.empty()) out << YAML::Key << "path" << YAML::Value << c.model.path;
+  out << YAML::Key << "layers" << YAML::Value << YAML::Flow
       << c.model.layers << YAML::Key << "activation" << YAML::Value << c.model.activation << YAML::Key << "seed"
       << YAML::Value << c.model.seed << YAML::EndMap;
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value << c.data.dir

@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "shoal/model/gated_ensemble.h"
-#include "shoal/model/mlp.h"
+#include "shoal/model/model_factory.h"
 #include "shoal/placement/placement.h"
 #include "shoal/wire.pb.h"
 
@@ -178,7 +178,7 @@ struct TransportConfig {
 
 struct JobConfig {
   ClusterConfig cluster;
-  MlpConfig model;
+  ModelConfig model;
   DataConfig data;
   TrainingConfig training;
   LocalReplicaConfig local;

@@ -36,6 +36,8 @@ class Model {
 
   // The model's output for a batch: logits for classification.
   virtual torch::Tensor Forward(const torch::Tensor& input) = 0;
+  // Training (dropout on) or evaluating; a model without such layers ignores it.
+  virtual void SetTraining(bool /*training*/) {}
 };
 
 // Mean softmax cross-entropy of `logits` against int64 `labels`.

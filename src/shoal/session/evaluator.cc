@@ -25,7 +25,8 @@ absl::Status CheckEvaluatorConfig(const JobConfig& config) {
 
 absl::StatusOr<CheckpointEvaluation> EvaluateCheckpoint(const JobConfig& config, const std::string& checkpoint,
                                                         const Dataset& test_set) {
-  Mlp model(config.model);
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> built, MakeModel(config.model));
+  Model& model = *built;
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& v : model.variables()) shapes.emplace_back(v.sizes().begin(), v.sizes().end());
   CheckpointIndex index;
@@ -35,6 +36,7 @@ absl::StatusOr<CheckpointEvaluation> EvaluateCheckpoint(const JobConfig& config,
   std::vector<torch::Tensor> values;
   for (auto& v : chosen) values.push_back(v.value);
   model.Load(values);
+  model.SetTraining(false);
   CheckpointEvaluation result;
   result.checkpoint = checkpoint;
   result.global_step = index.step;

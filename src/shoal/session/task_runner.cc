@@ -89,7 +89,11 @@ std::unique_ptr<VariableService> MakeVariableService(const JobConfig& config, co
 }
 
 absl::StatusOr<std::shared_ptr<const Placement>> MakePlacement(const JobConfig& config, const ClusterSpec& cluster) {
-  std::vector<VariableSpec> specs = Mlp(config.model).VariableSpecs();
+  std::vector<VariableSpec> specs;
+  if (config.training.mode != "population" && config.training.mode != "gated") {
+    SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(config.model));
+    specs = model->VariableSpecs();
+  }
   PlacementOptions options = config.placement;
   if (config.training.mode == "population") {
     const std::vector<TaskId> workers = cluster.TrainingTasks();

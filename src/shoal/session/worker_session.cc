@@ -152,10 +152,11 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   report->last_loss = worker->last_loss;
   if (context.config->training.mode == "population") return ReportPopulation(context, test_set, report);
   if (context.config->training.mode == "gated") return ReportGated(context, test_set, report);
-  Mlp model(context.config->model);
-  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, context.client->Read(model.variable_names()));
-  model.Load(values);
-  report->test_accuracy = Accuracy(test_set, [&](const torch::Tensor& x) { return model.Forward(x); });
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(context.config->model));
+  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, context.client->Read(model->variable_names()));
+  model->Load(values);
+  model->SetTraining(false);
+  report->test_accuracy = Accuracy(test_set, [&](const torch::Tensor& x) { return model->Forward(x); });
   return absl::OkStatus();
 }
 

@@ -7,7 +7,8 @@ namespace shoal {
 
 absl::StatusOr<WorkerResult> AsyncStrategy::RunWorker(WorkerContext& context) {
   const JobConfig& config = *context.config;
-  Mlp model(config.model);
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> built, MakeModel(config.model));
+  Model& model = *built;
   SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, model));
   const std::vector<std::string>& names = model.variable_names();
   BatchIterator batches(context.train_shard, config.training.batch_size,

@@ -4,27 +4,28 @@
 
 namespace shoal {
 
-absl::StatusOr<std::unique_ptr<LocalReplica>> LocalReplica::Create(const MlpConfig& model,
+absl::StatusOr<std::unique_ptr<LocalReplica>> LocalReplica::Create(const ModelConfig& model,
                                                                    const wire::OptimizerConfig& optimizer) {
   SHOAL_ASSIGN_OR_RETURN(auto rule, Optimizer::Create(optimizer));
-  return std::unique_ptr<LocalReplica>(new LocalReplica(model, std::move(rule)));
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> built, MakeModel(model));
+  return std::unique_ptr<LocalReplica>(new LocalReplica(std::move(built), std::move(rule)));
 }
 
-LocalReplica::LocalReplica(const MlpConfig& model, std::shared_ptr<const Optimizer> optimizer)
-    : model_(model), optimizer_(std::move(optimizer)) {
-  for (const auto& v : model_.variables()) slots_.push_back(optimizer_->MakeSlots(v));
+LocalReplica::LocalReplica(std::unique_ptr<Model> model, std::shared_ptr<const Optimizer> optimizer)
+    : model_(std::move(model)), optimizer_(std::move(optimizer)) {
+  for (const auto& v : model_->variables()) slots_.push_back(optimizer_->MakeSlots(v));
 }
 
 std::vector<torch::Tensor> LocalReplica::Values() const {
   std::vector<torch::Tensor> values;
-  for (const auto& v : model_.variables()) values.push_back(v.detach().clone());
+  for (const auto& v : model_->variables()) values.push_back(v.detach().clone());
   return values;
 }
 
 void LocalReplica::Apply(const std::vector<torch::Tensor>& gradients) {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < gradients.size(); ++i) {
-    torch::Tensor value = model_.variables()[i].detach();  // shares the parameter's memory
+    torch::Tensor value = model_->variables()[i].detach();  // shares the parameter's memory
     optimizer_->Apply(value, gradients[i], slots_[i]);
   }
 }

@@ -16,23 +16,23 @@ namespace shoal {
 // its slots. The copy owns its memory: it never aliases a server's.
 class LocalReplica {
  public:
-  static absl::StatusOr<std::unique_ptr<LocalReplica>> Create(const MlpConfig& model,
+  static absl::StatusOr<std::unique_ptr<LocalReplica>> Create(const ModelConfig& model,
                                                               const wire::OptimizerConfig& optimizer);
 
-  Model& model() { return model_; }
-  const std::vector<std::string>& names() const { return model_.variable_names(); }
+  Model& model() { return *model_; }
+  const std::vector<std::string>& names() const { return model_->variable_names(); }
 
   // Copies `values` into the local copy.
-  void Load(const std::vector<torch::Tensor>& values) { model_.Load(values); }
+  void Load(const std::vector<torch::Tensor>& values) { model_->Load(values); }
   // Snapshots of the local values.
   std::vector<torch::Tensor> Values() const;
   // One local optimizer step with `gradients`.
   void Apply(const std::vector<torch::Tensor>& gradients);
 
  private:
-  LocalReplica(const MlpConfig& model, std::shared_ptr<const Optimizer> optimizer);
+  LocalReplica(std::unique_ptr<Model> model, std::shared_ptr<const Optimizer> optimizer);
 
-  Mlp model_;
+  std::unique_ptr<Model> model_;
   std::shared_ptr<const Optimizer> optimizer_;
   std::vector<OptimizerSlots> slots_;
 };

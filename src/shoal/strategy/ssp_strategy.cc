@@ -42,7 +42,8 @@ absl::StatusOr<WorkerResult> SspStrategy::RunWorker(WorkerContext& context) {
   const JobConfig& config = *context.config;
   const int64_t staleness = config.training.staleness;
   Client& client = *context.client;
-  Mlp model(config.model);
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> built, MakeModel(config.model));
+  Model& model = *built;
   SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, model));
   const std::vector<std::string>& names = model.variable_names();
   const absl::Duration timeout = absl::Seconds(config.training.sync_timeout_s);

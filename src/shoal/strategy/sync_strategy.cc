@@ -14,7 +14,8 @@ absl::StatusOr<WorkerResult> SyncStrategy::RunWorker(WorkerContext& context) {
                                                    "); one worker never contributes several gradients to a step"));
   }
   Client& client = *context.client;
-  Mlp model(config.model);
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> built, MakeModel(config.model));
+  Model& model = *built;
   // A restore puts the accumulators at the checkpoint's global step.
   context.restore_accumulator_step = [](int64_t global_step) -> absl::StatusOr<int64_t> { return global_step; };
   SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, model));

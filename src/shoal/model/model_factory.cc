@@ -1,0 +1,27 @@
+#include "shoal/model/model_factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "shoal/model/torchscript_model.h"
+
+namespace shoal {
+
+absl::Status ValidateModelConfig(const ModelConfig& config) {
+  if (config.kind == "mlp") return ValidateMlpConfig(config);
+  if (config.kind == "torchscript") {
+    if (config.path.empty()) return absl::InvalidArgumentError("model.kind torchscript needs model.path");
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("model.kind '", config.kind, "' is unknown; known: mlp, torchscript"));
+}
+
+absl::StatusOr<std::unique_ptr<Model>> MakeModel(const ModelConfig& config) {
+  if (config.kind == "torchscript") {
+    auto model = TorchScriptModel::Load(config.path, config.scope);
+    if (!model.ok()) return model.status();
+    return std::unique_ptr<Model>(std::move(*model));
+  }
+  return std::unique_ptr<Model>(std::make_unique<Mlp>(config));
+}
+
+}  // namespace shoal

@@ -1,0 +1,52 @@
+#include "shoal/model/torchscript_model.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace shoal {
+namespace {
+
+// The first line of a libtorch error: the rest is a C++ stack.
+std::string FirstLine(const std::string& what) { return what.substr(0, what.find('\n')); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TorchScriptModel>> TorchScriptModel::Load(const std::string& path,
+                                                                         const std::string& scope) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) {
+    return absl::NotFoundError(absl::StrCat("model.path '", path, "': no such file"));
+  }
+  torch::jit::Module module;
+  try {
+    module = torch::jit::load(path);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.path '", path, "' is not a TorchScript file: ", FirstLine(e.what())));
+  }
+  std::vector<std::string> buffers;
+  for (const auto& buffer : module.named_buffers(/*recurse=*/true)) {
+    if (buffer.value.is_floating_point()) buffers.push_back(buffer.name);
+  }
+  if (!buffers.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.path '", path, "' has buffers (", absl::StrJoin(buffers, ", "),
+                                                   "): shoal does not share BatchNorm statistics yet"));
+  }
+  std::unique_ptr<TorchScriptModel> model(new TorchScriptModel(module));
+  for (const auto& parameter : module.named_parameters(/*recurse=*/true)) {
+    model->names_.push_back(scope + parameter.name);
+    // A parameter is trained, whatever flag the file saved it with.
+    model->params_.push_back(parameter.value.requires_grad_(true));
+  }
+  if (model->params_.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.path '", path, "' has no parameters to train"));
+  }
+  model->module_.train(true);
+  return model;
+}
+
+torch::Tensor TorchScriptModel::Forward(const torch::Tensor& input) { return module_.forward({input}).toTensor(); }
+
+}  // namespace shoal

@@ -1,0 +1,206 @@
+// TorchScript models: a module scripted and saved (here built with
+// libtorch's own TorchScript compiler, as a Python user's torch.jit.script
+// would build it) trains through shoal exactly as the same module does in
+// a plain libtorch loop; files that are not TorchScript, and modules shoal
+// cannot train yet, are refused naming the file.
+#include "shoal/model/torchscript_model.h"
+
+#include <gtest/gtest.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "inproc_servers.h"
+#include "quick_job.h"
+#include "shoal/session/local_cluster.h"
+#include "shoal/session/task_runner.h"
+#include "shoal/session/worker_session.h"
+#include "shoal/strategy/async_strategy.h"
+#include "shoal/transport/inproc/inproc_transport.h"
+
+namespace shoal {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path TempDir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("shoal_ts_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// A linear layer as a scripted submodule: parameters `weight` [in, out] and `bias`.
+torch::jit::Module ScriptedLinear(int64_t in, int64_t out) {
+  torch::jit::Module linear("Linear");
+  linear.register_parameter("weight", torch::randn({in, out}) * (1.0 / std::sqrt(static_cast<double>(in))), false);
+  linear.register_parameter("bias", torch::zeros({out}), false);
+  linear.define(R"(
+def forward(self, x):
+    return torch.addmm(self.bias, x, self.weight)
+)");
+  return linear;
+}
+
+// 784 -> 32 -> 10 with ReLU, saved to `path`: names fc1.weight ... fc2.bias.
+void SaveScriptedMlp(const fs::path& path, uint64_t seed = 7) {
+  torch::manual_seed(seed);
+  torch::jit::Module net("Net");
+  net.register_module("fc1", ScriptedLinear(784, 32));
+  net.register_module("fc2", ScriptedLinear(32, 10));
+  net.define(R"(
+def forward(self, x):
+    return self.fc2.forward(torch.relu(self.fc1.forward(x)))
+)");
+  net.save(path.string());
+}
+
+TEST(TorchScriptModelTest, VariablesAreNamedAfterNamedParametersBehindTheScope) {
+  const fs::path dir = TempDir("names");
+  SaveScriptedMlp(dir / "net.pt");
+  auto model = TorchScriptModel::Load((dir / "net.pt").string(), "worker_2/");
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->variable_names(), (std::vector<std::string>{"worker_2/fc1.weight", "worker_2/fc1.bias",
+                                                                  "worker_2/fc2.weight", "worker_2/fc2.bias"}));
+  EXPECT_EQ((*model)->NumParameters(), 784 * 32 + 32 + 32 * 10 + 10);
+  EXPECT_EQ((*model)->Forward(torch::zeros({5, 784})).sizes(), (std::vector<int64_t>{5, 10}));
+  fs::remove_all(dir);
+}
+
+TEST(TorchScriptModelTest, AFileThatIsNotTorchScriptIsRefusedNamingIt) {
+  const fs::path dir = TempDir("garbage");
+  const fs::path garbage = dir / "model.pt";
+  std::ofstream(garbage) << "not a zip archive at all";
+  auto model = TorchScriptModel::Load(garbage.string(), "");
+  ASSERT_FALSE(model.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(model.status())) << model.status();
+  EXPECT_NE(model.status().message().find("model.path '" + garbage.string() + "' is not a TorchScript file"),
+            std::string::npos)
+      << model.status();
+  auto missing = TorchScriptModel::Load((dir / "nowhere.pt").string(), "");
+  EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
+  fs::remove_all(dir);
+}
+
+TEST(TorchScriptModelTest, AModuleWithBatchNormStatisticsIsRefusedUntilBuffersAreShared) {
+  const fs::path dir = TempDir("buffers");
+  torch::jit::Module net("Net");
+  net.register_module("fc", ScriptedLinear(784, 10));
+  net.register_buffer("running_mean", torch::zeros({10}));
+  net.define(R"(
+def forward(self, x):
+    return self.fc.forward(x) - self.running_mean
+)");
+  net.save((dir / "bn.pt").string());
+  auto model = TorchScriptModel::Load((dir / "bn.pt").string(), "");
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.status().message().find("has buffers (running_mean)"), std::string::npos) << model.status();
+  fs::remove_all(dir);
+}
+
+// One worker, in-process, SGD on the ps: shoal's parameters after 20 steps
+// against the same module trained by hand on the same batches.
+TEST(TorchScriptModelTest, ShoalTrainsAModuleAsAPlainLibtorchLoopDoes) {
+  const fs::path dir = TempDir("train");
+  SaveScriptedMlp(dir / "net.pt");
+  JobConfig config = QuickJob("async");
+  config.cluster.ps = 1;
+  config.cluster.workers = 1;
+  config.model.kind = "torchscript";
+  config.model.path = (dir / "net.pt").string();
+  config.training.max_steps = 20;
+  config.training.optimizer.Clear();
+  config.training.optimizer.set_kind("sgd");
+  config.training.optimizer.set_learning_rate(0.1);
+  ASSERT_TRUE(ValidateJobConfig(config).ok());
+
+  const ClusterSpec cluster = ClusterSpec::Local(1, 1);
+  auto data = LoadData(config).value();
+  InProcServers servers(config, cluster, {});
+  auto placement = MakePlacement(config, cluster);
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  auto client = Client::Create(cluster, &servers.transport, *placement).value();
+  WorkerContext context = MakeWorkerContext(config, cluster, TaskId{"worker", 0}, client.get(), data.train, 20);
+  auto result = AsyncStrategy().RunWorker(context);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->local_steps, 20);
+  auto trained = client->Read({"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
+  ASSERT_TRUE(trained.ok()) << trained.status();
+
+  // By hand: the same file, the same batches, p -= lr * grad.
+  torch::jit::Module module = torch::jit::load((dir / "net.pt").string());
+  std::vector<torch::Tensor> params;
+  for (const auto& p : module.named_parameters()) params.push_back(p.value.requires_grad_(true));
+  BatchIterator batches(context.train_shard, config.training.batch_size, config.training.seed * 1000003);
+  for (int step = 0; step < 20; ++step) {
+    torch::Tensor images, labels;
+    batches.Next(&images, &labels);
+    for (auto& p : params) p.mutable_grad().reset();
+    torch::nn::functional::cross_entropy(module.forward({images}).toTensor(), labels).backward();
+    torch::NoGradGuard no_grad;
+    for (auto& p : params) p.sub_(0.1 * p.grad());
+  }
+  ASSERT_EQ(trained->size(), params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_LT(((*trained)[i] - params[i]).abs().max().item<double>(), 1e-5) << "parameter " << i;
+  }
+  const torch::Tensor initial = torch::jit::load((dir / "net.pt").string()).attr("fc1").toModule().attr("weight").toTensor();
+  EXPECT_GT(((*trained)[0] - initial).abs().max().item<double>(), 1e-3) << "training moved nothing";
+  fs::remove_all(dir);
+}
+
+// Every mode that trains one model per worker trains a TorchScript one, in
+// process; async also as processes over gRPC.
+class TorchScriptModeTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TorchScriptModeTest, TwoWorkersTrainAScriptedModuleAndLearn) {
+  const fs::path dir = TempDir(std::string("mode_") + GetParam());
+  SaveScriptedMlp(dir / "net.pt");
+  JobConfig config = QuickJob(GetParam());
+  config.model.kind = "torchscript";
+  config.model.path = (dir / "net.pt").string();
+  config.training.epochs = 1;
+  ASSERT_TRUE(ValidateJobConfig(config).ok());
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GT(report->test_accuracy, 0.7) << GetParam();
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, TorchScriptModeTest,
+                         ::testing::Values("async", "sync", "ssp", "downpour", "model_average", "easgd"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST(TorchScriptModelTest, ProcessesOverGrpcTrainAScriptedModule) {
+  const fs::path dir = TempDir("processes");
+  SaveScriptedMlp(dir / "net.pt");
+  JobConfig config = QuickJob("async");
+  config.model.kind = "torchscript";
+  config.model.path = (dir / "net.pt").string();
+  config.training.epochs = 1;
+  auto report = TrainInLocalProcesses(config, SHOAL_BINARY, /*show_progress=*/false);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GT(report->test_accuracy, 0.7);
+  fs::remove_all(dir);
+}
+
+TEST(TorchScriptModelTest, PopulationsAndGatedEnsemblesRefuseIt) {
+  for (const char* mode : {"population", "gated"}) {
+    JobConfig config = QuickJob(mode);
+    config.model.kind = "torchscript";
+    config.model.path = "net.pt";
+    const absl::Status status = ValidateJobConfig(config);
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << mode << ": " << status;
+    EXPECT_NE(status.message().find("trains the built-in MLP only"), std::string::npos) << status;
+  }
+  JobConfig config = QuickJob();
+  config.model.kind = "torchscript";
+  EXPECT_NE(ValidateJobConfig(config).message().find("model.kind torchscript needs model.path"), std::string::npos);
+  config.model.kind = "onnx";
+  EXPECT_NE(ValidateJobConfig(config).message().find("model.kind 'onnx' is unknown"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shoal
