@@ -186,6 +186,34 @@ TEST(TorchScriptModelTest, ProcessesOverGrpcTrainAScriptedModule) {
   fs::remove_all(dir);
 }
 
+// A module whose output does not fit the labels, or whose input does not
+// fit the data, stops the job at start naming the file and the shapes.
+TEST(TorchScriptModelTest, AModuleThatDoesNotFitTheDataIsRefusedAtStart) {
+  const fs::path dir = TempDir("misfit");
+  struct Misfit {
+    const char* file;
+    int64_t in, out;
+    const char* expected;
+  };
+  for (const Misfit& misfit : {Misfit{"five_classes.pt", 784, 5, "to [2, 5]; expected [2, C] logits with C > "},
+                               Misfit{"wrong_input.pt", 100, 10, "forward() fails on a batch of shape [2, 784]"}}) {
+    torch::jit::Module net("Net");
+    net.register_module("fc", ScriptedLinear(misfit.in, misfit.out));
+    net.define("def forward(self, x):\n    return self.fc.forward(x)\n");
+    net.save((dir / misfit.file).string());
+    JobConfig config = QuickJob("async");
+    config.model.kind = "torchscript";
+    config.model.path = (dir / misfit.file).string();
+    auto report = TrainInProcess(config, InProcOptions{}, nullptr);
+    ASSERT_FALSE(report.ok()) << misfit.file;
+    EXPECT_TRUE(absl::IsInvalidArgument(report.status())) << report.status();
+    EXPECT_NE(report.status().message().find("model.path '" + config.model.path + "'"), std::string::npos)
+        << report.status();
+    EXPECT_NE(report.status().message().find(misfit.expected), std::string::npos) << report.status();
+  }
+  fs::remove_all(dir);
+}
+
 TEST(TorchScriptModelTest, PopulationsAndGatedEnsemblesRefuseIt) {
   for (const char* mode : {"population", "gated"}) {
     JobConfig config = QuickJob(mode);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/core/status.h"
 #include "shoal/strategy/async_strategy.h"
@@ -383,7 +384,44 @@ absl::StatusOr<bool> JobStopRequested(Client& client) {
   return stops > 0;
 }
 
-absl::Status InitializeOrWait(WorkerContext& context, const Model& model, const wire::OptimizerConfig* optimizer) {
+namespace {
+
+std::string Shape(c10::IntArrayRef sizes) { return absl::StrCat("[", absl::StrJoin(sizes, ", "), "]"); }
+
+// One forward pass on two training examples before any training, so that a
+// model that does not fit the data fails at start, naming the shapes, and
+// not in the middle of a step.
+absl::Status CheckModelFitsData(const WorkerContext& context, Model& model) {
+  const Dataset& data = context.train_shard;
+  if (data.size() == 0) return absl::OkStatus();
+  const ModelConfig& config = context.config->model;
+  const std::string what =
+      config.kind == "torchscript" ? absl::StrCat("model.path '", config.path, "'") : "the built-in model";
+  const torch::Tensor images = data.images.narrow(0, 0, std::min<int64_t>(2, data.size()));
+  const int64_t largest_label = data.labels.max().item<int64_t>();
+  torch::NoGradGuard no_grad;
+  torch::Tensor logits;
+  try {
+    logits = model.Forward(images);
+  } catch (const std::exception& e) {  // c10::Error, or the TorchScript interpreter's runtime_error
+    const std::string message = e.what();
+    return absl::InvalidArgumentError(absl::StrCat(what, ": forward() fails on a batch of shape ",
+                                                   Shape(images.sizes()), ": ",
+                                                   message.substr(0, message.find('\n'))));
+  }
+  if (logits.dim() != 2 || logits.size(0) != images.size(0) || logits.size(1) <= largest_label) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": forward() maps a batch of shape ", Shape(images.sizes()), " to ",
+        Shape(logits.sizes()), "; expected [", images.size(0), ", C] logits with C > ", largest_label,
+        " (the largest label)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status InitializeOrWait(WorkerContext& context, Model& model, const wire::OptimizerConfig* optimizer) {
+  SHOAL_RETURN_IF_ERROR(CheckModelFitsData(context, model));
   return InitializeOrWait(context, model.variable_names(), model.variables(),
                           optimizer ? *optimizer : context.config->training.optimizer);
 }

@@ -146,7 +146,10 @@ absl::StatusOr<bool> JobStopRequested(Client& client);
 // The chief creates the model's variables (initial values from the seeded
 // model), trained on the ps by `optimizer` (default: training.optimizer);
 // every other worker waits for them, up to the start-up timeout.
-absl::Status InitializeOrWait(WorkerContext& context, const Model& model,
+//
+// First, one forward pass on two training examples checks that the model
+// fits the data (InvalidArgument naming the model and the shapes).
+absl::Status InitializeOrWait(WorkerContext& context, Model& model,
                               const wire::OptimizerConfig* optimizer = nullptr);
 
 // Whether a step that failed with `error` may recover: the job keeps
