@@ -13,6 +13,7 @@
 
 #include "inproc_servers.h"
 #include "quick_job.h"
+#include "temp_dir.h"
 #include "shoal/core/crc32c.h"
 #include "shoal/server/variable_service.h"
 #include "shoal/session/local_cluster.h"
@@ -24,12 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path TempDir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("shoal_ckpt_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path TempDir(const std::string& name) { return FreshTempDir("shoal_ckpt_", name); }
 
 void FlipByte(const fs::path& file, size_t offset) {
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);

@@ -14,6 +14,7 @@
 
 #include "inproc_servers.h"
 #include "quick_job.h"
+#include "temp_dir.h"
 #include "shoal/session/local_cluster.h"
 #include "shoal/session/task_runner.h"
 #include "shoal/session/worker_session.h"
@@ -25,12 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path TempDir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("shoal_ts_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path TempDir(const std::string& name) { return FreshTempDir("shoal_ts_", name); }
 
 // A linear layer as a scripted submodule: parameters `weight` [in, out] and `bias`.
 torch::jit::Module ScriptedLinear(int64_t in, int64_t out) {

@@ -172,21 +172,6 @@ absl::StatusOr<int64_t> RestoreMember(WorkerContext& context, const Member& memb
   return step;
 }
 
-// The checkpoint a member's lead restores at start: the newest under
-// checkpoint.dir, unless the member's variables are all live (a restarted
-// lead whose variables are on the ps tasks goes on from them). Empty when
-// there is none.
-absl::StatusOr<std::string> MemberCheckpointToRestore(WorkerContext& context, const std::vector<std::string>& names) {
-  const CheckpointConfig& checkpoint = context.config->checkpoint;
-  if (checkpoint.dir.empty()) return std::string();
-  auto latest = LatestCheckpoint(checkpoint.dir, checkpoint.on_corrupt == "fall_back");
-  if (absl::IsNotFound(latest.status())) return std::string();
-  SHOAL_RETURN_IF_ERROR(latest.status());
-  SHOAL_ASSIGN_OR_RETURN(std::vector<bool> exist, context.client->VariablesExist(names));
-  if (std::all_of(exist.begin(), exist.end(), [](bool e) { return e; })) return std::string();
-  return *latest;
-}
-
 // A member's lead after a task holding its variables was lost (and is
 // perhaps back, empty): once every task answers, a member that lacks some
 // of its variables gets all of them back from the newest checkpoint
@@ -207,7 +192,7 @@ absl::Status RecoverMember(WorkerContext& context, const Member& member, const s
   }
   SHOAL_ASSIGN_OR_RETURN(std::vector<bool> exist, VariablesOnceAnswered(context, names, error));
   SHOAL_ASSIGN_OR_RETURN(std::string latest, CheckpointToRecoverFrom(context, error));
-  if (std::all_of(exist.begin(), exist.end(), [](bool e) { return e; })) {
+  if (AllExist(exist)) {
     SHOAL_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(latest));
     return RestorePopulationCounters(context, index);
   }
@@ -303,7 +288,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     inits.push_back({own.hparams, HyperparametersTensor(start), Constant()});
     inits.push_back({own.fitness, torch::tensor({-1.0f, 0.0f, 0.0f}), Constant()});
     SHOAL_RETURN_IF_ERROR(client.WaitForTasksHolding(all_names, absl::Seconds(config.transport.startup_timeout_s)));
-    SHOAL_ASSIGN_OR_RETURN(std::string checkpoint, MemberCheckpointToRestore(context, all_names));
+    SHOAL_ASSIGN_OR_RETURN(std::string checkpoint, CheckpointToRestore(context, all_names));
     if (checkpoint.empty()) {
       SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));
     } else {

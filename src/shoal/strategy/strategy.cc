@@ -114,11 +114,11 @@ absl::StatusOr<bool> FinishStep(WorkerContext& context, StepInfo& step, WorkerRe
   return false;
 }
 
-namespace {
-
 bool AllExist(const std::vector<bool>& exist) {
   return std::all_of(exist.begin(), exist.end(), [](bool e) { return e; });
 }
+
+namespace {
 
 // Puts `checkpoint` onto the cluster for the variables `names` (shaped as
 // `values`, created with `optimizer`): global_step first, so that no worker
@@ -426,12 +426,6 @@ absl::Status InitializeOrWait(WorkerContext& context, Model& model, const wire::
                           optimizer ? *optimizer : context.config->training.optimizer);
 }
 
-namespace {
-
-// The checkpoint the chief should restore: the newest under checkpoint.dir,
-// unless the ps tasks still hold every variable and checkpoint.restore is
-// if_lost (a restarted chief then goes on from their live values, which are
-// newer). Empty when there is none.
 absl::StatusOr<std::string> CheckpointToRestore(WorkerContext& context, const std::vector<std::string>& names) {
   const std::string& dir = context.config->checkpoint.dir;
   if (dir.empty()) return std::string();
@@ -447,8 +441,6 @@ absl::StatusOr<std::string> CheckpointToRestore(WorkerContext& context, const st
   }
   return *latest;
 }
-
-}  // namespace
 
 namespace {
 

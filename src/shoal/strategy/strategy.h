@@ -178,6 +178,15 @@ absl::Status NoteJobState(WorkerContext& context);
 // must give up and rejoin (StepUntilDone does) rather than wait for ever.
 absl::Status JobRewound(WorkerContext& context);
 
+// Whether every variable `exist` (VariablesExist's answer) names is there.
+bool AllExist(const std::vector<bool>& exist);
+
+// The checkpoint to restore at start: the newest under checkpoint.dir,
+// unless the tasks still hold every one of `names` and checkpoint.restore is
+// if_lost (a restarted task then goes on from their live values, which are
+// newer). Empty when there is none.
+absl::StatusOr<std::string> CheckpointToRestore(WorkerContext& context, const std::vector<std::string>& names);
+
 // After a recoverable `error`: waits (up to the start-up timeout) until every
 // task holding `names` answers, and says which of them exist; then `error`,
 // with what was waited for.
