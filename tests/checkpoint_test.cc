@@ -73,6 +73,20 @@ TEST(CheckpointShardTest, RoundTripsValuesAndSlotsBitForBit) {
   fs::remove_all(dir);
 }
 
+TEST(CheckpointShardTest, Int64BuffersRoundTripAtTheirDtype) {
+  const fs::path dir = TempDir("int64");
+  const std::string path = (dir / "shard-0.ckpt").string();
+  const torch::Tensor count = torch::tensor({(int64_t{1} << 40) + 3, int64_t{-2}});
+  ASSERT_TRUE(WriteShard(path, {{"bn/num_batches_tracked", "", count, {}}, TwoVariables()[0]}).ok());
+  auto read = ReadShard(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ((*read)[0].value.scalar_type(), torch::kInt64);
+  EXPECT_TRUE((*read)[0].value.equal(count));
+  EXPECT_EQ((*read)[1].value.scalar_type(), torch::kFloat32);
+  EXPECT_FALSE(WriteShard(path, {{"x", "", torch::ones({2}, torch::kFloat64), {}}}).ok());
+  fs::remove_all(dir);
+}
+
 TEST(CheckpointShardTest, CorruptionIsDataLossNamingTheFileAndTheVariable) {
   const fs::path dir = TempDir("corrupt");
   const fs::path path = dir / "shard-0.ckpt";

@@ -93,12 +93,36 @@ TEST(CodecTest, EncodesNonContiguousTensorsByValue) {
   EXPECT_TRUE(decoded.tensors[0].equal(request.tensors[0]));
 }
 
-TEST(CodecTest, RefusesNonFloatTensorsWhenEncoding) {
+TEST(CodecTest, Int64TensorsRoundTripBesideFloatOnes) {
   Request request;
-  request.tensors = {torch::ones({2}, torch::kInt64)};
-  absl::Status status = EncodeRequest(request).status();
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("float32"), std::string::npos);
+  request.tensors = {torch::arange(5, torch::kInt64).mul(int64_t{1} << 40), torch::ones({2, 2}),
+                     torch::arange(2048, torch::kInt64)};
+  EncodedMessage encoded = EncodeRequest(request).value();
+  EXPECT_EQ(encoded.total_bytes, encoded.header_frame.size() + 5 * 8 + 4 * 4 + 2048 * 8);
+  // With chunk owners the large int64 tensor is decoded in place, at its own dtype.
+  auto header = std::make_shared<std::string>(encoded.header_frame);
+  std::string rest;
+  for (const auto& body : encoded.bodies) rest.append(static_cast<const char*>(body.data_ptr()), body.nbytes());
+  auto tail = std::make_shared<std::string>(rest);
+  std::vector<absl::string_view> chunks = {*header, *tail};
+  std::vector<ChunkOwner> owners = {header, tail};
+  Request decoded;
+  ASSERT_TRUE(DecodeRequest(chunks, 1 << 20, &decoded, owners).ok());
+  ASSERT_EQ(decoded.tensors.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(decoded.tensors[i].scalar_type(), request.tensors[i].scalar_type());
+    EXPECT_TRUE(decoded.tensors[i].equal(request.tensors[i]));
+  }
+}
+
+TEST(CodecTest, RefusesTensorsOfOtherDtypesWhenEncoding) {
+  for (auto dtype : {torch::kFloat64, torch::kInt32, torch::kUInt8}) {
+    Request request;
+    request.tensors = {torch::ones({2}, dtype)};
+    absl::Status status = EncodeRequest(request).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("float32 or int64"), std::string::npos) << status;
+  }
 }
 
 TEST(CodecTest, TruncatedMessageIsDataLoss) {

@@ -124,6 +124,66 @@ TEST_F(VariableStoreTest, CreateValidatesInitialValues) {
   EXPECT_FALSE(store_.Create({Def("e", {1}), Def("e", {1})}, {torch::zeros({1}), torch::zeros({1})}).ok());
 }
 
+wire::VariableDef BufferDef(const std::string& name, std::vector<int64_t> shape, wire::DType dtype) {
+  wire::VariableDef def = Def(name, std::move(shape));
+  def.set_buffer(true);
+  def.set_dtype(dtype);
+  return def;
+}
+
+TEST_F(VariableStoreTest, BuffersAreReadAssignedAndAddedToAtTheirDtypeButNeverTrained) {
+  ASSERT_TRUE(store_
+                  .Create({BufferDef("bn/running_mean", {3}, wire::DTYPE_FLOAT32),
+                           BufferDef("bn/num_batches_tracked", {}, wire::DTYPE_INT64)},
+                          {torch::zeros({3}), torch::tensor(int64_t{5})})
+                  .ok());
+  std::vector<int64_t> versions;
+  const int64_t big = (int64_t{1} << 40) + 1;  // beyond what float32 holds exactly
+  ASSERT_TRUE(store_.Assign({"bn/num_batches_tracked"}, {torch::tensor(big)}, &versions).ok());
+  ASSERT_TRUE(store_.ApplyGradients({"bn/num_batches_tracked"}, {torch::tensor(int64_t{2})}, &versions,
+                                    wire::UPDATE_ADD)
+                  .ok());
+  EXPECT_EQ(Value("bn/num_batches_tracked").scalar_type(), torch::kInt64);
+  EXPECT_EQ(Value("bn/num_batches_tracked").item<int64_t>(), big + 2);
+  // Training a buffer, or giving it the wrong dtype, is refused and changes nothing.
+  for (const std::string& name : {std::string("bn/running_mean"), std::string("bn/num_batches_tracked")}) {
+    const torch::Tensor like = Value(name);
+    absl::Status status = store_.ApplyGradients({name}, {torch::ones_like(like)}, &versions);
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_NE(status.message().find("'" + name + "' on /job:ps/task:0: it is a buffer"), std::string::npos) << status;
+    std::vector<bool> accepted;
+    EXPECT_EQ(store_.Accumulate({name}, {torch::ones_like(like)}, 0, "w0", &accepted).code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+  absl::Status wrong = store_.Assign({"bn/num_batches_tracked"}, {torch::tensor(3.0f)}, &versions);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.message().find("dtype must be int64, not float32"), std::string::npos) << wrong;
+  EXPECT_EQ(Value("bn/num_batches_tracked").item<int64_t>(), big + 2);
+  // A snapshot keeps the dtype and no optimizer.
+  for (const SavedVariable& v : store_.Snapshot()) {
+    if (v.name != "bn/num_batches_tracked") continue;
+    EXPECT_EQ(v.value.scalar_type(), torch::kInt64);
+    EXPECT_TRUE(v.optimizer.empty());
+    EXPECT_TRUE(v.slots.tensors.empty());
+  }
+}
+
+TEST_F(VariableStoreTest, OnlyBuffersMayBeInt64AndADefinitionMustMatchItsValue) {
+  wire::VariableDef trained = Def("counts", {2});
+  trained.set_dtype(wire::DTYPE_INT64);
+  absl::Status status = store_.Create({trained}, {torch::zeros({2}, torch::kInt64)}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("only buffers may be int64"), std::string::npos) << status;
+  status = store_.Create({BufferDef("c", {2}, wire::DTYPE_INT64)}, {torch::zeros({2})}).status();
+  EXPECT_NE(status.message().find("initial value must be int64, not float32"), std::string::npos) << status;
+  status = store_.Create({BufferDef("c", {2}, static_cast<wire::DType>(9))}, {torch::zeros({2})}).status();
+  EXPECT_NE(status.message().find("unknown dtype number 9"), std::string::npos) << status;
+  // The same name again as a buffer, or at another dtype, is another definition.
+  status = store_.Create({BufferDef("b", {3}, wire::DTYPE_FLOAT32)}, {torch::zeros({3})}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kAlreadyExists) << status;
+  EXPECT_FALSE(store_.Lookup({"c"})[0].present);
+}
+
 TEST_F(VariableStoreTest, CountersStartAtZero) {
   EXPECT_EQ(store_.AddToCounter("global_step", 0), 0);
   EXPECT_EQ(store_.AddToCounter("global_step", 1), 1);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
+#include "shoal/core/dtype.h"
 #include "shoal/core/status.h"
 
 namespace shoal {
@@ -198,6 +199,9 @@ absl::Status Client::CreateVariables(const std::vector<VariableInit>& variables)
         for (int64_t d : piece.sizes()) def->add_shape(d);
         *def->mutable_optimizer() = variables[i].optimizer;
         def->set_use_locking(variables[i].use_locking);
+        def->set_buffer(variables[i].buffer);
+        // An unknown dtype is left unset here; the server refuses the value.
+        def->set_dtype(WireDType(piece.scalar_type()).value_or(wire::DTYPE_FLOAT32));
       },
       &calls));
   return RunAll(calls);

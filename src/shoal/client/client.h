@@ -45,6 +45,9 @@ struct VariableInit {
   torch::Tensor value;
   wire::OptimizerConfig optimizer;
   bool use_locking = false;
+  // Not trained (BatchNorm's running statistics): float32 or int64, read and
+  // assigned, never given gradients; `optimizer` is ignored.
+  bool buffer = false;
 };
 
 struct CounterDelta {

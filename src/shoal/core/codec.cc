@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
+#include "shoal/core/dtype.h"
 #include "shoal/core/status.h"
 
 namespace shoal {
@@ -94,15 +95,16 @@ absl::Status FillMeta(const std::vector<torch::Tensor>& tensors,
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
     const torch::Tensor& t = tensors[i];
-    if (!t.defined() || t.scalar_type() != torch::kFloat32 || !t.device().is_cpu()) {
+    const std::optional<wire::DType> dtype = t.defined() ? WireDType(t.scalar_type()) : std::nullopt;
+    if (!dtype || !t.device().is_cpu()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensor ", i, " of the message is not a defined float32 CPU tensor"));
+          "tensor ", i, " of the message is not a defined float32 or int64 CPU tensor"));
     }
     torch::Tensor body = t.contiguous();
     wire::TensorMeta* meta = metas->Add();
-    meta->set_dtype(wire::DTYPE_FLOAT32);
+    meta->set_dtype(*dtype);
     for (int64_t d : body.sizes()) meta->add_shape(d);
-    meta->set_byte_size(body.numel() * sizeof(float));
+    meta->set_byte_size(body.nbytes());
     out->total_bytes += meta->byte_size();
     out->bodies.push_back(std::move(body));
   }
@@ -156,12 +158,16 @@ absl::Status Decode(absl::Span<const absl::string_view> chunks, size_t max_bytes
   uint64_t body_bytes = 0;
   for (int i = 0; i < header->tensors_size(); ++i) {
     const wire::TensorMeta& meta = header->tensors(i);
-    if (meta.dtype() != wire::DTYPE_FLOAT32) {
+    // On the wire a dtype is always set: unset (0) is refused like an unknown one.
+    const std::optional<torch::ScalarType> dtype =
+        meta.dtype() == wire::DTYPE_INVALID ? std::nullopt : TorchDType(meta.dtype());
+    if (!dtype) {
       const std::string name = wire::DType_IsValid(meta.dtype()) ? wire::DType_Name(meta.dtype()) : "";
       return absl::InvalidArgumentError(absl::StrCat("tensor ", i, " has dtype ",
                                                      name.empty() ? absl::StrCat("number ", meta.dtype()) : name,
-                                                     "; only float32 is supported"));
+                                                     "; only float32 and int64 are supported"));
     }
+    const uint64_t element_bytes = c10::elementSize(*dtype);
     uint64_t numel = 1;
     for (int64_t d : meta.shape()) {
       if (d < 0) return absl::InvalidArgumentError(absl::StrCat("tensor ", i, " has a negative dimension"));
@@ -170,7 +176,7 @@ absl::Status Decode(absl::Span<const absl::string_view> chunks, size_t max_bytes
       }
       numel *= static_cast<uint64_t>(d);
     }
-    if (numel * sizeof(float) != meta.byte_size()) {
+    if (numel * element_bytes != meta.byte_size()) {
       return absl::DataLossError(absl::StrCat("garbled message: tensor ", i, " has ",
                                               meta.byte_size(), " bytes for ", numel, " elements"));
     }
@@ -184,18 +190,19 @@ absl::Status Decode(absl::Span<const absl::string_view> chunks, size_t max_bytes
   tensors->reserve(header->tensors_size());
   for (const wire::TensorMeta& meta : header->tensors()) {
     std::vector<int64_t> shape(meta.shape().begin(), meta.shape().end());
+    const torch::ScalarType dtype = *TorchDType(meta.dtype());  // checked above
     if (owners.size() == chunks.size() && meta.byte_size() >= kZeroCopyMinBytes) {
       ChunkReader peek = reader;
       size_t chunk = 0;
       const char* p = peek.TakeContiguous(meta.byte_size(), &chunk);
-      if (p != nullptr && reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
+      if (p != nullptr && reinterpret_cast<uintptr_t>(p) % c10::elementSize(dtype) == 0) {
         reader = peek;
         ChunkOwner owner = owners[chunk];
-        tensors->push_back(torch::from_blob(const_cast<char*>(p), shape, [owner](void*) {}, torch::kFloat32));
+        tensors->push_back(torch::from_blob(const_cast<char*>(p), shape, [owner](void*) {}, dtype));
         continue;
       }
     }
-    torch::Tensor t = torch::empty(shape, torch::kFloat32);
+    torch::Tensor t = torch::empty(shape, dtype);
     reader.Read(t.data_ptr(), meta.byte_size());
     tensors->push_back(std::move(t));
   }
@@ -216,7 +223,7 @@ std::string EncodedMessage::Flatten() const {
   out.reserve(total_bytes);
   out += header_frame;
   for (const auto& body : bodies) {
-    out.append(static_cast<const char*>(body.data_ptr()), body.numel() * sizeof(float));
+    out.append(static_cast<const char*>(body.data_ptr()), body.nbytes());
   }
   return out;
 }

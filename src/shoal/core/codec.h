@@ -39,7 +39,7 @@ inline constexpr int kMaxTensorsPerMessage = 1 << 16;
 
 struct EncodedMessage {
   std::string header_frame;            // length prefix + serialized header
-  std::vector<torch::Tensor> bodies;   // contiguous float32, sent in order
+  std::vector<torch::Tensor> bodies;   // contiguous float32 or int64, sent in order
   size_t total_bytes = 0;              // header_frame + all bodies
 
   // Concatenates everything into one string (tests, in-process serialisation).

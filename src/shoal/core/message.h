@@ -1,7 +1,7 @@
 // Request and Response: what one task asks of another, and the answer.
 //
 // A message is a protobuf header (proto/shoal/wire.proto) plus a list of
-// dense float32 tensors whose bytes stay outside protobuf. The in-process
+// dense float32 (or int64: buffers) tensors whose bytes stay outside protobuf. The in-process
 // transport hands these structs across directly, so a response's tensors may
 // alias a server's variable storage: read them, copy them, never write them.
 #ifndef SHOAL_CORE_MESSAGE_H_

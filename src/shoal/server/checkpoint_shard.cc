@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "shoal/core/crc32c.h"
+#include "shoal/core/dtype.h"
 #include "shoal/core/status.h"
 #include "shoal/wire.pb.h"
 
@@ -76,7 +77,7 @@ class Reader {
 absl::StatusOr<int64_t> Elements(const wire::CheckpointTensor& tensor) {
   int64_t n = 1;
   for (int64_t d : tensor.shape()) {
-    if (d < 0 || (d > 0 && n > std::numeric_limits<int64_t>::max() / 4 / d)) {
+    if (d < 0 || (d > 0 && n > std::numeric_limits<int64_t>::max() / 8 / d)) {
       return absl::DataLossError("a tensor shape is negative or overflows");
     }
     n *= d;
@@ -113,10 +114,13 @@ absl::Status WriteShard(const std::string& path, const std::vector<SavedVariable
     record.set_optimizer(v.optimizer);
     record.set_optimizer_step(v.slots.step);
     for (const auto& t : tensors) {
-      if (t.scalar_type() != torch::kFloat32) {
-        return absl::InvalidArgumentError(absl::StrCat("checkpoint: variable '", v.name, "' is not float32"));
+      const std::optional<wire::DType> dtype = WireDType(t.scalar_type());
+      if (!dtype) {
+        return absl::InvalidArgumentError(absl::StrCat("checkpoint: variable '", v.name, "' is ",
+                                                       DTypeName(t.scalar_type()), ", not float32 or int64"));
       }
       auto* meta = record.add_tensors();
+      meta->set_dtype(*dtype);
       for (int64_t d : t.sizes()) meta->add_shape(d);
       meta->set_crc32c(Crc32c(t.data_ptr(), t.nbytes()));
     }
@@ -181,18 +185,23 @@ absl::StatusOr<std::vector<SavedVariable>> ParseShard(const std::string& bytes, 
         return absl::DataLossError(absl::StrCat("checkpoint shard '", path, "': variable '", v.name, "' ", what,
                                                 ": ", elements.status().message()));
       }
+      const std::optional<torch::ScalarType> dtype = TorchDType(meta.dtype());
+      if (!dtype) {
+        return absl::DataLossError(absl::StrCat("checkpoint shard '", path, "': variable '", v.name, "' ", what,
+                                                " has unknown dtype number ", meta.dtype()));
+      }
+      const size_t bytes = static_cast<size_t>(*elements) * c10::elementSize(*dtype);
       const char* data = nullptr;
-      SHOAL_RETURN_IF_ERROR(reader.Take(static_cast<size_t>(*elements) * 4,
-                                        absl::StrCat("variable '", v.name, "' ", what), &data));
-      const uint32_t crc = Crc32c(data, static_cast<size_t>(*elements) * 4);
+      SHOAL_RETURN_IF_ERROR(reader.Take(bytes, absl::StrCat("variable '", v.name, "' ", what), &data));
+      const uint32_t crc = Crc32c(data, bytes);
       if (crc != meta.crc32c()) {
         return absl::DataLossError(absl::StrCat("checkpoint shard '", path, "': variable '", v.name, "' ", what,
                                                 " fails its CRC32C (stored ", meta.crc32c(), ", computed ", crc,
                                                 "): the data is corrupt"));
       }
       std::vector<int64_t> shape(meta.shape().begin(), meta.shape().end());
-      torch::Tensor tensor = torch::empty(shape, torch::kFloat32);
-      std::memcpy(tensor.data_ptr(), data, static_cast<size_t>(*elements) * 4);
+      torch::Tensor tensor = torch::empty(shape, *dtype);
+      std::memcpy(tensor.data_ptr(), data, bytes);
       if (t == 0) {
         v.value = tensor;
       } else {

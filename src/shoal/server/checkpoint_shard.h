@@ -4,8 +4,9 @@
 // Layout (little-endian):
 //   "SHOALCKP", u32 format version, u32 record count,
 //   per variable: u32 header size, u32 header CRC32C, the header
-//     (wire::CheckpointRecord: name, optimizer, step, each tensor's shape and
-//     CRC32C), then its tensors' float32 bytes: the value, then the slots;
+//     (wire::CheckpointRecord: name, optimizer, step, each tensor's shape,
+//     dtype and CRC32C), then its tensors' bytes (float32, or int64 for an
+//     integer buffer): the value, then the slots;
 //   "SHOALEND", u32 record count.
 // Every size is checked against the bytes left before anything is
 // allocated, every header and tensor against its CRC32C, so a truncated file
@@ -32,7 +33,7 @@ inline constexpr uint32_t kCheckpointFormatVersion = 1;
 struct SavedVariable {
   std::string name;       // as its task stores it (a partition has its own)
   std::string optimizer;  // the kind the slots belong to
-  torch::Tensor value;    // float32, contiguous
+  torch::Tensor value;    // float32 (int64 for an integer buffer), contiguous
   OptimizerSlots slots;
 };
 

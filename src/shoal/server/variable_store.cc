@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "shoal/core/dtype.h"
 #include "shoal/core/status.h"
 
 namespace shoal {
@@ -40,6 +41,7 @@ bool AllFiniteFloats(const float* p, int64_t n) {
 }  // namespace
 
 bool AllFinite(const torch::Tensor& t) {
+  if (!t.is_floating_point()) return true;
   torch::Tensor c = t.contiguous();
   return AllFiniteFloats(c.data_ptr<float>(), c.numel());
 }
@@ -64,21 +66,33 @@ absl::StatusOr<std::vector<bool>> VariableStore::Create(const std::vector<wire::
     for (int64_t d : shape) {
       if (d < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": negative dimension in ", ShapeString(shape)));
     }
+    const std::optional<torch::ScalarType> dtype = TorchDType(def.dtype());
+    if (!dtype) return absl::InvalidArgumentError(absl::StrCat(where, ": unknown dtype number ", def.dtype()));
+    if (*dtype != torch::kFloat32 && !def.buffer()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": a trained variable must be float32, not ",
+                                                     DTypeName(*dtype), " (only buffers may be int64)"));
+    }
     const torch::Tensor& init = initial_values[i];
-    if (!init.defined() || init.scalar_type() != torch::kFloat32) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": initial value must be float32"));
+    if (!init.defined() || init.scalar_type() != *dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": initial value must be ", DTypeName(*dtype),
+                                                     init.defined() ? absl::StrCat(", not ", DTypeName(init.scalar_type())) : ""));
     }
     if (init.sizes() != c10::IntArrayRef(shape)) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": initial value has shape ", ShapeString(init.sizes()),
                                                      ", the definition says ", ShapeString(shape)));
     }
     if (!AllFinite(init)) return absl::InvalidArgumentError(absl::StrCat(where, ": initial value is not finite"));
-    auto optimizer = Optimizer::Create(def.optimizer());
-    if (!optimizer.ok()) return Annotate(optimizer.status(), where);
     auto var = std::make_shared<Variable>();
     var->def = def;
-    *var->def.mutable_optimizer() = (*optimizer)->config();
-    var->optimizer = *std::move(optimizer);
+    var->def.set_dtype(*WireDType(*dtype));
+    if (def.buffer()) {
+      var->def.clear_optimizer();  // a buffer is never trained
+    } else {
+      auto optimizer = Optimizer::Create(def.optimizer());
+      if (!optimizer.ok()) return Annotate(optimizer.status(), where);
+      *var->def.mutable_optimizer() = (*optimizer)->config();
+      var->optimizer = *std::move(optimizer);
+    }
     fresh[i] = std::move(var);
   }
   std::vector<bool> created(defs.size(), false);
@@ -90,19 +104,22 @@ absl::StatusOr<std::vector<bool>> VariableStore::Create(const std::vector<wire::
     bool same = existing.shape().size() == defs[i].shape().size() &&
                 std::equal(existing.shape().begin(), existing.shape().end(), defs[i].shape().begin()) &&
                 existing.optimizer().kind() == fresh[i]->def.optimizer().kind() &&
-                existing.use_locking() == defs[i].use_locking();
+                existing.use_locking() == defs[i].use_locking() && existing.buffer() == defs[i].buffer() &&
+                existing.dtype() == fresh[i]->def.dtype();
     if (!same) {
       return absl::AlreadyExistsError(absl::StrCat(
-          "variable '", defs[i].name(), "' on ", task_name_, " already exists with shape ",
-          ShapeString(std::vector<int64_t>(existing.shape().begin(), existing.shape().end())),
-          " and optimizer '", existing.optimizer().kind(), "'; a different definition was requested"));
+          "variable '", defs[i].name(), "' on ", task_name_, " already exists as ",
+          existing.buffer() ? "a buffer" : "a variable", " of shape ",
+          ShapeString(std::vector<int64_t>(existing.shape().begin(), existing.shape().end())), ", dtype ",
+          wire::DType_Name(existing.dtype()), " and optimizer '", existing.optimizer().kind(),
+          "'; a different definition was requested"));
     }
   }
   for (size_t i = 0; i < defs.size(); ++i) {
     if (variables_.count(defs[i].name())) continue;
     Variable& var = *fresh[i];
     var.value = initial_values[i].clone(at::MemoryFormat::Contiguous);
-    var.slots = var.optimizer->MakeSlots(var.value);
+    if (var.optimizer) var.slots = var.optimizer->MakeSlots(var.value);
     variables_.emplace(defs[i].name(), std::move(fresh[i]));
     created[i] = true;
   }
@@ -133,6 +150,17 @@ absl::Status VariableStore::Find(const std::vector<std::string>& names,
   return absl::OkStatus();
 }
 
+absl::Status VariableStore::RefuseBuffers(const std::vector<std::shared_ptr<Variable>>& vars,
+                                          absl::string_view what) const {
+  for (const auto& var : vars) {
+    if (var->def.buffer()) {
+      return absl::FailedPreconditionError(absl::StrCat(what, " for '", var->def.name(), "' on ", task_name_,
+                                                        ": it is a buffer, which is assigned, not trained"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status VariableStore::CheckTensors(const std::vector<std::shared_ptr<Variable>>& vars,
                                          const std::vector<torch::Tensor>& tensors, absl::string_view what,
                                          bool require_finite) const {
@@ -143,9 +171,11 @@ absl::Status VariableStore::CheckTensors(const std::vector<std::shared_ptr<Varia
   for (size_t i = 0; i < vars.size(); ++i) {
     const torch::Tensor& t = tensors[i];
     const std::string& name = vars[i]->def.name();
-    if (!t.defined() || t.scalar_type() != torch::kFloat32) {
+    const torch::ScalarType dtype = vars[i]->value.scalar_type();
+    if (!t.defined() || t.scalar_type() != dtype) {
       return absl::InvalidArgumentError(absl::StrCat(what, " for variable '", name, "' on ", task_name_,
-                                                     ": dtype must be float32"));
+                                                     ": dtype must be ", DTypeName(dtype),
+                                                     t.defined() ? absl::StrCat(", not ", DTypeName(t.scalar_type())) : ""));
     }
     if (t.sizes() != vars[i]->value.sizes()) {
       return absl::InvalidArgumentError(absl::StrCat(what, " for variable '", name, "' on ", task_name_,
@@ -204,6 +234,11 @@ absl::Status VariableStore::ApplyGradients(const std::vector<std::string>& names
     return Update(names, gradients, "delta", versions,
                   [](Variable& var, const torch::Tensor& delta) { var.value.add_(delta); });
   }
+  {
+    std::vector<std::shared_ptr<Variable>> vars;
+    SHOAL_RETURN_IF_ERROR(Find(names, &vars));
+    SHOAL_RETURN_IF_ERROR(RefuseBuffers(vars, "gradient"));
+  }
   return Update(names, gradients, "gradient", versions, [](Variable& var, const torch::Tensor& gradient) {
     std::atomic_load(&var.optimizer)->Apply(var.value, gradient, var.slots);
   });
@@ -256,6 +291,7 @@ absl::Status VariableStore::Accumulate(const std::vector<std::string>& names,
   }
   std::vector<std::shared_ptr<Variable>> vars;
   SHOAL_RETURN_IF_ERROR(Find(names, &vars));
+  SHOAL_RETURN_IF_ERROR(RefuseBuffers(vars, "accumulate"));
   SHOAL_RETURN_IF_ERROR(CheckTensors(vars, gradients, "gradient", /*require_finite=*/true));
   torch::NoGradGuard no_grad;
   accepted->assign(vars.size(), false);
@@ -336,6 +372,7 @@ absl::StatusOr<VariableStore::ApplyAccumulatedResult> VariableStore::ApplyAccumu
   }
   std::vector<std::shared_ptr<Variable>> vars;
   SHOAL_RETURN_IF_ERROR(Find(names, &vars));
+  SHOAL_RETURN_IF_ERROR(RefuseBuffers(vars, "apply_accumulated"));
   auto done = [&] {
     return std::all_of(vars.begin(), vars.end(), [&](const auto& v) { return v->accumulator_step >= new_step; });
   };
@@ -364,6 +401,7 @@ absl::Status VariableStore::SetOptimizer(const std::vector<std::string>& names,
                                          const wire::OptimizerConfig& optimizer) {
   std::vector<std::shared_ptr<Variable>> vars;
   SHOAL_RETURN_IF_ERROR(Find(names, &vars));
+  SHOAL_RETURN_IF_ERROR(RefuseBuffers(vars, "set_optimizer"));
   SHOAL_ASSIGN_OR_RETURN(auto rule, Optimizer::Create(optimizer));
   for (const auto& var : vars) {
     if (var->def.optimizer().kind() != rule->config().kind()) {

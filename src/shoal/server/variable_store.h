@@ -1,9 +1,13 @@
 // VariableStore: the variables one task hosts, their optimizer slots, and
 // named int64 counters (global_step and friends).
 //
-// Every method validates its whole request (names, shapes, finiteness) before
-// it changes anything, and an error names the variable and this task; so a
-// bad request leaves the store exactly as it was.
+// A variable is float32 and trained by its optimizer, or a buffer
+// (VariableDef.buffer: BatchNorm's running statistics), float32 or int64,
+// which is read, assigned and added to but never given gradients.
+//
+// Every method validates its whole request (names, shapes, dtypes,
+// finiteness) before it changes anything, and an error names the variable
+// and this task; so a bad request leaves the store exactly as it was.
 //
 // Thread safety: all methods may be called concurrently. The name -> variable
 // map has its own lock; values are read and updated in place without it.
@@ -133,7 +137,7 @@ class VariableStore {
  private:
   struct Variable {
     wire::VariableDef def;  // optimizer config with defaults filled in
-    std::shared_ptr<const Optimizer> optimizer;  // atomic_load/atomic_store: SetOptimizer replaces it
+    std::shared_ptr<const Optimizer> optimizer;  // null for a buffer; atomic_load/atomic_store: SetOptimizer replaces it
     torch::Tensor value;
     OptimizerSlots slots;
     std::atomic<int64_t> version{0};
@@ -159,6 +163,9 @@ class VariableStore {
   absl::Status Update(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
                       absl::string_view what, std::vector<int64_t>* versions,
                       const std::function<void(Variable&, const torch::Tensor&)>& update);
+  // FailedPrecondition naming the first buffer in `vars`: what a gradient,
+  // an accumulator or an optimizer may not touch.
+  absl::Status RefuseBuffers(const std::vector<std::shared_ptr<Variable>>& vars, absl::string_view what) const;
   absl::Status CheckTensors(const std::vector<std::shared_ptr<Variable>>& vars,
                             const std::vector<torch::Tensor>& tensors, absl::string_view what,
                             bool require_finite) const;
@@ -173,7 +180,8 @@ class VariableStore {
   std::condition_variable accumulated_;
 };
 
-// Throws nothing: true when every element of `t` (float32) is finite.
+// Throws nothing: true when every element of `t` is finite (an integer
+// tensor always is).
 bool AllFinite(const torch::Tensor& t);
 
 }  // namespace shoal

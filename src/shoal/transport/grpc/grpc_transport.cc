@@ -49,7 +49,7 @@ grpc::ByteBuffer ToByteBuffer(EncodedMessage encoded) {
   slices.reserve(1 + encoded.bodies.size());
   slices.emplace_back(encoded.header_frame);
   for (torch::Tensor& body : encoded.bodies) {
-    size_t bytes = body.numel() * sizeof(float);
+    size_t bytes = body.nbytes();
     if (bytes == 0) continue;
     void* data = body.data_ptr();
     slices.emplace_back(data, bytes, &DestroyTensorRef, new torch::Tensor(std::move(body)));
