@@ -32,7 +32,7 @@ double Median(std::vector<double> v) {
 void SaveScriptedCopy(const MlpConfig& config, const std::string& path) {
   Mlp built(config);
   torch::jit::Module net("Net");
-  std::string forward = "def forward(self, x):\n    h = x\n";
+  std::string forward = "def forward(self, x):\n    h = x.flatten(1)\n";
   const size_t layers = built.variables().size() / 2;
   for (size_t k = 0; k < layers; ++k) {
     const std::string name = absl::StrCat("dense_", k + 1);

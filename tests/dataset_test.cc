@@ -51,10 +51,10 @@ TEST_F(DatasetTest, LoadsImagesAndLabels) {
   auto data = LoadMnistFormat(dir_, "train");
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_EQ(data->size(), 12);
-  EXPECT_EQ(data->images.sizes(), (std::vector<int64_t>{12, 4}));
+  EXPECT_EQ(data->images.sizes(), (std::vector<int64_t>{12, 1, 2, 2}));  // one channel, the file's rows and cols
   EXPECT_EQ(data->labels[11].item<int64_t>(), 1);
   // Pixels are scaled to [0, 1] then standardised; a brighter image is larger.
-  EXPECT_GT(data->images[5][0].item<float>(), data->images[4][0].item<float>());
+  EXPECT_GT(data->images[5][0][0][0].item<float>(), data->images[4][0][0][0].item<float>());
 }
 
 TEST_F(DatasetTest, ShardsCoverTheDataOnce) {
@@ -123,7 +123,7 @@ TEST(FashionMnistTest, TheInstalledDatasetLoads) {
   auto train = LoadMnistFormat(kDefaultFashionMnistDir, "train");
   ASSERT_TRUE(train.ok()) << train.status() << " (install the Debian package dataset-fashion-mnist)";
   EXPECT_EQ(train->size(), 60000);
-  EXPECT_EQ(train->images.size(1), 784);
+  EXPECT_EQ(train->images.sizes(), (std::vector<int64_t>{60000, 1, 28, 28}));
   auto test = LoadMnistFormat(kDefaultFashionMnistDir, "t10k");
   ASSERT_TRUE(test.ok()) << test.status();
   EXPECT_EQ(test->size(), 10000);

@@ -1,8 +1,8 @@
 // TorchScript models: a module scripted and saved (here built with
 // libtorch's own TorchScript compiler, as a Python user's torch.jit.script
 // would build it) trains through shoal exactly as the same module does in
-// a plain libtorch loop; files that are not TorchScript, and modules shoal
-// cannot train yet, are refused naming the file.
+// a plain libtorch loop, buffers included; files that are not TorchScript,
+// and modules shoal cannot carry, are refused naming the file.
 #include "shoal/model/torchscript_model.h"
 
 #include <gtest/gtest.h>
@@ -48,7 +48,42 @@ void SaveScriptedMlp(const fs::path& path, uint64_t seed = 7) {
   net.register_module("fc2", ScriptedLinear(32, 10));
   net.define(R"(
 def forward(self, x):
-    return self.fc2.forward(torch.relu(self.fc1.forward(x)))
+    return self.fc2.forward(torch.relu(self.fc1.forward(x.flatten(1))))
+)");
+  net.save(path.string());
+}
+
+// BatchNorm over `features` as torch.nn.BatchNorm1d keeps it: weight and
+// bias trained, running_mean, running_var and num_batches_tracked (int64)
+// updated by every training forward pass.
+torch::jit::Module ScriptedBatchNorm(int64_t features) {
+  torch::jit::Module bn("BatchNorm");
+  bn.register_parameter("weight", torch::ones({features}), false);
+  bn.register_parameter("bias", torch::zeros({features}), false);
+  bn.register_buffer("running_mean", torch::zeros({features}));
+  bn.register_buffer("running_var", torch::ones({features}));
+  bn.register_buffer("num_batches_tracked", torch::zeros({}, torch::kInt64));
+  bn.register_attribute("training", c10::BoolType::get(), true);  // as every Python module has
+  bn.define(R"(
+def forward(self, x):
+    if self.training:
+        self.num_batches_tracked.add_(1)
+    return torch.batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var, self.training,
+                            0.1, 1e-5, False)
+)");
+  return bn;
+}
+
+// 784 -> 32 -> BatchNorm -> ReLU -> 10, saved to `path`.
+void SaveScriptedBatchNormMlp(const fs::path& path, uint64_t seed = 7) {
+  torch::manual_seed(seed);
+  torch::jit::Module net("Net");
+  net.register_module("fc1", ScriptedLinear(784, 32));
+  net.register_module("bn1", ScriptedBatchNorm(32));
+  net.register_module("fc2", ScriptedLinear(32, 10));
+  net.define(R"(
+def forward(self, x):
+    return self.fc2.forward(torch.relu(self.bn1.forward(self.fc1.forward(x.flatten(1)))))
 )");
   net.save(path.string());
 }
@@ -80,19 +115,55 @@ TEST(TorchScriptModelTest, AFileThatIsNotTorchScriptIsRefusedNamingIt) {
   fs::remove_all(dir);
 }
 
-TEST(TorchScriptModelTest, AModuleWithBatchNormStatisticsIsRefusedUntilBuffersAreShared) {
+TEST(TorchScriptModelTest, BuffersAreNamedAfterNamedBuffersAndKeepTheirDtype) {
   const fs::path dir = TempDir("buffers");
+  SaveScriptedBatchNormMlp(dir / "bn.pt");
+  auto model = TorchScriptModel::Load((dir / "bn.pt").string(), "worker_1/");
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->buffer_names(), (std::vector<std::string>{"worker_1/bn1.running_mean", "worker_1/bn1.running_var",
+                                                                "worker_1/bn1.num_batches_tracked"}));
+  EXPECT_EQ((*model)->buffers()[2].scalar_type(), torch::kInt64);
+  // A training pass moves the buffers (they are the module's own); an
+  // evaluating one does not.
+  (*model)->Forward(torch::randn({8, 784}));
+  EXPECT_EQ((*model)->BufferValues()[2].item<int64_t>(), 1);
+  EXPECT_FALSE((*model)->BufferValues()[0].equal(torch::zeros({32})));
+  (*model)->SetTraining(false);
+  const torch::Tensor mean = (*model)->BufferValues()[0];
+  (*model)->Forward(torch::randn({8, 784}));
+  EXPECT_TRUE((*model)->BufferValues()[0].equal(mean));
+  (*model)->LoadBuffers({torch::full({32}, 2.0f), torch::ones({32}), torch::tensor(int64_t{40})});
+  EXPECT_EQ((*model)->buffers()[2].item<int64_t>(), 40);
+  fs::remove_all(dir);
+}
+
+TEST(TorchScriptModelTest, ABufferOrParameterTheWireCannotCarryIsRefusedNamingIt) {
+  const fs::path dir = TempDir("dtypes");
   torch::jit::Module net("Net");
   net.register_module("fc", ScriptedLinear(784, 10));
-  net.register_buffer("running_mean", torch::zeros({10}));
+  net.register_buffer("scale", torch::ones({10}, torch::kFloat64));
   net.define(R"(
 def forward(self, x):
-    return self.fc.forward(x) - self.running_mean
+    return self.fc.forward(x.flatten(1)) * self.scale.float()
 )");
-  net.save((dir / "bn.pt").string());
-  auto model = TorchScriptModel::Load((dir / "bn.pt").string(), "");
+  net.save((dir / "f64.pt").string());
+  auto model = TorchScriptModel::Load((dir / "f64.pt").string(), "");
   ASSERT_FALSE(model.ok());
-  EXPECT_NE(model.status().message().find("has buffers (running_mean)"), std::string::npos) << model.status();
+  EXPECT_NE(model.status().message().find("buffer 'scale' is float64; shoal carries float32 and int64 buffers"),
+            std::string::npos)
+      << model.status();
+  torch::jit::Module doubled("Net");
+  doubled.register_parameter("w", torch::ones({784, 10}, torch::kFloat64), false);
+  doubled.define(R"(
+def forward(self, x):
+    return torch.mm(x.flatten(1).double(), self.w).float()
+)");
+  doubled.save((dir / "param64.pt").string());
+  model = TorchScriptModel::Load((dir / "param64.pt").string(), "");
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.status().message().find("parameter 'w' is float64; shoal trains float32 parameters"),
+            std::string::npos)
+      << model.status();
   fs::remove_all(dir);
 }
 
@@ -192,10 +263,10 @@ TEST(TorchScriptModelTest, AModuleThatDoesNotFitTheDataIsRefusedAtStart) {
     const char* expected;
   };
   for (const Misfit& misfit : {Misfit{"five_classes.pt", 784, 5, "to [2, 5]; expected [2, C] logits with C > "},
-                               Misfit{"wrong_input.pt", 100, 10, "forward() fails on a batch of shape [2, 784]"}}) {
+                               Misfit{"wrong_input.pt", 100, 10, "forward() fails on a batch of shape [2, 1, 28, 28]"}}) {
     torch::jit::Module net("Net");
     net.register_module("fc", ScriptedLinear(misfit.in, misfit.out));
-    net.define("def forward(self, x):\n    return self.fc.forward(x)\n");
+    net.define("def forward(self, x):\n    return self.fc.forward(x.flatten(1))\n");
     net.save((dir / misfit.file).string());
     JobConfig config = QuickJob("async");
     config.model.kind = "torchscript";

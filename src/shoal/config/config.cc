@@ -46,6 +46,21 @@ class Section {
 
   bool Has(const std::string& key) const { return node_ && node_.IsMap() && node_[key]; }
 
+  // The mappings of a list (`key: [{...}, {...}]`), each a section of its
+  // own ("model.conv[1]"); empty when the key is absent.
+  absl::StatusOr<std::vector<Section>> Items(const std::string& key) {
+    used_.insert(key);
+    std::vector<Section> items;
+    if (!Has(key)) return items;
+    const YAML::Node list = node_[key];
+    if (!list.IsSequence()) return absl::InvalidArgumentError(absl::StrCat("config: '", Key(key), "' must be a list"));
+    for (size_t i = 0; i < list.size(); ++i) {
+      items.emplace_back(list[i], absl::StrCat(Key(key), "[", i, "]"));
+      SHOAL_RETURN_IF_ERROR(items.back().Check());
+    }
+    return items;
+  }
+
   Section Child(const std::string& key) {
     used_.insert(key);
     return Section(node_ && node_.IsMap() ? node_[key] : YAML::Node(), Key(key));
@@ -127,6 +142,27 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(model.Get("layers", &c->model.layers));
   SHOAL_RETURN_IF_ERROR(model.Get("activation", &c->model.activation));
   SHOAL_RETURN_IF_ERROR(model.Get("seed", &c->model.seed));
+  CnnConfig& cnn = c->model.cnn;
+  SHOAL_RETURN_IF_ERROR(model.Get("input_shape", &cnn.input_shape));
+  if (model.Has("conv")) {
+    SHOAL_ASSIGN_OR_RETURN(std::vector<Section> layers, model.Items("conv"));
+    cnn.conv.clear();
+    for (Section& item : layers) {
+      ConvLayerConfig layer;
+      SHOAL_RETURN_IF_ERROR(item.Get("channels", &layer.channels));
+      SHOAL_RETURN_IF_ERROR(item.Get("kernel", &layer.kernel));
+      SHOAL_RETURN_IF_ERROR(item.Get("stride", &layer.stride));
+      SHOAL_RETURN_IF_ERROR(item.Get("padding", &layer.padding));
+      SHOAL_RETURN_IF_ERROR(item.Get("pool", &layer.pool));
+      SHOAL_RETURN_IF_ERROR(item.CheckNoUnknownKeys());
+      cnn.conv.push_back(layer);
+    }
+  }
+  SHOAL_RETURN_IF_ERROR(model.Get("batch_norm", &cnn.batch_norm));
+  SHOAL_RETURN_IF_ERROR(model.Get("batch_norm_momentum", &cnn.batch_norm_momentum));
+  SHOAL_RETURN_IF_ERROR(model.Get("dense", &cnn.dense));
+  SHOAL_RETURN_IF_ERROR(model.Get("dropout", &cnn.dropout));
+  SHOAL_RETURN_IF_ERROR(model.Get("classes", &cnn.classes));
   SHOAL_RETURN_IF_ERROR(model.CheckNoUnknownKeys());
 
   Section data = top.Child("data");
@@ -490,7 +526,23 @@ std::string JobConfigToYaml(const JobConfig& c) {
   if (!c.model.path.empty()) out << YAML::Key << "path" << YAML::Value << c.model.path;
   out << YAML::Key << "layers" << YAML::Value << YAML::Flow
       << c.model.layers << YAML::Key << "activation" << YAML::Value << c.model.activation << YAML::Key << "seed"
-      << YAML::Value << c.model.seed << YAML::EndMap;
+      << YAML::Value << c.model.seed;
+  if (c.model.kind == "cnn") {
+    const CnnConfig& cnn = c.model.cnn;
+    out << YAML::Key << "input_shape" << YAML::Value << YAML::Flow << cnn.input_shape << YAML::Key << "conv"
+        << YAML::Value << YAML::BeginSeq;
+    for (const ConvLayerConfig& layer : cnn.conv) {
+      out << YAML::Flow << YAML::BeginMap << YAML::Key << "channels" << YAML::Value << layer.channels << YAML::Key
+          << "kernel" << YAML::Value << layer.kernel << YAML::Key << "stride" << YAML::Value << layer.stride
+          << YAML::Key << "padding" << YAML::Value << layer.padding << YAML::Key << "pool" << YAML::Value
+          << layer.pool << YAML::EndMap;
+    }
+    out << YAML::EndSeq << YAML::Key << "batch_norm" << YAML::Value << cnn.batch_norm << YAML::Key
+        << "batch_norm_momentum" << YAML::Value << cnn.batch_norm_momentum << YAML::Key << "dense" << YAML::Value
+        << YAML::Flow << cnn.dense << YAML::Key << "dropout" << YAML::Value << cnn.dropout << YAML::Key << "classes"
+        << YAML::Value << cnn.classes;
+  }
+  out << YAML::EndMap;
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value << c.data.dir
       << YAML::Key << "train_examples" << YAML::Value << c.data.train_examples << YAML::Key << "test_examples"
       << YAML::Value << c.data.test_examples << YAML::EndMap;

@@ -26,9 +26,30 @@ std::optional<torch::ScalarType> TorchDType(wire::DType dtype) {
 }
 
 std::string DTypeName(torch::ScalarType type) {
-  if (type == torch::kFloat32) return "float32";
-  if (type == torch::kInt64) return "int64";
-  return c10::toString(type);
+  switch (type) {
+    case torch::kFloat32:
+      return "float32";
+    case torch::kInt64:
+      return "int64";
+    case torch::kFloat64:
+      return "float64";
+    case torch::kFloat16:
+      return "float16";
+    case torch::kBFloat16:
+      return "bfloat16";
+    case torch::kInt32:
+      return "int32";
+    case torch::kInt16:
+      return "int16";
+    case torch::kInt8:
+      return "int8";
+    case torch::kUInt8:
+      return "uint8";
+    case torch::kBool:
+      return "bool";
+    default:
+      return c10::toString(type);
+  }
 }
 
 }  // namespace shoal

@@ -19,7 +19,7 @@ std::optional<wire::DType> WireDType(torch::ScalarType type);
 // definitions older than int64 support) reads as float32. nullopt for a
 // number that is no known dtype.
 std::optional<torch::ScalarType> TorchDType(wire::DType dtype);
-// "float32", "int64", or the torch name of one shoal does not carry.
+// numpy's name for a torch scalar type ("float32", "int64", "float64", ...).
 std::string DTypeName(torch::ScalarType type);
 
 }  // namespace shoal

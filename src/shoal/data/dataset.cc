@@ -105,7 +105,9 @@ absl::StatusOr<Dataset> LoadMnistFormat(const std::string& dir, const std::strin
     return absl::DataLossError(absl::StrCat("'", labels_path, "' has a label above 9"));
   }
   Dataset data;
-  data.images = images.reshape({images.size(0), -1}).to(torch::kFloat32).div_(255.0f).sub_(kFashionMnistMean).div_(kFashionMnistStd);
+  // [N, 1, rows, cols]: one channel, so that a CNN reads the images as they
+  // are; the MLP flattens them.
+  data.images = images.unsqueeze(1).to(torch::kFloat32).div_(255.0f).sub_(kFashionMnistMean).div_(kFashionMnistStd);
   data.labels = labels.to(torch::kInt64);
   return data;
 }

@@ -3,8 +3,8 @@
 // ReadIdx() reads one IDX file, gzip-compressed or not, and checks its magic
 // number, dimensions and length, so a missing, truncated or corrupt file is an
 // error naming the file and what is wrong. LoadMnistFormat() pairs an images
-// file with its labels; images become float rows scaled to [0, 1] and
-// standardised with Fashion-MNIST's mean and deviation.
+// file with its labels; images become [N, 1, rows, cols] floats scaled to
+// [0, 1] and standardised with Fashion-MNIST's mean and deviation.
 //
 // Dataset is a value type over shared tensors; BatchIterator is not
 // thread-safe (one per worker).
@@ -26,7 +26,7 @@ inline constexpr char kDefaultFashionMnistDir[] = "/usr/share/datasets/fashion-m
 absl::StatusOr<torch::Tensor> ReadIdx(const std::string& path);
 
 struct Dataset {
-  torch::Tensor images;  // [N, rows*cols] float32
+  torch::Tensor images;  // [N, ...] float32: each example keeps its shape ([1, 28, 28] for IDX images)
   torch::Tensor labels;  // [N] int64
 
   int64_t size() const { return labels.defined() ? labels.size(0) : 0; }

@@ -119,7 +119,7 @@ torch::Tensor GatedEnsemble::NetworkLogits(int k, const torch::Tensor& images) {
 
 torch::Tensor GatedEnsemble::MasterWeights(const std::vector<torch::Tensor>& logits, const torch::Tensor& images) {
   std::vector<torch::Tensor> inputs = logits;
-  if (config_.master_sees_input) inputs.push_back(images);
+  if (config_.master_sees_input) inputs.push_back(images.flatten(1));
   torch::Tensor z = master_->Forward(torch::cat(inputs, 1));
   return config_.output == "softmax" ? torch::softmax(z, 1) : torch::sigmoid(z);
 }

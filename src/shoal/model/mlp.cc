@@ -41,7 +41,7 @@ Mlp::Mlp(const MlpConfig& config) : config_(config) {
 }
 
 torch::Tensor Mlp::Forward(const torch::Tensor& input) {
-  torch::Tensor h = input;
+  torch::Tensor h = input.dim() == 2 ? input : input.flatten(1);  // images [N, 1, 28, 28] -> [N, 784]
   const size_t layers = params_.size() / 2;
   for (size_t k = 0; k < layers; ++k) {
     h = torch::addmm(params_[2 * k + 1], h, params_[2 * k]);

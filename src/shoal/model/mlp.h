@@ -39,7 +39,8 @@ class Mlp : public Model, public torch::nn::Module {
   // `config` must have passed ValidateMlpConfig.
   explicit Mlp(const MlpConfig& config);
 
-  // Logits for a batch [N, layers.front()].
+  // Logits for a batch of N examples of layers.front() values each ([N, 784],
+  // or images [N, 1, 28, 28], which it flattens).
   torch::Tensor Forward(const torch::Tensor& input) override;
 
   // Kernel and bias per layer, in creation order.

@@ -1,7 +1,8 @@
 // Model: what every strategy, hook and report trains and evaluates, whatever
-// builds it (the built-in MLP today). Its trainable parameters are bound to
-// variable names (a scope, such as a population member's "worker_3/",
-// prefixes each), which is how they are placed on and pulled from the ps.
+// builds it (the built-in MLP or CNN, a TorchScript file). Its trainable
+// parameters and its buffers are bound to variable names (a scope, such as a
+// population member's "worker_3/", prefixes each), which is how they are
+// placed on and pulled from the ps.
 //
 // Not thread-safe: one model per worker thread.
 #ifndef SHOAL_MODEL_MODEL_H_
@@ -27,6 +28,17 @@ class Model {
   virtual const std::vector<torch::Tensor>& variables() const = 0;
   std::vector<VariableSpec> VariableSpecs() const;
   int64_t NumParameters() const;
+
+  // Buffers: state the forward pass keeps that nobody trains (BatchNorm's
+  // running statistics, float32, and its num_batches_tracked, int64), named
+  // and scoped like the variables, in one fixed order. None by default.
+  virtual const std::vector<std::string>& buffer_names() const;
+  virtual const std::vector<torch::Tensor>& buffers() const;
+  std::vector<VariableSpec> BufferSpecs() const;
+  // Copies of the buffers, and loading values into them (same order, shapes
+  // and dtypes as buffers()).
+  std::vector<torch::Tensor> BufferValues() const;
+  void LoadBuffers(const std::vector<torch::Tensor>& values);
 
   // Copies `values` (same order and shapes as variables()) into the model.
   void Load(const std::vector<torch::Tensor>& values);

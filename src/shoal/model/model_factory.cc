@@ -7,12 +7,13 @@ namespace shoal {
 
 absl::Status ValidateModelConfig(const ModelConfig& config) {
   if (config.kind == "mlp") return ValidateMlpConfig(config);
+  if (config.kind == "cnn") return ValidateCnnConfig(config.cnn);
   if (config.kind == "torchscript") {
     if (config.path.empty()) return absl::InvalidArgumentError("model.kind torchscript needs model.path");
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("model.kind '", config.kind, "' is unknown; known: mlp, torchscript"));
+      absl::StrCat("model.kind '", config.kind, "' is unknown; known: mlp, cnn, torchscript"));
 }
 
 absl::StatusOr<std::unique_ptr<Model>> MakeModel(const ModelConfig& config) {
@@ -21,6 +22,7 @@ absl::StatusOr<std::unique_ptr<Model>> MakeModel(const ModelConfig& config) {
     if (!model.ok()) return model.status();
     return std::unique_ptr<Model>(std::move(*model));
   }
+  if (config.kind == "cnn") return std::unique_ptr<Model>(std::make_unique<Cnn>(config.cnn, config.seed, config.scope));
   return std::unique_ptr<Model>(std::make_unique<Mlp>(config));
 }
 

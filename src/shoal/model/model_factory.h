@@ -1,5 +1,5 @@
-// The model `model:` in the config asks for: the built-in MLP (from its
-// keys) or a TorchScript file.
+// The model `model:` in the config asks for: the built-in MLP or CNN (from
+// their keys) or a TorchScript file.
 #ifndef SHOAL_MODEL_MODEL_FACTORY_H_
 #define SHOAL_MODEL_MODEL_FACTORY_H_
 
@@ -7,21 +7,23 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "shoal/model/cnn.h"
 #include "shoal/model/mlp.h"
 #include "shoal/model/model.h"
 
 namespace shoal {
 
 struct ModelConfig : MlpConfig {
-  std::string kind = "mlp";  // mlp | torchscript
+  std::string kind = "mlp";  // mlp | cnn | torchscript
   std::string path;          // torchscript: the module saved with torch.jit.save
+  CnnConfig cnn;             // cnn: its layers (seed and scope are MlpConfig's)
 };
 
 // The kind is known, and has what it needs (layers, or a path).
 absl::Status ValidateModelConfig(const ModelConfig& config);
 
-// A fresh model: the MLP's initial values come from its seed, a TorchScript
-// module's from its file. `config.scope` prefixes every variable name.
+// A fresh model: the built-in models' initial values come from the seed, a
+// TorchScript module's from its file. `config.scope` prefixes every variable name.
 absl::StatusOr<std::unique_ptr<Model>> MakeModel(const ModelConfig& config);
 
 }  // namespace shoal

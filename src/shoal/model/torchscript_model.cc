@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "shoal/core/dtype.h"
 
 namespace shoal {
 namespace {
@@ -26,22 +27,28 @@ absl::StatusOr<std::unique_ptr<TorchScriptModel>> TorchScriptModel::Load(const s
     return absl::InvalidArgumentError(
         absl::StrCat("model.path '", path, "' is not a TorchScript file: ", FirstLine(e.what())));
   }
-  std::vector<std::string> buffers;
-  for (const auto& buffer : module.named_buffers(/*recurse=*/true)) {
-    if (buffer.value.is_floating_point()) buffers.push_back(buffer.name);
-  }
-  if (!buffers.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("model.path '", path, "' has buffers (", absl::StrJoin(buffers, ", "),
-                                                   "): shoal does not share BatchNorm statistics yet"));
-  }
   std::unique_ptr<TorchScriptModel> model(new TorchScriptModel(module));
   for (const auto& parameter : module.named_parameters(/*recurse=*/true)) {
+    if (parameter.value.scalar_type() != torch::kFloat32) {
+      return absl::InvalidArgumentError(absl::StrCat("model.path '", path, "': parameter '", parameter.name, "' is ",
+                                                     DTypeName(parameter.value.scalar_type()),
+                                                     "; shoal trains float32 parameters"));
+    }
     model->names_.push_back(scope + parameter.name);
     // A parameter is trained, whatever flag the file saved it with.
     model->params_.push_back(parameter.value.requires_grad_(true));
   }
   if (model->params_.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("model.path '", path, "' has no parameters to train"));
+  }
+  for (const auto& buffer : module.named_buffers(/*recurse=*/true)) {
+    if (!WireDType(buffer.value.scalar_type())) {
+      return absl::InvalidArgumentError(absl::StrCat("model.path '", path, "': buffer '", buffer.name, "' is ",
+                                                     DTypeName(buffer.value.scalar_type()),
+                                                     "; shoal carries float32 and int64 buffers"));
+    }
+    model->buffer_names_.push_back(scope + buffer.name);
+    model->buffers_.push_back(buffer.value);
   }
   model->module_.train(true);
   return model;
