@@ -182,6 +182,7 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(training.Get("seed", &c->training.seed));
   SHOAL_RETURN_IF_ERROR(training.Get("replicas_to_aggregate", &c->training.replicas_to_aggregate));
   SHOAL_RETURN_IF_ERROR(training.Get("sync_timeout_s", &c->training.sync_timeout_s));
+  SHOAL_RETURN_IF_ERROR(training.Get("buffer_publish_steps", &c->training.buffer_publish_steps));
   SHOAL_RETURN_IF_ERROR(training.Get("staleness", &c->training.staleness));
   if (!training.Has("optimizer")) c->training.optimizer = DefaultOptimizer(c->training.mode);
   SHOAL_RETURN_IF_ERROR(ParseOptimizer(training.Child("optimizer"), &c->training.optimizer));
@@ -423,6 +424,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
         "); shoal does not let one worker contribute several gradients to a step"));
   }
   SHOAL_RETURN_IF_ERROR(Positive("training.sync_timeout_s", c.training.sync_timeout_s));
+  SHOAL_RETURN_IF_ERROR(Positive("training.buffer_publish_steps", c.training.buffer_publish_steps));
   SHOAL_RETURN_IF_ERROR(Positive("training.epochs", c.training.epochs));
   SHOAL_RETURN_IF_ERROR(Positive("training.batch_size", static_cast<double>(c.training.batch_size)));
   if (c.training.max_steps < 0) return absl::InvalidArgumentError("config: 'training.max_steps' must not be negative");
@@ -551,7 +553,8 @@ std::string JobConfigToYaml(const JobConfig& c) {
       << YAML::Value << c.training.max_steps << YAML::Key << "batch_size" << YAML::Value << c.training.batch_size
       << YAML::Key << "use_locking" << YAML::Value << c.training.use_locking << YAML::Key << "seed" << YAML::Value
       << c.training.seed << YAML::Key << "replicas_to_aggregate" << YAML::Value << c.training.replicas_to_aggregate
-      << YAML::Key << "sync_timeout_s" << YAML::Value << c.training.sync_timeout_s << YAML::Key << "staleness"
+      << YAML::Key << "sync_timeout_s" << YAML::Value << c.training.sync_timeout_s << YAML::Key
+      << "buffer_publish_steps" << YAML::Value << c.training.buffer_publish_steps << YAML::Key << "staleness"
       << YAML::Value << c.training.staleness;
   out << YAML::Key << "optimizer" << YAML::Value;
   EmitOptimizer(out, c.training.optimizer);

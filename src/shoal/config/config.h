@@ -56,6 +56,9 @@ struct TrainingConfig {
   // dropped. More than the workers is refused.
   int replicas_to_aggregate = 0;
   double sync_timeout_s = 60;  // a step that cannot complete in this time fails, naming who is missing
+  // async, sync, ssp: the chief publishes the model's buffers (BatchNorm
+  // statistics) to the ps every this many of its steps, and at its last.
+  int64_t buffer_publish_steps = 50;
   // ssp (stale synchronous parallel): a worker runs at most `staleness` steps
   // ahead of the slowest; 0 is bulk-synchronous, negative is unbounded (async).
   int staleness = 2;

@@ -93,6 +93,7 @@ absl::StatusOr<std::shared_ptr<const Placement>> MakePlacement(const JobConfig& 
   if (config.training.mode != "population" && config.training.mode != "gated") {
     SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(config.model));
     specs = model->VariableSpecs();
+    for (const VariableSpec& buffer : model->BufferSpecs()) specs.push_back(buffer);  // placed like the variables
   }
   PlacementOptions options = config.placement;
   if (config.training.mode == "population") {

@@ -153,8 +153,7 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   if (context.config->training.mode == "population") return ReportPopulation(context, test_set, report);
   if (context.config->training.mode == "gated") return ReportGated(context, test_set, report);
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(context.config->model));
-  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, context.client->Read(model->variable_names()));
-  model->Load(values);
+  SHOAL_RETURN_IF_ERROR(PullVariablesAndBuffers(*context.client, *model));
   model->SetTraining(false);
   report->test_accuracy = Accuracy(test_set, [&](const torch::Tensor& x) { return model->Forward(x); });
   return absl::OkStatus();

@@ -14,6 +14,7 @@ absl::StatusOr<std::unique_ptr<LocalReplica>> LocalReplica::Create(const ModelCo
 LocalReplica::LocalReplica(std::unique_ptr<Model> model, std::shared_ptr<const Optimizer> optimizer)
     : model_(std::move(model)), optimizer_(std::move(optimizer)) {
   for (const auto& v : model_->variables()) slots_.push_back(optimizer_->MakeSlots(v));
+  SettleBuffers();
 }
 
 std::vector<torch::Tensor> LocalReplica::Values() const {
@@ -30,9 +31,27 @@ void LocalReplica::Apply(const std::vector<torch::Tensor>& gradients) {
   }
 }
 
+std::vector<torch::Tensor> LocalReplica::BufferDrift(int workers) const {
+  std::vector<torch::Tensor> drift;
+  const std::vector<torch::Tensor>& now = model_->buffers();
+  for (size_t i = 0; i < now.size(); ++i) {
+    torch::Tensor moved = now[i].detach() - settled_buffers_[i];
+    drift.push_back(moved.is_floating_point() ? moved.div_(workers) : moved);
+  }
+  return drift;
+}
+
 absl::Status FetchGlobal(Client& client, LocalReplica& replica) {
-  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(replica.names()));
-  replica.Load(values);
+  SHOAL_RETURN_IF_ERROR(PullVariablesAndBuffers(client, replica.model()));
+  replica.SettleBuffers();
+  return absl::OkStatus();
+}
+
+absl::Status PushBufferDrift(WorkerContext& context, LocalReplica& replica) {
+  const std::vector<std::string>& names = replica.model().buffer_names();
+  if (names.empty()) return absl::OkStatus();
+  SHOAL_RETURN_IF_ERROR(context.client->AddToVariables(names, replica.BufferDrift(context.num_workers)).status());
+  replica.SettleBuffers();
   return absl::OkStatus();
 }
 
@@ -116,6 +135,7 @@ absl::StatusOr<WorkerResult> DownpourStrategy::RunWorker(WorkerContext& context)
       SHOAL_ASSIGN_OR_RETURN(Push push, PushExchange(context, names, pending, wire::UPDATE_OPTIMIZER, local.n_push,
                                                      info, &result));
       if (!push.sent) return false;
+      SHOAL_RETURN_IF_ERROR(PushBufferDrift(context, *replica));
       for (auto& p : pending) p.zero_();
       global_step = info.global_step;
       last = push.last;
@@ -191,6 +211,8 @@ absl::StatusOr<WorkerResult> ModelAverageStrategy::RunWorker(WorkerContext& cont
     const std::vector<torch::Tensor> values = replica->Values();
     SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, values, info, &result));
     if (!send) return false;
+    // The buffers' drift first: all of it is in before the barrier releases anyone.
+    SHOAL_RETURN_IF_ERROR(PushBufferDrift(context, *replica));
     SHOAL_RETURN_IF_ERROR(client.Accumulate(names, values, round, context.task.ToString()).status());
     if (context.is_chief) {
       SHOAL_ASSIGN_OR_RETURN(bool applied, ApplyAccumulatedOrStop(context, names, workers, round + 1, rule));
@@ -260,6 +282,14 @@ absl::StatusOr<WorkerResult> ElasticAverageStrategy::RunWorker(WorkerContext& co
       // ElasticAverageOptimizer keeps its local copy of the centre.
       centre = std::move(read);
       replica->Load(x);
+      // Buffers have no elastic force: the replica adds its drift and takes the centre's.
+      if (!replica->model().buffer_names().empty()) {
+        SHOAL_RETURN_IF_ERROR(PushBufferDrift(context, *replica));
+        SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> buffers,
+                               context.client->Read(replica->model().buffer_names()));
+        replica->model().LoadBuffers(buffers);
+        replica->SettleBuffers();
+      }
       global_step = info.global_step;
       last = push.last;
     }

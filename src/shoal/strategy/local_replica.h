@@ -29,17 +29,32 @@ class LocalReplica {
   // One local optimizer step with `gradients`.
   void Apply(const std::vector<torch::Tensor>& gradients);
 
+  // The buffers' drift since they were last pulled or pushed (Settle): what
+  // this replica adds to the ps's copy, divided by `workers` for float
+  // buffers (so that W replicas' drifts from one start add up to their
+  // mean) and whole for int64 counts (which add up to the job's total).
+  std::vector<torch::Tensor> BufferDrift(int workers) const;
+  // The buffers as they are now become the drift's baseline.
+  void SettleBuffers() { settled_buffers_ = model_->BufferValues(); }
+
  private:
   LocalReplica(std::unique_ptr<Model> model, std::shared_ptr<const Optimizer> optimizer);
 
   std::unique_ptr<Model> model_;
   std::shared_ptr<const Optimizer> optimizer_;
   std::vector<OptimizerSlots> slots_;
+  std::vector<torch::Tensor> settled_buffers_;
 };
 
-// Loads the global copy into `replica`: what a worker does at start and
-// after every averaging (a restarted worker rejoins the same way).
+// Loads the global copy, buffers included, into `replica`: what a worker
+// does at start and after every averaging (a restarted worker rejoins the
+// same way).
 absl::Status FetchGlobal(Client& client, LocalReplica& replica);
+
+// The local-replica buffer rule (see PublishChiefBuffers): adds the
+// replica's buffer drift to the ps's copy and settles it. A no-op for a
+// model without buffers.
+absl::Status PushBufferDrift(WorkerContext& context, LocalReplica& replica);
 
 class DownpourStrategy : public TrainingStrategy {
  public:

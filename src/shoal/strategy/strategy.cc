@@ -70,6 +70,16 @@ absl::StatusOr<BatchResult> PullAndComputeGradients(Client& client, Model& model
   return ComputeGradients(model, batches);
 }
 
+absl::Status PullVariablesAndBuffers(Client& client, Model& model) {
+  std::vector<std::string> names = model.variable_names();
+  names.insert(names.end(), model.buffer_names().begin(), model.buffer_names().end());
+  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(names));
+  const auto split = values.begin() + static_cast<std::ptrdiff_t>(model.variables().size());
+  model.Load({values.begin(), split});
+  model.LoadBuffers({split, values.end()});
+  return absl::OkStatus();
+}
+
 StepInfo MakeStepInfo(int64_t local_step, int64_t global_step, const BatchResult& batch, const Model& model) {
   StepInfo info;
   info.local_step = local_step;
@@ -102,7 +112,21 @@ absl::StatusOr<bool> CheckUpdate(WorkerContext& context, const std::vector<std::
   return false;
 }
 
+bool ChiefPublishesBuffers(const std::string& mode) { return mode == "async" || mode == "sync" || mode == "ssp"; }
+
+absl::Status PublishChiefBuffers(WorkerContext& context, const StepInfo& step) {
+  if (!context.is_chief || context.buffer_names.empty() || step.model == nullptr ||
+      !ChiefPublishesBuffers(context.config->training.mode)) {
+    return absl::OkStatus();
+  }
+  const bool due = step.local_step % context.config->training.buffer_publish_steps == 0 ||
+                   step.global_step >= context.max_steps;
+  if (!due) return absl::OkStatus();
+  return context.client->Assign(context.buffer_names, step.model->BufferValues());
+}
+
 absl::StatusOr<bool> FinishStep(WorkerContext& context, StepInfo& step, WorkerResult* result) {
+  SHOAL_RETURN_IF_ERROR(PublishChiefBuffers(context, step));
   ++result->local_steps;
   result->last_loss = step.loss;
   if (context.on_step) context.on_step(step.global_step, step.loss);
@@ -120,6 +144,16 @@ bool AllExist(const std::vector<bool>& exist) {
 
 namespace {
 
+// `names` and `values` followed by the context's buffers: what is created,
+// waited for and restored together.
+std::pair<std::vector<std::string>, std::vector<torch::Tensor>> WithBuffers(const WorkerContext& context,
+                                                                            std::vector<std::string> names,
+                                                                            std::vector<torch::Tensor> values) {
+  names.insert(names.end(), context.buffer_names.begin(), context.buffer_names.end());
+  values.insert(values.end(), context.buffer_values.begin(), context.buffer_values.end());
+  return {std::move(names), std::move(values)};
+}
+
 // Puts `checkpoint` onto the cluster for the variables `names` (shaped as
 // `values`, created with `optimizer`): global_step first, so that no worker
 // sees restored values at another step; then the variables, created with the
@@ -130,9 +164,11 @@ namespace {
 // afresh (a new session: nobody is done yet, nobody has asked to stop).
 // Returns its step.
 absl::StatusOr<int64_t> RestoreOnto(WorkerContext& context, const std::string& checkpoint,
-                                    const std::vector<std::string>& names, const std::vector<torch::Tensor>& values,
+                                    const std::vector<std::string>& variable_names,
+                                    const std::vector<torch::Tensor>& variable_values,
                                     const wire::OptimizerConfig& optimizer, bool mid_job) {
   Client& client = *context.client;
+  const auto [names, values] = WithBuffers(context, variable_names, variable_values);
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& v : values) shapes.emplace_back(v.sizes().begin(), v.sizes().end());
   CheckpointIndex index;
@@ -149,7 +185,8 @@ absl::StatusOr<int64_t> RestoreOnto(WorkerContext& context, const std::string& c
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kRestores, 1).status());
   std::vector<VariableInit> inits;
   for (size_t i = 0; i < restored.size(); ++i) {
-    inits.push_back({names[i], restored[i].value, optimizer, context.config->training.use_locking});
+    inits.push_back({names[i], restored[i].value, optimizer, context.config->training.use_locking,
+                     /*buffer=*/i >= variable_names.size()});
   }
   SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));
   // Values, slots and, for the strategies that use them, accumulators:
@@ -199,10 +236,11 @@ bool Recoverable(const WorkerContext& context, const absl::Status& error) {
          (absl::IsUnavailable(error) || absl::IsNotFound(error) || absl::IsDeadlineExceeded(error));
 }
 
-absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std::string>& names,
+absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std::string>& variable_names,
                                   const std::vector<torch::Tensor>& shapes_from,
                                   const wire::OptimizerConfig& optimizer, const absl::Status& error) {
   Client& client = *context.client;
+  const std::vector<std::string> names = WithBuffers(context, variable_names, {}).first;
   const absl::Duration timeout = absl::Seconds(context.config->transport.startup_timeout_s);
   absl::FPrintF(stderr, "%s: %s; waiting for the job to recover\n", context.task.ToString(), error.message());
   const absl::Time give_up = absl::Now() + timeout;
@@ -225,7 +263,8 @@ absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std:
   if (AllExist(exist)) return absl::OkStatus();
   // Every task answers, and some lack their variables: restore.
   SHOAL_ASSIGN_OR_RETURN(std::string latest, CheckpointToRecoverFrom(context, error));
-  SHOAL_ASSIGN_OR_RETURN(int64_t step, RestoreOnto(context, latest, names, shapes_from, optimizer, /*mid_job=*/true));
+  SHOAL_ASSIGN_OR_RETURN(int64_t step,
+                         RestoreOnto(context, latest, variable_names, shapes_from, optimizer, /*mid_job=*/true));
   context.recoveries.push_back(absl::StrCat("restored ", latest, " (global step ", step, ") after: ",
                                             error.message(), " (tasks seen restarted so far: ",
                                             client.restarts_seen(), ")"));
@@ -401,9 +440,13 @@ absl::Status CheckModelFitsData(const WorkerContext& context, Model& model) {
   const int64_t largest_label = data.labels.max().item<int64_t>();
   torch::NoGradGuard no_grad;
   torch::Tensor logits;
+  // Evaluating, so that the check moves no BatchNorm statistics.
+  model.SetTraining(false);
   try {
     logits = model.Forward(images);
+    model.SetTraining(true);
   } catch (const std::exception& e) {  // c10::Error, or the TorchScript interpreter's runtime_error
+    model.SetTraining(true);
     const std::string message = e.what();
     return absl::InvalidArgumentError(absl::StrCat(what, ": forward() fails on a batch of shape ",
                                                    Shape(images.sizes()), ": ",
@@ -422,6 +465,8 @@ absl::Status CheckModelFitsData(const WorkerContext& context, Model& model) {
 
 absl::Status InitializeOrWait(WorkerContext& context, Model& model, const wire::OptimizerConfig* optimizer) {
   SHOAL_RETURN_IF_ERROR(CheckModelFitsData(context, model));
+  context.buffer_names = model.buffer_names();
+  context.buffer_values = model.BufferValues();
   return InitializeOrWait(context, model.variable_names(), model.variables(),
                           optimizer ? *optimizer : context.config->training.optimizer);
 }
@@ -452,11 +497,13 @@ absl::Status InitializeAsChief(WorkerContext& context, const std::vector<std::st
   // task at once): a chief that got there first waits for them.
   SHOAL_RETURN_IF_ERROR(
       context.client->WaitForTasksHolding(names, absl::Seconds(context.config->transport.startup_timeout_s)));
-  SHOAL_ASSIGN_OR_RETURN(std::string checkpoint, CheckpointToRestore(context, names));
+  const auto [all_names, all_values] = WithBuffers(context, names, values);
+  SHOAL_ASSIGN_OR_RETURN(std::string checkpoint, CheckpointToRestore(context, all_names));
   if (checkpoint.empty()) {
     std::vector<VariableInit> inits;
-    for (size_t i = 0; i < values.size(); ++i) {
-      inits.push_back({names[i], values[i].detach(), optimizer, context.config->training.use_locking});
+    for (size_t i = 0; i < all_values.size(); ++i) {
+      inits.push_back({all_names[i], all_values[i].detach(), optimizer, context.config->training.use_locking,
+                       /*buffer=*/i >= names.size()});
     }
     return context.client->CreateVariables(inits);
   }
@@ -498,7 +545,7 @@ absl::Status InitializeOrWait(WorkerContext& context, const std::vector<std::str
       return started;
     }
   } else {
-    SHOAL_RETURN_IF_ERROR(WaitForTheChief(context, names));
+    SHOAL_RETURN_IF_ERROR(WaitForTheChief(context, WithBuffers(context, names, {}).first));
   }
   context.startup_bytes_sent = context.client->bytes_sent();
   context.startup_bytes_received = context.client->bytes_received();

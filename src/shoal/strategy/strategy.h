@@ -78,6 +78,11 @@ struct WorkerContext {
   int64_t restarts_known = 0;
   // Hooks run after the configured ones (tests, programs embedding shoal).
   std::vector<std::shared_ptr<TrainingHook>> extra_hooks;
+  // The model's buffers (BatchNorm statistics) and their initial values,
+  // noted by InitializeOrWait: created beside the variables, restored with
+  // them, and shared by the mode's rule (ShareBuffers).
+  std::vector<std::string> buffer_names;
+  std::vector<torch::Tensor> buffer_values;
 };
 
 struct WorkerResult {
@@ -126,8 +131,24 @@ BatchResult ComputeGradients(Model& model, BatchIterator& batches);
 // ComputeGradients.
 absl::StatusOr<BatchResult> PullAndComputeGradients(Client& client, Model& model, BatchIterator& batches);
 
+// Reads the model's variables and buffers from the ps (one call) into it:
+// what evaluation and the local-replica modes' fetch use.
+absl::Status PullVariablesAndBuffers(Client& client, Model& model);
+
 // A StepInfo for the hooks.
 StepInfo MakeStepInfo(int64_t local_step, int64_t global_step, const BatchResult& batch, const Model& model);
+
+// How a mode shares the model's buffers (none for a model without):
+//   async, sync, ssp: the chief publishes its own every
+//     training.buffer_publish_steps local steps and at its last step;
+//     evaluation uses the published ones;
+//   local replicas: at every exchange each worker adds its drift (how far
+//     its buffers moved since it last pulled or pushed them) to the ps's
+//     copy, divided by the number of workers for float buffers, and pulls
+//     the result with the variables; at a model-averaging barrier that is
+//     the replicas' mean, int64 counts summed.
+// The first rule, run from FinishStep (a no-op for the others).
+absl::Status PublishChiefBuffers(WorkerContext& context, const StepInfo& step);
 
 // Runs the worker's hooks on `update` before it is sent. Returns false when a
 // hook stopped training: the caller must not send it, and should return.
