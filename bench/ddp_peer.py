@@ -1,13 +1,16 @@
 #!/usr/bin/python3
-"""The PyTorch DistributedDataParallel peer for benchmark (c).
+"""The PyTorch DistributedDataParallel peer for benchmarks (c) and (d).
 
-Trains the same MLP (784-256-128-10, ReLU, softmax cross-entropy, Adam
-lr 1e-3) on Fashion-MNIST with W processes and the gloo backend on loopback,
-per-worker batch B, one intra-op thread per process; prints one JSON line
-with the examples/s over the timed steps (after warm-up).
+Trains the same model as shoal (--model mlp: 784-256-128-10, ReLU; --model
+cnn: configs/cnn.yaml's CNN, two 3x3 convolutions of 32 and 64 channels with
+BatchNorm, ReLU and 2x2 max-pooling, a 128-unit dense layer, dropout 0.25,
+the logits) with softmax cross-entropy and Adam lr 1e-3 on Fashion-MNIST,
+with W processes and the gloo backend on loopback, per-worker batch B, one
+intra-op thread per process; prints one JSON line with the examples/s over
+the timed steps (after warm-up).
 
 Run with Debian's python3-torch:
-  /usr/bin/python3 bench/ddp_peer.py --workers 2 --batch_size 64 --steps 600
+  /usr/bin/python3 bench/ddp_peer.py --workers 2 --batch_size 64 --steps 600 [--model cnn]
 """
 import argparse
 import gzip
@@ -34,10 +37,10 @@ def read_idx(path):
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
-def load_train(data_dir):
+def load_train(data_dir, shape):
     images = read_idx(os.path.join(data_dir, "train-images-idx3-ubyte.gz"))
     labels = read_idx(os.path.join(data_dir, "train-labels-idx1-ubyte.gz"))
-    x = torch.from_numpy(images.reshape(len(images), -1).astype(np.float32) / 255.0)
+    x = torch.from_numpy(images.reshape((len(images),) + shape).astype(np.float32) / 255.0)
     x = (x - 0.2860) / 0.3530
     return x, torch.from_numpy(labels.astype(np.int64))
 
@@ -55,16 +58,24 @@ class Mlp(nn.Module):
         return x
 
 
+def cnn():
+    def block(c_in, c_out):
+        return [nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU(), nn.MaxPool2d(2)]
+
+    return nn.Sequential(*block(1, 32), *block(32, 64), nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(),
+                         nn.Dropout(0.25), nn.Linear(128, 10))
+
+
 def worker(rank, args, port, result_queue):
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=args.workers)
     torch.manual_seed(1)
-    x, y = load_train(args.data_dir)
+    x, y = load_train(args.data_dir, (1, 28, 28) if args.model == "cnn" else (784,))
     shard = slice(rank * len(x) // args.workers, (rank + 1) * len(x) // args.workers)
     x, y = x[shard], y[shard]
-    model = nn.parallel.DistributedDataParallel(Mlp([784, 256, 128, 10]))
+    model = nn.parallel.DistributedDataParallel(cnn() if args.model == "cnn" else Mlp([784, 256, 128, 10]))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(rank)
     order = torch.randperm(len(x), generator=generator)
@@ -108,6 +119,7 @@ def main():
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--data_dir", default=DATA_DIR)
+    parser.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
@@ -121,7 +133,7 @@ def main():
             raise SystemExit(f"DDP worker exited with {p.exitcode}")
     seconds = queue.get()
     examples = args.steps * args.batch_size * args.workers
-    print(json.dumps({"peer": "pytorch_ddp_gloo", "workers": args.workers, "batch_size": args.batch_size,
+    print(json.dumps({"peer": "pytorch_ddp_gloo", "model": args.model, "workers": args.workers, "batch_size": args.batch_size,
                       "steps": args.steps, "seconds": seconds, "examples_per_second": examples / seconds}))
 
 

@@ -9,7 +9,7 @@
 #   bench/run.sh            # about 6 minutes on 2 cores
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SHOAL_EXTRA_PACKAGES=python3-torch scripts/bootstrap.sh
+scripts/bootstrap.sh  # python3-torch included, for the DDP peer
 out=bench/out
 mkdir -p "$out"
 

@@ -3,7 +3,7 @@
 # then configures and builds it in ./build.
 #
 #   scripts/bootstrap.sh            # library, CLI, tests and benchmarks
-#   SHOAL_EXTRA_PACKAGES="python3-torch" scripts/bootstrap.sh
+#   SHOAL_EXTRA_PACKAGES="ucx-utils" scripts/bootstrap.sh   # and any other package
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +14,7 @@ packages=(
   libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev libcairo2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
+  python3-torch  # PyTorch for /usr/bin/python3: the examples (examples/pytorch/) and the benchmarks' peers
   iproute2  # the network-partition test (ip netns)
   libblas3  # Netlib's reference BLAS, only for the test of the slow-BLAS warning (OpenBLAS stays the system's)
 )

@@ -267,11 +267,10 @@ absl::Status Train(Flags& flags) {
   const bool quiet = flags.Has("quiet");
   const std::string result_file = flags.Get("result_file");
   SHOAL_RETURN_IF_ERROR(flags.CheckAllUsed());
-  absl::PrintF("shoal train: %d ps, %d workers, %s, %s, model %d layers, %d epochs, batch %d, %s\n", config.cluster.ps,
+  absl::PrintF("shoal train: %d ps, %d workers, %s, %s, %s, %d epochs, batch %d, %s\n", config.cluster.ps,
                config.cluster.workers, config.training.mode,
-               config.cluster.processes ? "separate processes over gRPC" : "in-process",
-               static_cast<int>(config.model.layers.size()), config.training.epochs, config.training.batch_size,
-               config.training.optimizer.kind());
+               config.cluster.processes ? "separate processes over gRPC" : "in-process", ModelSummary(config.model),
+               config.training.epochs, config.training.batch_size, config.training.optimizer.kind());
   std::fflush(stdout);
   TrainReport report;
   if (config.cluster.processes) {

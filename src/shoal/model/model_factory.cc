@@ -1,6 +1,7 @@
 #include "shoal/model/model_factory.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "shoal/model/torchscript_model.h"
 
 namespace shoal {
@@ -14,6 +15,17 @@ absl::Status ValidateModelConfig(const ModelConfig& config) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("model.kind '", config.kind, "' is unknown; known: mlp, cnn, torchscript"));
+}
+
+std::string ModelSummary(const ModelConfig& config) {
+  if (config.kind == "torchscript") return absl::StrCat("torchscript ", config.path);
+  if (config.kind == "cnn") {
+    std::vector<int64_t> channels;
+    for (const ConvLayerConfig& layer : config.cnn.conv) channels.push_back(layer.channels);
+    return absl::StrCat("cnn conv ", absl::StrJoin(channels, "-"), " dense ",
+                        absl::StrJoin(config.cnn.dense, "-"), config.cnn.batch_norm ? " (BatchNorm)" : "");
+  }
+  return absl::StrCat("mlp ", absl::StrJoin(config.layers, "-"));
 }
 
 absl::StatusOr<std::unique_ptr<Model>> MakeModel(const ModelConfig& config) {

@@ -22,6 +22,9 @@ struct ModelConfig : MlpConfig {
 // The kind is known, and has what it needs (layers, or a path).
 absl::Status ValidateModelConfig(const ModelConfig& config);
 
+// One line for logs: "mlp 784-256-128-10", "cnn conv 32-64 dense 128 (BatchNorm)", "torchscript net.pt".
+std::string ModelSummary(const ModelConfig& config);
+
 // A fresh model: the built-in models' initial values come from the seed, a
 // TorchScript module's from its file. `config.scope` prefixes every variable name.
 absl::StatusOr<std::unique_ptr<Model>> MakeModel(const ModelConfig& config);

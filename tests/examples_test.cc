@@ -1,0 +1,56 @@
+// The examples in examples/, run as a user would run them: the PyTorch
+// script saves its CNN with BatchNorm and dropout, and shoal trains the file
+// with the example's config (on a subset, so that the test is quick).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "temp_dir.h"
+#include "shoal/checkpoint/checkpoint.h"
+#include "shoal/config/config.h"
+#include "shoal/session/local_cluster.h"
+
+namespace shoal {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(PyTorchExampleTest, TheScriptedCnnTrainsAndItsBatchNormStatisticsReachThePs) {
+  const fs::path dir = FreshTempDir("shoal_example_", "pytorch");
+  const fs::path model = dir / "cnn.pt";
+  const std::string command = std::string("/usr/bin/python3 ") + SHOAL_SOURCE_DIR +
+                              "/examples/pytorch/cnn_model.py --out " + model.string() + " > /dev/null";
+  ASSERT_EQ(std::system(command.c_str()), 0)
+      << command << " failed: it needs Debian's python3-torch, which scripts/bootstrap.sh installs";
+  auto config = LoadJobConfig(std::string(SHOAL_SOURCE_DIR) + "/examples/pytorch/cnn.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  config->model.path = model.string();
+  config->data.train_examples = 8000;
+  config->data.test_examples = 1000;
+  config->training.epochs = 1;
+  config->checkpoint.dir = (dir / "ckpt").string();
+  auto report = TrainInProcess(*config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GT(report->test_accuracy, 0.7);
+  CheckpointIndex index;
+  auto saved = LoadCheckpoint(report->last_checkpoint, &index);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  int found = 0;
+  for (const auto& v : *saved) {
+    if (v.name == "bn1.running_mean") {
+      ++found;
+      EXPECT_GT(v.value.abs().max().item<float>(), 1e-3) << "the chief's statistics were never published";
+    }
+    if (v.name == "bn2.num_batches_tracked") {
+      ++found;
+      EXPECT_EQ(v.value.scalar_type(), torch::kInt64);
+      EXPECT_GT(v.value.item<int64_t>(), 0);
+    }
+  }
+  EXPECT_EQ(found, 2);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shoal
