@@ -167,7 +167,22 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
 
   Section data = top.Child("data");
   SHOAL_RETURN_IF_ERROR(data.Check());
+  SHOAL_RETURN_IF_ERROR(data.Get("format", &c->data.format));
   SHOAL_RETURN_IF_ERROR(data.Get("dir", &c->data.dir));
+  SHOAL_RETURN_IF_ERROR(data.Get("train_features", &c->data.train_features));
+  SHOAL_RETURN_IF_ERROR(data.Get("train_labels", &c->data.train_labels));
+  SHOAL_RETURN_IF_ERROR(data.Get("test_features", &c->data.test_features));
+  SHOAL_RETURN_IF_ERROR(data.Get("test_labels", &c->data.test_labels));
+  Section normalize = data.Child("normalize");
+  SHOAL_RETURN_IF_ERROR(normalize.Check());
+  SHOAL_RETURN_IF_ERROR(normalize.Get("scale", &c->data.normalize.scale));
+  for (auto [key, field] : {std::pair{"mean", &c->data.normalize.mean}, std::pair{"std", &c->data.normalize.std}}) {
+    if (!normalize.Has(key)) continue;
+    double value = 0;
+    SHOAL_RETURN_IF_ERROR(normalize.Get(key, &value));
+    *field = value;
+  }
+  SHOAL_RETURN_IF_ERROR(normalize.CheckNoUnknownKeys());
   SHOAL_RETURN_IF_ERROR(data.Get("train_examples", &c->data.train_examples));
   SHOAL_RETURN_IF_ERROR(data.Get("test_examples", &c->data.test_examples));
   SHOAL_RETURN_IF_ERROR(data.CheckNoUnknownKeys());
@@ -409,6 +424,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
                                                    " trains the built-in MLP only (model.kind mlp), not ",
                                                    c.model.kind));
   }
+  SHOAL_RETURN_IF_ERROR(Annotate(ValidateDataConfig(c.data), "config"));
   if (c.data.train_examples < 0 || c.data.test_examples < 0) {
     return absl::InvalidArgumentError("config: 'data.train_examples' and 'data.test_examples' must not be negative");
   }
@@ -545,9 +561,19 @@ std::string JobConfigToYaml(const JobConfig& c) {
         << YAML::Value << cnn.classes;
   }
   out << YAML::EndMap;
-  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value << c.data.dir
-      << YAML::Key << "train_examples" << YAML::Value << c.data.train_examples << YAML::Key << "test_examples"
-      << YAML::Value << c.data.test_examples << YAML::EndMap;
+  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "format" << YAML::Value
+      << c.data.format << YAML::Key << "dir" << YAML::Value << c.data.dir;
+  if (c.data.format == "npy") {
+    out << YAML::Key << "train_features" << YAML::Value << c.data.train_features << YAML::Key << "train_labels"
+        << YAML::Value << c.data.train_labels << YAML::Key << "test_features" << YAML::Value << c.data.test_features
+        << YAML::Key << "test_labels" << YAML::Value << c.data.test_labels;
+  }
+  out << YAML::Key << "normalize" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "scale"
+      << YAML::Value << c.data.normalize.scale;
+  if (c.data.normalize.mean) out << YAML::Key << "mean" << YAML::Value << *c.data.normalize.mean;
+  if (c.data.normalize.std) out << YAML::Key << "std" << YAML::Value << *c.data.normalize.std;
+  out << YAML::EndMap << YAML::Key << "train_examples" << YAML::Value << c.data.train_examples << YAML::Key
+      << "test_examples" << YAML::Value << c.data.test_examples << YAML::EndMap;
   out << YAML::Key << "training" << YAML::Value << YAML::BeginMap << YAML::Key << "mode" << YAML::Value
       << c.training.mode << YAML::Key << "epochs" << YAML::Value << c.training.epochs << YAML::Key << "max_steps"
       << YAML::Value << c.training.max_steps << YAML::Key << "batch_size" << YAML::Value << c.training.batch_size

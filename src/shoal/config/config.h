@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "shoal/data/data_source.h"
 #include "shoal/model/gated_ensemble.h"
 #include "shoal/model/model_factory.h"
 #include "shoal/placement/placement.h"
@@ -33,12 +34,6 @@ struct ClusterConfig {
   // Compute threads (BLAS and libtorch intra-op) per task; 0: OPENBLAS_NUM_THREADS
   // if set, else a training task's share of this host's cores, 1 for a ps task.
   int threads_per_task = 0;
-};
-
-struct DataConfig {
-  std::string dir;             // default: Fashion-MNIST from dataset-fashion-mnist
-  int64_t train_examples = 0;  // 0: all; else the first N (quick runs, tests)
-  int64_t test_examples = 0;
 };
 
 struct TrainingConfig {

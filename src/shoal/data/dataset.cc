@@ -12,8 +12,6 @@
 namespace shoal {
 namespace {
 
-constexpr float kFashionMnistMean = 0.2860f;
-constexpr float kFashionMnistStd = 0.3530f;
 constexpr int64_t kMaxIdxBytes = int64_t{1} << 32;
 
 // Reads exactly n bytes or reports how the file ended.
@@ -88,7 +86,7 @@ Dataset Dataset::Shard(int index, int count) const {
   return Dataset{images.narrow(0, begin, end - begin), labels.narrow(0, begin, end - begin)};
 }
 
-absl::StatusOr<Dataset> LoadMnistFormat(const std::string& dir, const std::string& split) {
+absl::StatusOr<RawMnist> ReadMnistFormat(const std::string& dir, const std::string& split) {
   const std::string images_path = FindFile(dir, split + "-images-idx3-ubyte");
   const std::string labels_path = FindFile(dir, split + "-labels-idx1-ubyte");
   SHOAL_ASSIGN_OR_RETURN(torch::Tensor images, ReadIdx(images_path));
@@ -104,11 +102,16 @@ absl::StatusOr<Dataset> LoadMnistFormat(const std::string& dir, const std::strin
   if (labels.max().item<int>() > 9) {
     return absl::DataLossError(absl::StrCat("'", labels_path, "' has a label above 9"));
   }
-  Dataset data;
   // [N, 1, rows, cols]: one channel, so that a CNN reads the images as they
   // are; the MLP flattens them.
-  data.images = images.unsqueeze(1).to(torch::kFloat32).div_(255.0f).sub_(kFashionMnistMean).div_(kFashionMnistStd);
-  data.labels = labels.to(torch::kInt64);
+  return RawMnist{images.unsqueeze(1), labels.to(torch::kInt64)};
+}
+
+absl::StatusOr<Dataset> LoadMnistFormat(const std::string& dir, const std::string& split) {
+  SHOAL_ASSIGN_OR_RETURN(RawMnist raw, ReadMnistFormat(dir, split));
+  Dataset data;
+  data.images = raw.images.to(torch::kFloat32).div_(255.0f).sub_(kFashionMnistMean).div_(kFashionMnistStd);
+  data.labels = raw.labels;
   return data;
 }
 

@@ -34,8 +34,19 @@ struct Dataset {
   Dataset Shard(int index, int count) const;
 };
 
-// Loads `<dir>/<split>-images-idx3-ubyte[.gz]` and the matching labels file;
+// Fashion-MNIST's pixel mean and deviation (of values scaled to [0, 1]).
+inline constexpr float kFashionMnistMean = 0.2860f;
+inline constexpr float kFashionMnistStd = 0.3530f;
+
+struct RawMnist {
+  torch::Tensor images;  // [N, 1, rows, cols] uint8
+  torch::Tensor labels;  // [N] int64
+};
+// Reads `<dir>/<split>-images-idx3-ubyte[.gz]` and the matching labels file;
 // `split` is "train" or "t10k".
+absl::StatusOr<RawMnist> ReadMnistFormat(const std::string& dir, const std::string& split);
+// The same, images scaled to [0, 1] and standardised with Fashion-MNIST's
+// mean and deviation.
 absl::StatusOr<Dataset> LoadMnistFormat(const std::string& dir, const std::string& split);
 
 // Yields shuffled mini-batches, reshuffling at every epoch.

@@ -36,8 +36,9 @@ std::vector<std::string> SavedCounters(const WorkerContext& context) {
 
 absl::StatusOr<DataSplits> LoadData(const JobConfig& config) {
   DataSplits splits;
-  SHOAL_ASSIGN_OR_RETURN(splits.train, LoadMnistFormat(config.data.dir, "train"));
-  SHOAL_ASSIGN_OR_RETURN(splits.test, LoadMnistFormat(config.data.dir, "t10k"));
+  const std::unique_ptr<DataSource> source = MakeDataSource(config.data);
+  SHOAL_ASSIGN_OR_RETURN(splits.train, source->Load(/*train=*/true));
+  SHOAL_ASSIGN_OR_RETURN(splits.test, source->Load(/*train=*/false));
   auto limit = [](Dataset& d, int64_t n) {
     if (n > 0 && n < d.size()) d = Dataset{d.images.narrow(0, 0, n), d.labels.narrow(0, 0, n)};
   };

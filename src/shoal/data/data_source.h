@@ -1,0 +1,61 @@
+// DataSource: where a job's training and test examples come from, chosen by
+// `data.format`:
+//   idx  MNIST-format files in data.dir (Fashion-MNIST by default), images
+//        [N, 1, rows, cols];
+//   npy  numpy.save files: features of any shape, float32 or uint8, and
+//        int64 labels, one file each for the training and the test split.
+// Features are normalised as data.normalize says: scaled (uint8 by 1/255
+// unless told otherwise), then standardised with a mean and a deviation.
+// Every file is checked before it is used: a missing, truncated or garbled
+// file, a dtype shoal does not read, or features and labels whose counts
+// differ is an error naming the file.
+#ifndef SHOAL_DATA_DATA_SOURCE_H_
+#define SHOAL_DATA_DATA_SOURCE_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "shoal/data/dataset.h"
+
+namespace shoal {
+
+struct Normalization {
+  double scale = 0;           // features *= scale first; 0: 1/255 for uint8 features, 1 for float32
+  std::optional<double> mean;  // then -= mean; unset: Fashion-MNIST's for idx, 0 for npy
+  std::optional<double> std;   // then /= std; unset: Fashion-MNIST's for idx, 1 for npy
+};
+
+struct DataConfig {
+  std::string format = "idx";  // idx | npy
+  std::string dir;             // idx: default Fashion-MNIST from dataset-fashion-mnist
+  // npy: one file each (features [N, ...], labels [N])
+  std::string train_features, train_labels, test_features, test_labels;
+  Normalization normalize;
+  int64_t train_examples = 0;  // 0: all; else the first N (quick runs, tests)
+  int64_t test_examples = 0;
+};
+
+// The format is known and has its files named; the deviation is positive.
+absl::Status ValidateDataConfig(const DataConfig& config);
+
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  // The training split (`train`) or the test split, normalised.
+  virtual absl::StatusOr<Dataset> Load(bool train) const = 0;
+};
+
+// `config` must have passed ValidateDataConfig.
+std::unique_ptr<DataSource> MakeDataSource(const DataConfig& config);
+
+// Features (float32 or uint8, [N, ...]) and int64 labels [N] as a Dataset,
+// normalised; `where` names them in errors ("'x.npy' and 'y.npy'").
+absl::StatusOr<Dataset> MakeDataset(const torch::Tensor& features, const torch::Tensor& labels,
+                                    const Normalization& normalize, double default_mean, double default_std,
+                                    const std::string& where);
+
+}  // namespace shoal
+
+#endif  // SHOAL_DATA_DATA_SOURCE_H_
