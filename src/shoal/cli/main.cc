@@ -207,8 +207,9 @@ absl::Status ClusterAndTask(Flags& flags, const JobConfig& config, ClusterSpec* 
 }
 
 void PrintReport(const TrainReport& report) {
-  absl::PrintF("trained %d steps in %.1f s (%.0f examples/s); test accuracy %.2f%%\n", report.global_step,
-               report.seconds, report.examples_per_second, 100 * report.test_accuracy);
+  absl::PrintF("trained %d steps in %.1f s (%.0f examples/s); test accuracy %.2f%%, test loss %.4f\n",
+               report.global_step, report.seconds, report.examples_per_second, 100 * report.test_accuracy,
+               report.test_loss);
   if (report.compute_threads > 0) {
     absl::PrintF("compute: %d BLAS thread(s) per worker (%s), %d libtorch intra-op; BLAS %s\n",
                  report.compute_threads, report.compute_threads_source, report.intra_op_threads, report.blas);

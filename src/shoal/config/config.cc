@@ -142,6 +142,7 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(model.Get("layers", &c->model.layers));
   SHOAL_RETURN_IF_ERROR(model.Get("activation", &c->model.activation));
   SHOAL_RETURN_IF_ERROR(model.Get("seed", &c->model.seed));
+  SHOAL_RETURN_IF_ERROR(model.Get("loss", &c->model.loss));
   CnnConfig& cnn = c->model.cnn;
   SHOAL_RETURN_IF_ERROR(model.Get("input_shape", &cnn.input_shape));
   if (model.Has("conv")) {
@@ -424,6 +425,10 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
                                                    " trains the built-in MLP only (model.kind mlp), not ",
                                                    c.model.kind));
   }
+  if (c.model.loss != "cross_entropy" && (c.training.mode == "population" || c.training.mode == "gated")) {
+    return absl::InvalidArgumentError(absl::StrCat("config: training.mode ", c.training.mode,
+                                                   " classifies (model.loss cross_entropy), not ", c.model.loss));
+  }
   SHOAL_RETURN_IF_ERROR(Annotate(ValidateDataConfig(c.data), "config"));
   if (c.data.train_examples < 0 || c.data.test_examples < 0) {
     return absl::InvalidArgumentError("config: 'data.train_examples' and 'data.test_examples' must not be negative");
@@ -544,7 +549,7 @@ std::string JobConfigToYaml(const JobConfig& c) {
   if (!c.model.path.empty()) out << YAML::Key << "path" << YAML::Value << c.model.path;
   out << YAML::Key << "layers" << YAML::Value << YAML::Flow
       << c.model.layers << YAML::Key << "activation" << YAML::Value << c.model.activation << YAML::Key << "seed"
-      << YAML::Value << c.model.seed;
+      << YAML::Value << c.model.seed << YAML::Key << "loss" << YAML::Value << c.model.loss;
   if (c.model.kind == "cnn") {
     const CnnConfig& cnn = c.model.cnn;
     out << YAML::Key << "input_shape" << YAML::Value << YAML::Flow << cnn.input_shape << YAML::Key << "conv"

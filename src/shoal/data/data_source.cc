@@ -73,17 +73,22 @@ absl::StatusOr<Dataset> MakeDataset(const torch::Tensor& features, const torch::
     return absl::InvalidArgumentError(absl::StrCat(where, ": the features have ", features.dim(),
                                                    " dimensions; expected [N, ...] (one example per row)"));
   }
-  if (labels.scalar_type() != torch::kInt64 || labels.dim() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": the labels must be int64 of shape [N], are ",
-                                                   DTypeName(labels.scalar_type()), " with ", labels.dim(),
-                                                   " dimensions"));
+  const bool classes = labels.scalar_type() == torch::kInt64 && labels.dim() == 1;
+  const bool targets = labels.scalar_type() == torch::kFloat32 && labels.dim() >= 1;
+  if (!classes && !targets) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": the labels must be int64 classes of shape [N] or float32 targets of shape [N, ...], are ",
+        DTypeName(labels.scalar_type()), " with ", labels.dim(), " dimensions"));
   }
   if (labels.size(0) != features.size(0)) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", features.size(0), " examples but ", labels.size(0),
                                                    " labels"));
   }
-  if (labels.numel() > 0 && labels.min().item<int64_t>() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": a label is negative"));
+  if (classes && labels.numel() > 0 && labels.min().item<int64_t>() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": a class label is negative"));
+  }
+  if (targets && !torch::isfinite(labels).all().item<bool>()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": a target is NaN or infinite"));
   }
   torch::Tensor images = features.to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
   if (normalize.scale > 0) {

@@ -3,7 +3,8 @@
 //   idx  MNIST-format files in data.dir (Fashion-MNIST by default), images
 //        [N, 1, rows, cols];
 //   npy  numpy.save files: features of any shape, float32 or uint8, and
-//        int64 labels, one file each for the training and the test split.
+//        int64 class labels (or float32 targets, for model.loss mse), one
+//        file each for the training and the test split.
 // Features are normalised as data.normalize says: scaled (uint8 by 1/255
 // unless told otherwise), then standardised with a mean and a deviation.
 // Every file is checked before it is used: a missing, truncated or garbled
@@ -50,7 +51,8 @@ class DataSource {
 // `config` must have passed ValidateDataConfig.
 std::unique_ptr<DataSource> MakeDataSource(const DataConfig& config);
 
-// Features (float32 or uint8, [N, ...]) and int64 labels [N] as a Dataset,
+// Features (float32 or uint8, [N, ...]) and labels (int64 classes [N] or
+// float32 targets [N, ...]) as a Dataset,
 // normalised; `where` names them in errors ("'x.npy' and 'y.npy'").
 absl::StatusOr<Dataset> MakeDataset(const torch::Tensor& features, const torch::Tensor& labels,
                                     const Normalization& normalize, double default_mean, double default_std,

@@ -27,7 +27,7 @@ absl::StatusOr<torch::Tensor> ReadIdx(const std::string& path);
 
 struct Dataset {
   torch::Tensor images;  // [N, ...] float32: each example keeps its shape ([1, 28, 28] for IDX images)
-  torch::Tensor labels;  // [N] int64
+  torch::Tensor labels;  // [N] int64 classes, or [N, ...] float32 regression targets
 
   int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
   // The `index`-th of `count` near-equal contiguous shards (worker i reads shard i).

@@ -18,7 +18,8 @@
 namespace shoal {
 
 // The array in `path`, with its shape, as float32 ('<f4'), uint8 ('|u1')
-// or int64 ('<i8') as the file says: the dtypes features and labels come in.
+// or int64 ('<i8') as the file says: the dtypes features, class labels and
+// regression targets come in.
 absl::StatusOr<torch::Tensor> ReadNpy(const std::string& path);
 
 // Writes `tensor` (float32, uint8 or int64, contiguous or not) as a version

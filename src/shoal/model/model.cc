@@ -59,6 +59,30 @@ std::vector<torch::Tensor> Model::Gradients() const {
   return grads;
 }
 
+torch::Tensor Model::Loss(const torch::Tensor& output, const torch::Tensor& labels) const {
+  if (loss_ == LossKind::kMeanSquaredError) return torch::mse_loss(output.reshape(labels.sizes()), labels);
+  return CrossEntropyLoss(output, labels);
+}
+
+Evaluation Evaluate(Model& model, const Dataset& data, int64_t batch_size) {
+  torch::NoGradGuard no_grad;
+  int64_t correct = 0;
+  double loss_sum = 0;
+  for (int64_t begin = 0; begin < data.size(); begin += batch_size) {
+    const int64_t n = std::min(batch_size, data.size() - begin);
+    const torch::Tensor labels = data.labels.narrow(0, begin, n);
+    const torch::Tensor output = model.Forward(data.images.narrow(0, begin, n));
+    if (model.classifies()) correct += output.argmax(1).eq(labels).sum().item<int64_t>();
+    loss_sum += model.Loss(output, labels).item<double>() * static_cast<double>(n);
+  }
+  Evaluation result;
+  if (data.size() > 0) {
+    result.accuracy = static_cast<double>(correct) / static_cast<double>(data.size());
+    result.loss = loss_sum / static_cast<double>(data.size());
+  }
+  return result;
+}
+
 torch::Tensor CrossEntropyLoss(const torch::Tensor& logits, const torch::Tensor& labels) {
   return torch::nn::functional::cross_entropy(logits, labels);
 }

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "shoal/data/dataset.h"
 #include "shoal/placement/placement.h"
 
 namespace shoal {
@@ -46,11 +47,34 @@ class Model {
   // for a parameter the loss did not reach).
   std::vector<torch::Tensor> Gradients() const;
 
-  // The model's output for a batch: logits for classification.
+  // The model's output for a batch: logits for classification, values for
+  // regression.
   virtual torch::Tensor Forward(const torch::Tensor& input) = 0;
+
+  // What training minimises: softmax cross-entropy against int64 class
+  // labels (the default), or mean squared error against float32 targets.
+  enum class LossKind { kCrossEntropy, kMeanSquaredError };
+  void set_loss(LossKind loss) { loss_ = loss; }
+  LossKind loss() const { return loss_; }
+  bool classifies() const { return loss_ == LossKind::kCrossEntropy; }
+  // The mean loss of `output` (Forward's) against `labels`: for mean
+  // squared error the targets [N] or [N, k] are compared with the output
+  // reshaped to them.
+  torch::Tensor Loss(const torch::Tensor& output, const torch::Tensor& labels) const;
   // Training (dropout on) or evaluating; a model without such layers ignores it.
   virtual void SetTraining(bool /*training*/) {}
+
+ private:
+  LossKind loss_ = LossKind::kCrossEntropy;
 };
+
+// A model's figures on a data set, in evaluation mode's forward passes.
+struct Evaluation {
+  double accuracy = 0;  // classification only
+  double loss = 0;      // the model's own loss, averaged over the examples
+};
+// One pass over `data` in batches; the caller sets the model's mode.
+Evaluation Evaluate(Model& model, const Dataset& data, int64_t batch_size = 1000);
 
 // Mean softmax cross-entropy of `logits` against int64 `labels`.
 torch::Tensor CrossEntropyLoss(const torch::Tensor& logits, const torch::Tensor& labels);

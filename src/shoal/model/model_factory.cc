@@ -7,6 +7,9 @@
 namespace shoal {
 
 absl::Status ValidateModelConfig(const ModelConfig& config) {
+  if (config.loss != "cross_entropy" && config.loss != "mse") {
+    return absl::InvalidArgumentError(absl::StrCat("model.loss '", config.loss, "' is unknown; known: cross_entropy, mse"));
+  }
   if (config.kind == "mlp") return ValidateMlpConfig(config);
   if (config.kind == "cnn") return ValidateCnnConfig(config.cnn);
   if (config.kind == "torchscript") {
@@ -28,7 +31,9 @@ std::string ModelSummary(const ModelConfig& config) {
   return absl::StrCat("mlp ", absl::StrJoin(config.layers, "-"));
 }
 
-absl::StatusOr<std::unique_ptr<Model>> MakeModel(const ModelConfig& config) {
+namespace {
+
+absl::StatusOr<std::unique_ptr<Model>> MakeModelOfKind(const ModelConfig& config) {
   if (config.kind == "torchscript") {
     auto model = TorchScriptModel::Load(config.path, config.scope);
     if (!model.ok()) return model.status();
@@ -36,6 +41,14 @@ absl::StatusOr<std::unique_ptr<Model>> MakeModel(const ModelConfig& config) {
   }
   if (config.kind == "cnn") return std::unique_ptr<Model>(std::make_unique<Cnn>(config.cnn, config.seed, config.scope));
   return std::unique_ptr<Model>(std::make_unique<Mlp>(config));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> MakeModel(const ModelConfig& config) {
+  auto model = MakeModelOfKind(config);
+  if (model.ok() && config.loss == "mse") (*model)->set_loss(Model::LossKind::kMeanSquaredError);
+  return model;
 }
 
 }  // namespace shoal

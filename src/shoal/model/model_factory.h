@@ -17,6 +17,7 @@ struct ModelConfig : MlpConfig {
   std::string kind = "mlp";  // mlp | cnn | torchscript
   std::string path;          // torchscript: the module saved with torch.jit.save
   CnnConfig cnn;             // cnn: its layers (seed and scope are MlpConfig's)
+  std::string loss = "cross_entropy";  // cross_entropy (int64 class labels) | mse (float32 targets)
 };
 
 // The kind is known, and has what it needs (layers, or a path).

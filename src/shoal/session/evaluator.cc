@@ -46,19 +46,9 @@ absl::StatusOr<CheckpointEvaluation> EvaluateCheckpoint(const JobConfig& config,
   CheckpointEvaluation result;
   result.checkpoint = checkpoint;
   result.global_step = index.step;
-  // Accuracy and mean cross-entropy in one pass over the test set.
-  torch::NoGradGuard no_grad;
-  int64_t correct = 0;
-  double loss_sum = 0;
-  for (int64_t begin = 0; begin < test_set.size(); begin += 1000) {
-    const int64_t n = std::min<int64_t>(1000, test_set.size() - begin);
-    const torch::Tensor labels = test_set.labels.narrow(0, begin, n);
-    torch::Tensor logits = model.Forward(test_set.images.narrow(0, begin, n));
-    correct += logits.argmax(1).eq(labels).sum().item<int64_t>();
-    loss_sum += CrossEntropyLoss(logits, labels).item<double>() * static_cast<double>(n);
-  }
-  result.test_accuracy = test_set.size() == 0 ? 0 : static_cast<double>(correct) / test_set.size();
-  result.test_loss = test_set.size() == 0 ? 0 : loss_sum / test_set.size();
+  const Evaluation figures = Evaluate(model, test_set);
+  result.test_accuracy = figures.accuracy;
+  result.test_loss = figures.loss;
   return result;
 }
 

@@ -156,7 +156,9 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(context.config->model));
   SHOAL_RETURN_IF_ERROR(PullVariablesAndBuffers(*context.client, *model));
   model->SetTraining(false);
-  report->test_accuracy = Accuracy(test_set, [&](const torch::Tensor& x) { return model->Forward(x); });
+  const Evaluation figures = Evaluate(*model, test_set);
+  report->test_accuracy = figures.accuracy;
+  report->test_loss = figures.loss;
   return absl::OkStatus();
 }
 

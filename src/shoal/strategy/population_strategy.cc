@@ -82,15 +82,6 @@ class PeerReader {
   std::set<int> warned_;
 };
 
-// Validation accuracy and loss of `model`.
-std::pair<double, double> Evaluate(Model& model, const Dataset& validation) {
-  torch::NoGradGuard no_grad;
-  torch::Tensor logits = model.Forward(validation.images);
-  const double loss = CrossEntropyLoss(logits, validation.labels).item<double>();
-  const double accuracy = logits.argmax(1).eq(validation.labels).to(torch::kFloat64).mean().item<double>();
-  return {accuracy, loss};
-}
-
 // How often a member consults its policy, in member steps.
 int64_t ReadySteps(const PopulationConfig& config) {
   if (config.ready_steps > 0) return config.ready_steps;
@@ -330,7 +321,10 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
   auto evaluate = [&]() -> absl::Status {
     SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(own.names));
     model.Load(values);
-    std::tie(fitness, loss) = Evaluate(model, context.validation);
+    // The validation set in one batch: one forward pass.
+    const Evaluation validation = Evaluate(model, context.validation, std::max<int64_t>(1, context.validation.size()));
+    fitness = validation.accuracy;
+    loss = validation.loss;
     SHOAL_RETURN_IF_ERROR(client.Assign({own.fitness}, {torch::tensor({static_cast<float>(fitness),
                                                                        static_cast<float>(loss),
                                                                        static_cast<float>(step)})}));

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "shoal/checkpoint/checkpoint.h"
+#include "shoal/core/dtype.h"
 #include "shoal/core/status.h"
 #include "shoal/strategy/async_strategy.h"
 #include "shoal/strategy/gated_strategy.h"
@@ -54,12 +55,14 @@ BatchResult ComputeGradients(Model& model, BatchIterator& batches) {
   torch::Tensor images, labels;
   batches.Next(&images, &labels);
   for (const auto& p : model.variables()) p.mutable_grad().reset();
-  torch::Tensor logits = model.Forward(images);
-  torch::Tensor loss = CrossEntropyLoss(logits, labels);
+  torch::Tensor output = model.Forward(images);
+  torch::Tensor loss = model.Loss(output, labels);
   loss.backward();
   BatchResult result;
   result.loss = loss.item<double>();
-  result.accuracy = logits.detach().argmax(1).eq(labels).to(torch::kFloat64).mean().item<double>();
+  if (model.classifies()) {
+    result.accuracy = output.detach().argmax(1).eq(labels).to(torch::kFloat64).mean().item<double>();
+  }
   result.examples = labels.size(0);
   return result;
 }
@@ -437,7 +440,12 @@ absl::Status CheckModelFitsData(const WorkerContext& context, Model& model) {
   const std::string what =
       config.kind == "torchscript" ? absl::StrCat("model.path '", config.path, "'") : "the built-in model";
   const torch::Tensor images = data.images.narrow(0, 0, std::min<int64_t>(2, data.size()));
-  const int64_t largest_label = data.labels.max().item<int64_t>();
+  const torch::Tensor labels = data.labels.narrow(0, 0, images.size(0));
+  if (model.classifies() != (data.labels.scalar_type() == torch::kInt64)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.loss ", config.loss, " needs ", model.classifies() ? "int64 class labels" : "float32 targets",
+        "; the data's labels are ", DTypeName(data.labels.scalar_type())));
+  }
   torch::NoGradGuard no_grad;
   torch::Tensor logits;
   // Evaluating, so that the check moves no BatchNorm statistics.
@@ -452,6 +460,15 @@ absl::Status CheckModelFitsData(const WorkerContext& context, Model& model) {
                                                    Shape(images.sizes()), ": ",
                                                    message.substr(0, message.find('\n'))));
   }
+  if (!model.classifies()) {
+    if (logits.size(0) != labels.size(0) || logits.numel() != labels.numel()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": forward() maps a batch of shape ", Shape(images.sizes()),
+                                                     " to ", Shape(logits.sizes()), "; the targets are ",
+                                                     Shape(labels.sizes())));
+    }
+    return absl::OkStatus();
+  }
+  const int64_t largest_label = data.labels.max().item<int64_t>();
   if (logits.dim() != 2 || logits.size(0) != images.size(0) || logits.size(1) <= largest_label) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": forward() maps a batch of shape ", Shape(images.sizes()), " to ",
