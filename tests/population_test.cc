@@ -195,7 +195,10 @@ class InheritTest : public ::testing::Test {
     server_ = transport_.Serve("inproc:ps:0", &service_).value();
     const ClusterSpec cluster = ClusterSpec::Local(1, 1);
     auto placement = std::make_shared<const Placement>(
-        Placement::Create({{"worker_0/w", {3, 2}}, {"worker_1/w", {3, 2}}}, cluster, {}).value());
+        Placement::Create({{"worker_0/w", {3, 2}}, {"worker_1/w", {3, 2}}, {"worker_0/bn/mean", {4}},
+                           {"worker_0/bn/count", {}}, {"worker_1/bn/mean", {4}}, {"worker_1/bn/count", {}}},
+                          cluster, {})
+            .value());
     client_ = Client::Create(cluster, &transport_, placement).value();
     wire::OptimizerConfig adam;
     adam.set_kind("adam");
@@ -235,6 +238,21 @@ TEST_F(InheritTest, WeightsOnlyLeaveTheSlots) {
   auto after = client_->ReadSlots({"worker_1/w"}).value();
   EXPECT_EQ(after[0].step, 1);
   EXPECT_TRUE(after[0].tensors[0].equal(before[0].tensors[0]));
+}
+
+TEST_F(InheritTest, BuffersAreCopiedWithTheWeights) {
+  ASSERT_TRUE(client_
+                  ->CreateVariables({{"worker_0/bn/mean", torch::randn({4}), {}, false, /*buffer=*/true},
+                                     {"worker_0/bn/count", torch::tensor(int64_t{41}), {}, false, /*buffer=*/true},
+                                     {"worker_1/bn/mean", torch::zeros({4}), {}, false, /*buffer=*/true},
+                                     {"worker_1/bn/count", torch::tensor(int64_t{3}), {}, false, /*buffer=*/true}})
+                  .ok());
+  ASSERT_TRUE(InheritMember(*client_, *client_, {"worker_0/w"}, {"worker_1/w"}, /*with_slots=*/true,
+                            {"worker_0/bn/mean", "worker_0/bn/count"}, {"worker_1/bn/mean", "worker_1/bn/count"})
+                  .ok());
+  auto values = client_->Read({"worker_0/bn/mean", "worker_1/bn/mean", "worker_1/bn/count"}).value();
+  EXPECT_TRUE(values[0].equal(values[1]));
+  EXPECT_EQ(values[2].item<int64_t>(), 41);
 }
 
 TEST_F(InheritTest, SetOptimizerKeepsTheSlotsAndRefusesAnotherKind) {
@@ -303,6 +321,35 @@ TEST(PopulationTrainingTest, FourMembersInProcessLearnAndLeaveALineage) {
   EXPECT_GT(report->peer_bytes_read, 0);
   EXPECT_TRUE(std::filesystem::exists(dir + "/lineage.svg"));
   EXPECT_NE(report->population_summary.find("member 3: fitness"), std::string::npos) << report->population_summary;
+  std::filesystem::remove_all(dir);
+}
+
+// Members of the built-in CNN with BatchNorm: each keeps its own statistics
+// under its scope, published by its lead, and the population learns.
+TEST(PopulationTrainingTest, CnnMembersLearnAndKeepTheirOwnStatistics) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_cnn_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  JobConfig config = QuickPopulation(2, dir + "/lineage");
+  config.model.kind = "cnn";
+  config.model.cnn.conv = {{8}, {16}};
+  config.model.cnn.dense = {32};
+  config.training.optimizer.set_learning_rate(0.05);
+  config.checkpoint.dir = dir + "/ckpt";
+  ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GT(report->test_accuracy, 0.7);
+  CheckpointIndex index;
+  auto saved = LoadCheckpoint(report->last_checkpoint, &index);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  int found = 0;
+  for (const auto& v : *saved) {
+    if (v.name == "worker_0/bn_1/num_batches_tracked" || v.name == "worker_1/bn_1/num_batches_tracked") {
+      ++found;
+      EXPECT_GT(v.value.item<int64_t>(), 0) << v.name << ": the lead never published its statistics";
+    }
+  }
+  EXPECT_EQ(found, 2);
   std::filesystem::remove_all(dir);
 }
 

@@ -420,7 +420,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
     return absl::InvalidArgumentError("config: 'cluster.threads_per_task' must not be negative (0 = derive it)");
   }
   SHOAL_RETURN_IF_ERROR(Annotate(ValidateModelConfig(c.model), "config"));
-  if (c.model.kind != "mlp" && (c.training.mode == "population" || c.training.mode == "gated")) {
+  if (c.model.kind != "mlp" && c.training.mode == "gated") {
     return absl::InvalidArgumentError(absl::StrCat("config: training.mode ", c.training.mode,
                                                    " trains the built-in MLP only (model.kind mlp), not ",
                                                    c.model.kind));

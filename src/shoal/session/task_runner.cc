@@ -98,7 +98,7 @@ absl::StatusOr<std::shared_ptr<const Placement>> MakePlacement(const JobConfig& 
   PlacementOptions options = config.placement;
   if (config.training.mode == "population") {
     const std::vector<TaskId> workers = cluster.TrainingTasks();
-    specs = PopulationVariableSpecs(config, static_cast<int>(workers.size()));
+    SHOAL_ASSIGN_OR_RETURN(specs, PopulationVariableSpecs(config, static_cast<int>(workers.size())));
     for (const ScopeRule& rule : PopulationScopeRules(config, workers)) options.scope_rules.push_back(rule);
   }
   if (config.training.mode == "gated") {

@@ -90,16 +90,29 @@ int64_t ReadySteps(const PopulationConfig& config) {
 
 struct Member {
   int index;
-  std::vector<std::string> names;  // the model's variables
+  std::vector<std::string> names;    // the model's variables
+  std::vector<std::string> buffers;  // and its buffers (BatchNorm statistics)
   std::string hparams, fitness;
 };
 
-Member MemberOf(const JobConfig& config, int m) {
-  return Member{m, Mlp(MemberModel(config, m)).variable_names(), HyperparametersVariable(m), FitnessVariable(m)};
+// Member m's names, from `model` built for member `own` (member models differ
+// only in their scope): no model is built, no TorchScript file read again.
+Member MemberOf(const Model& model, int own, int m) {
+  const std::string from = MemberScope(own), to = MemberScope(m);
+  auto rescope = [&](const std::vector<std::string>& names) {
+    std::vector<std::string> out;
+    for (const std::string& name : names) out.push_back(to + name.substr(from.size()));
+    return out;
+  };
+  return Member{m, rescope(model.variable_names()), rescope(model.buffer_names()), HyperparametersVariable(m),
+                FitnessVariable(m)};
 }
 
+// What a member keeps on the ps, in the order every list follows: its
+// variables, its buffers, its hyper-parameters and its fitness.
 std::vector<std::string> AllNames(const Member& member) {
   std::vector<std::string> names = member.names;
+  names.insert(names.end(), member.buffers.begin(), member.buffers.end());
   names.push_back(member.hparams);
   names.push_back(member.fitness);
   return names;
@@ -126,26 +139,27 @@ absl::Status RestorePopulationCounters(WorkerContext& context, const CheckpointI
 // it still has go back too. Mid-job the job's counters come back where a lost
 // counter task has fewer; at start (a new session) only the member's steps
 // count towards the global step. Returns the member step restored.
-absl::StatusOr<int64_t> RestoreMember(WorkerContext& context, const Member& member,
-                                      const std::vector<torch::Tensor>& shapes_from, const wire::OptimizerConfig& base,
-                                      const std::string& checkpoint, bool mid_job) {
+absl::StatusOr<int64_t> RestoreMember(WorkerContext& context, const Member& member, const Model& shapes_from,
+                                      const wire::OptimizerConfig& base, const std::string& checkpoint,
+                                      bool mid_job) {
   Client& client = *context.client;
   const std::vector<std::string> names = AllNames(member);
   std::vector<std::vector<int64_t>> shapes;
-  for (const auto& v : shapes_from) shapes.emplace_back(v.sizes().begin(), v.sizes().end());
+  for (const auto& v : shapes_from.variables()) shapes.emplace_back(v.sizes().begin(), v.sizes().end());
+  for (const auto& b : shapes_from.buffers()) shapes.emplace_back(b.sizes().begin(), b.sizes().end());
   shapes.push_back({4});
   shapes.push_back({3});
   CheckpointIndex index;
   SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(checkpoint, &index));
   SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored,
                          SelectVariables(std::move(all), names, shapes, checkpoint));
-  const Hyperparameters h = FromTensor(restored[member.names.size()].value);
+  const size_t trained = member.names.size(), kept = trained + member.buffers.size();
+  const Hyperparameters h = FromTensor(restored[kept].value);
   const wire::OptimizerConfig optimizer = WithHyperparameters(base, h);
   std::vector<VariableInit> inits;
   for (size_t i = 0; i < names.size(); ++i) {
-    const bool trained = i < member.names.size();
-    inits.push_back({names[i], restored[i].value, trained ? optimizer : Constant(),
-                     context.config->training.use_locking});
+    inits.push_back({names[i], restored[i].value, i < trained ? optimizer : Constant(),
+                     context.config->training.use_locking, /*buffer=*/i >= trained && i < kept});
   }
   SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));
   SHOAL_RETURN_IF_ERROR(client.SetOptimizer(member.names, optimizer));
@@ -170,7 +184,7 @@ absl::StatusOr<int64_t> RestoreMember(WorkerContext& context, const Member& memb
 // job's counters come back where a lost counter task has fewer. Its other
 // workers wait for the variables. Each member recovers by itself: the
 // others train on.
-absl::Status RecoverMember(WorkerContext& context, const Member& member, const std::vector<torch::Tensor>& shapes_from,
+absl::Status RecoverMember(WorkerContext& context, const Member& member, const Model& shapes_from,
                            const wire::OptimizerConfig& base, bool lead, const absl::Status& error) {
   Client& client = *context.client;
   const std::vector<std::string> names = AllNames(member);
@@ -203,8 +217,8 @@ int NumMembers(const JobConfig& config, int num_workers) {
 
 std::string MemberScope(int member) { return absl::StrCat("worker_", member, "/"); }
 
-MlpConfig MemberModel(const JobConfig& config, int member) {
-  MlpConfig model = config.model;
+ModelConfig MemberModel(const JobConfig& config, int member) {
+  ModelConfig model = config.model;
   model.scope = MemberScope(member);
   model.seed = config.model.seed + member;
   return model;
@@ -219,10 +233,12 @@ std::vector<std::string> PopulationCounters(const JobConfig& config, int num_wor
 std::string HyperparametersVariable(int member) { return MemberScope(member) + "hparams"; }
 std::string FitnessVariable(int member) { return MemberScope(member) + "fitness"; }
 
-std::vector<VariableSpec> PopulationVariableSpecs(const JobConfig& config, int num_workers) {
+absl::StatusOr<std::vector<VariableSpec>> PopulationVariableSpecs(const JobConfig& config, int num_workers) {
   std::vector<VariableSpec> specs;
   for (int m = 0; m < NumMembers(config, num_workers); ++m) {
-    for (const auto& spec : Mlp(MemberModel(config, m)).VariableSpecs()) specs.push_back(spec);
+    SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(MemberModel(config, m)));
+    for (const auto& spec : model->VariableSpecs()) specs.push_back(spec);
+    for (const auto& spec : model->BufferSpecs()) specs.push_back(spec);
     specs.push_back({HyperparametersVariable(m), {4}});
     specs.push_back({FitnessVariable(m), {3}});
   }
@@ -240,7 +256,14 @@ std::vector<ScopeRule> PopulationScopeRules(const JobConfig& config, const std::
 }
 
 absl::Status InheritMember(Client& reader, Client& writer, const std::vector<std::string>& from,
-                           const std::vector<std::string>& to, bool with_slots) {
+                           const std::vector<std::string>& to, bool with_slots,
+                           const std::vector<std::string>& buffers_from, const std::vector<std::string>& buffers_to) {
+  if (!buffers_from.empty()) {
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> buffers, reader.Read(buffers_from));
+    std::vector<torch::Tensor> copies;
+    for (const auto& b : buffers) copies.push_back(b.clone());
+    SHOAL_RETURN_IF_ERROR(writer.Assign(buffers_to, copies));
+  }
   SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, reader.Read(from));
   std::vector<torch::Tensor> copies;
   for (const auto& v : values) copies.push_back(v.clone());
@@ -260,8 +283,9 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
   const int members = NumMembers(config, context.num_workers);
   const int me = context.worker_index / pc.workers_per_member;
   const bool lead = context.worker_index % pc.workers_per_member == 0;  // evaluates and decides
-  const Member own = MemberOf(config, me);
-  Mlp model(MemberModel(config, me));
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> built, MakeModel(MemberModel(config, me)));
+  Model& model = *built;
+  const Member own = MemberOf(model, me, me);
   SHOAL_ASSIGN_OR_RETURN(auto base, Optimizer::Create(config.training.optimizer));
   std::mt19937_64 rng(config.training.seed * 7919 + me);
 
@@ -276,6 +300,9 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
       inits.push_back({own.names[i], model.variables()[i].detach(), WithHyperparameters(base->config(), start),
                        config.training.use_locking});
     }
+    for (size_t i = 0; i < own.buffers.size(); ++i) {
+      inits.push_back({own.buffers[i], model.buffers()[i].detach(), Constant(), false, /*buffer=*/true});
+    }
     inits.push_back({own.hparams, HyperparametersTensor(start), Constant()});
     inits.push_back({own.fitness, torch::tensor({-1.0f, 0.0f, 0.0f}), Constant()});
     SHOAL_RETURN_IF_ERROR(client.WaitForTasksHolding(all_names, absl::Seconds(config.transport.startup_timeout_s)));
@@ -284,8 +311,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
       SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));
     } else {
       SHOAL_ASSIGN_OR_RETURN(int64_t restored_step,
-                             RestoreMember(context, own, model.variables(), base->config(), checkpoint,
-                                           /*mid_job=*/false));
+                             RestoreMember(context, own, model, base->config(), checkpoint, /*mid_job=*/false));
       if (context.is_chief) {
         context.restored_from = checkpoint;
         context.restored_step = restored_step;
@@ -318,11 +344,16 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
   double fitness = -1, loss = 0;
   WorkerResult result;
 
+  // The lead's buffers are the member's: published before each
+  // evaluation, so that a member that copies this one copies them too.
   auto evaluate = [&]() -> absl::Status {
     SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(own.names));
     model.Load(values);
+    if (!own.buffers.empty()) SHOAL_RETURN_IF_ERROR(client.Assign(own.buffers, model.BufferValues()));
     // The validation set in one batch: one forward pass.
+    model.SetTraining(false);
     const Evaluation validation = Evaluate(model, context.validation, std::max<int64_t>(1, context.validation.size()));
+    model.SetTraining(true);
     fitness = validation.accuracy;
     loss = validation.loss;
     SHOAL_RETURN_IF_ERROR(client.Assign({own.fitness}, {torch::tensor({static_cast<float>(fitness),
@@ -401,16 +432,23 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
       // random decides every step without ranking anyone: only its copies are logged.
       return pc.policy == "random" ? absl::OkStatus() : lineage->Write(decided);
     }
-    const Member source = MemberOf(config, decision.source);
+    const Member source = MemberOf(model, me, decision.source);
     absl::Status copied = pc.inherit_slots
-                              ? InheritMember(peers.client(), client, source.names, own.names, /*with_slots=*/true)
+                              ? InheritMember(peers.client(), client, source.names, own.names, /*with_slots=*/true,
+                                              source.buffers, own.buffers)
                               : [&]() -> absl::Status {
                                   SHOAL_ASSIGN_OR_RETURN(auto values, peers.Read(source.names, step));
-                                  return client.Assign(own.names, values);
+                                  SHOAL_RETURN_IF_ERROR(client.Assign(own.names, values));
+                                  return InheritMember(peers.client(), client, {}, {}, false, source.buffers,
+                                                       own.buffers);
                                 }();
     if (!copied.ok()) {  // the source went away meanwhile: keep training our own
       peers.Warn(decision.source, copied);
       return absl::OkStatus();
+    }
+    if (!own.buffers.empty()) {  // the donor's statistics, now the member's
+      SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> buffers, client.Read(own.buffers));
+      model.LoadBuffers(buffers);
     }
     if (decision.copy_hyperparameters) {
       auto theirs = peers.client().Read({source.hparams});
@@ -492,7 +530,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     return absl::OkStatus();
   };
   SHOAL_RETURN_IF_ERROR(StepUntilDone(context, step_once, [&](const absl::Status& error) -> absl::Status {
-    SHOAL_RETURN_IF_ERROR(RecoverMember(context, own, model.variables(), base->config(), lead, error));
+    SHOAL_RETURN_IF_ERROR(RecoverMember(context, own, model, base->config(), lead, error));
     return rejoin();
   }));
   if (lead) {
@@ -507,17 +545,18 @@ absl::Status ReportPopulation(WorkerContext& context, const Dataset& test_set, T
   const JobConfig& config = *context.config;
   Client& client = *context.client;
   double best_fitness = -2;
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> first, MakeModel(MemberModel(config, 0)));
   for (int m = 0; m < NumMembers(config, context.num_workers); ++m) {
-    const Member member = MemberOf(config, m);
+    const Member member = MemberOf(*first, 0, m);
     MemberReport row;
     row.member = m;
     SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> small, client.Read({member.hparams, member.fitness}));
     row.hyperparameters = FromTensor(small[0]).ToString();
     row.fitness = small[1][0].item<float>();
-    Mlp model(MemberModel(config, m));
-    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(member.names));
-    model.Load(values);
-    row.test_accuracy = Accuracy(test_set, [&](const torch::Tensor& x) { return model.Forward(x); });
+    SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(MemberModel(config, m)));
+    SHOAL_RETURN_IF_ERROR(PullVariablesAndBuffers(client, *model));
+    model->SetTraining(false);
+    row.test_accuracy = Evaluate(*model, test_set).accuracy;
     if (row.fitness > best_fitness) {
       best_fitness = row.fitness;
       report->best_member = m;

@@ -27,7 +27,7 @@ int NumMembers(const JobConfig& config, int num_workers);
 
 // Member m's scope, "worker_<m>/", and its model's config (seeded per member).
 std::string MemberScope(int member);
-MlpConfig MemberModel(const JobConfig& config, int member);
+ModelConfig MemberModel(const JobConfig& config, int member);
 // The counters a checkpoint of a population keeps besides the job's: each
 // member's step.
 std::vector<std::string> PopulationCounters(const JobConfig& config, int num_workers);
@@ -36,13 +36,16 @@ std::string FitnessVariable(int member);
 
 // Every member's variables, for the placement; with variables_on: member,
 // scope rules that put member m's on its first worker task.
-std::vector<VariableSpec> PopulationVariableSpecs(const JobConfig& config, int num_workers);
+absl::StatusOr<std::vector<VariableSpec>> PopulationVariableSpecs(const JobConfig& config, int num_workers);
 std::vector<ScopeRule> PopulationScopeRules(const JobConfig& config, const std::vector<TaskId>& workers);
 
 // Copies member `from`'s weights onto `to`'s, and with `with_slots` its
-// optimizer slots, bit for bit.
+// optimizer slots, bit for bit; and its buffers (BatchNorm statistics)
+// `buffers_from` onto `buffers_to`.
 absl::Status InheritMember(Client& reader, Client& writer, const std::vector<std::string>& from,
-                           const std::vector<std::string>& to, bool with_slots);
+                           const std::vector<std::string>& to, bool with_slots,
+                           const std::vector<std::string>& buffers_from = {},
+                           const std::vector<std::string>& buffers_to = {});
 
 class PopulationStrategy : public TrainingStrategy {
  public:
