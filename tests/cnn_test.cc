@@ -11,8 +11,8 @@
 
 #include "inproc_servers.h"
 #include "quick_job.h"
+#include "saved_values.h"
 #include "temp_dir.h"
-#include "shoal/checkpoint/checkpoint.h"
 #include "shoal/session/local_cluster.h"
 #include "shoal/session/task_runner.h"
 #include "shoal/transport/inproc/inproc_transport.h"
@@ -114,14 +114,10 @@ TEST(CnnTest, ABadConfigNamesTheKey) {
 
 // The checkpoint the job ended with: its BatchNorm buffers, by name.
 std::map<std::string, torch::Tensor> SavedBuffers(const std::string& checkpoint) {
-  CheckpointIndex index;
-  auto all = LoadCheckpoint(checkpoint, &index);
-  EXPECT_TRUE(all.ok()) << all.status();
   std::map<std::string, torch::Tensor> buffers;
-  if (!all.ok()) return buffers;
-  for (const auto& v : *all) {
-    if (v.name.find("/moving_") != std::string::npos || v.name.find("num_batches_tracked") != std::string::npos) {
-      buffers[v.name] = v.value;
+  for (const auto& [name, value] : SavedValues(checkpoint)) {
+    if (name.find("/moving_") != std::string::npos || name.find("num_batches_tracked") != std::string::npos) {
+      buffers[name] = value;
     }
   }
   return buffers;
