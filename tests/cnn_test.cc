@@ -136,7 +136,7 @@ TEST_P(CnnModeTest, TwoWorkerProcessesTrainTheCnnAndShareItsStatistics) {
   ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
   auto report = TrainInLocalProcesses(config, SHOAL_BINARY, /*show_progress=*/false);
   ASSERT_TRUE(report.ok()) << report.status();
-  EXPECT_GT(report->test_accuracy, 0.7) << mode;
+  EXPECT_GT(report->test_accuracy, 0.65) << mode;  // measured 0.765-0.823 over 2 runs of each mode; chance is 0.1
   const auto buffers = SavedBuffers(report->last_checkpoint);
   ASSERT_EQ(buffers.size(), 6u);
   EXPECT_GT(buffers.at("bn_1/moving_mean").abs().max().item<float>(), 1e-3) << "statistics never published";

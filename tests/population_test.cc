@@ -339,7 +339,7 @@ TEST(PopulationTrainingTest, CnnMembersLearnAndKeepTheirOwnStatistics) {
   ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
   auto report = TrainInProcess(config, InProcOptions{}, nullptr);
   ASSERT_TRUE(report.ok()) << report.status();
-  EXPECT_GT(report->test_accuracy, 0.7);
+  EXPECT_GT(report->test_accuracy, 0.6);  // measured 0.746 and 0.777; chance is 0.1
   const auto saved = SavedValues(report->last_checkpoint);
   for (const std::string name : {"worker_0/bn_1/num_batches_tracked", "worker_1/bn_1/num_batches_tracked"}) {
     ASSERT_TRUE(saved.count(name)) << name;
