@@ -52,6 +52,25 @@ void Model::Load(const std::vector<torch::Tensor>& values) {
   for (size_t i = 0; i < params.size(); ++i) params[i].copy_(values[i]);
 }
 
+std::vector<std::string> Model::StateNames() const {
+  std::vector<std::string> names = variable_names();
+  names.insert(names.end(), buffer_names().begin(), buffer_names().end());
+  return names;
+}
+
+std::vector<std::vector<int64_t>> Model::StateShapes() const {
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& v : variables()) shapes.emplace_back(v.sizes().begin(), v.sizes().end());
+  for (const auto& b : buffers()) shapes.emplace_back(b.sizes().begin(), b.sizes().end());
+  return shapes;
+}
+
+void Model::LoadState(const std::vector<torch::Tensor>& values) {
+  const auto split = values.begin() + static_cast<std::ptrdiff_t>(variables().size());
+  Load({values.begin(), split});
+  LoadBuffers({split, values.end()});
+}
+
 std::vector<torch::Tensor> Model::Gradients() const {
   std::vector<torch::Tensor> grads;
   grads.reserve(variables().size());

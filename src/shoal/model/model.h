@@ -43,6 +43,12 @@ class Model {
 
   // Copies `values` (same order and shapes as variables()) into the model.
   void Load(const std::vector<torch::Tensor>& values);
+
+  // Everything the ps keeps of the model: the variables' names, then the
+  // buffers'; and loading values in that order (what evaluation reads).
+  std::vector<std::string> StateNames() const;
+  std::vector<std::vector<int64_t>> StateShapes() const;
+  void LoadState(const std::vector<torch::Tensor>& values);
   // Each parameter's gradient after backward(), in variables() order (zeros
   // for a parameter the loss did not reach).
   std::vector<torch::Tensor> Gradients() const;

@@ -28,20 +28,13 @@ absl::StatusOr<CheckpointEvaluation> EvaluateCheckpoint(const JobConfig& config,
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> built, MakeModel(config.model));
   Model& model = *built;
   // The variables, then the buffers (BatchNorm statistics) saved beside them.
-  std::vector<std::string> names = model.variable_names();
-  names.insert(names.end(), model.buffer_names().begin(), model.buffer_names().end());
-  std::vector<std::vector<int64_t>> shapes;
-  for (const auto& v : model.variables()) shapes.emplace_back(v.sizes().begin(), v.sizes().end());
-  for (const auto& b : model.buffers()) shapes.emplace_back(b.sizes().begin(), b.sizes().end());
   CheckpointIndex index;
   SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(checkpoint, &index));
   SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> chosen,
-                         SelectVariables(std::move(all), names, shapes, checkpoint));
+                         SelectVariables(std::move(all), model.StateNames(), model.StateShapes(), checkpoint));
   std::vector<torch::Tensor> values;
   for (auto& v : chosen) values.push_back(v.value);
-  const auto split = values.begin() + static_cast<std::ptrdiff_t>(model.variables().size());
-  model.Load({values.begin(), split});
-  model.LoadBuffers({split, values.end()});
+  model.LoadState(values);
   model.SetTraining(false);
   CheckpointEvaluation result;
   result.checkpoint = checkpoint;

@@ -144,9 +144,7 @@ absl::StatusOr<int64_t> RestoreMember(WorkerContext& context, const Member& memb
                                       bool mid_job) {
   Client& client = *context.client;
   const std::vector<std::string> names = AllNames(member);
-  std::vector<std::vector<int64_t>> shapes;
-  for (const auto& v : shapes_from.variables()) shapes.emplace_back(v.sizes().begin(), v.sizes().end());
-  for (const auto& b : shapes_from.buffers()) shapes.emplace_back(b.sizes().begin(), b.sizes().end());
+  std::vector<std::vector<int64_t>> shapes = shapes_from.StateShapes();
   shapes.push_back({4});
   shapes.push_back({3});
   CheckpointIndex index;

@@ -74,12 +74,8 @@ absl::StatusOr<BatchResult> PullAndComputeGradients(Client& client, Model& model
 }
 
 absl::Status PullVariablesAndBuffers(Client& client, Model& model) {
-  std::vector<std::string> names = model.variable_names();
-  names.insert(names.end(), model.buffer_names().begin(), model.buffer_names().end());
-  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(names));
-  const auto split = values.begin() + static_cast<std::ptrdiff_t>(model.variables().size());
-  model.Load({values.begin(), split});
-  model.LoadBuffers({split, values.end()});
+  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(model.StateNames()));
+  model.LoadState(values);
   return absl::OkStatus();
 }
 
