@@ -10,8 +10,8 @@
 #include <cstdio>
 #include <string>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "bench_run.h"
 #include "absl/time/clock.h"
 #include "shoal/config/config.h"
 #include "shoal/data/dataset.h"
@@ -21,11 +21,6 @@
 
 namespace shoal {
 namespace {
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // examples/s of `steps` Adam steps of the CNN in a plain libtorch loop,
 // after the warm-up steps the report's steady rate skips too.
@@ -54,12 +49,7 @@ double PlainLoopRate(const JobConfig& config, const Dataset& train, int64_t step
 
 int main(int argc, char** argv) {
   using namespace shoal;
-  int64_t steps = 400, repeats = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string flag = argv[i];
-    if (flag == "--steps") (void)absl::SimpleAtoi(argv[i + 1], &steps);
-    if (flag == "--repeats") (void)absl::SimpleAtoi(argv[i + 1], &repeats);
-  }
+  const auto [steps, repeats] = ParseRunFlags(argc, argv, {400, 3});
   auto loaded = LoadJobConfig(std::string(SHOAL_SOURCE_DIR) + "/configs/cnn.yaml");
   if (!loaded.ok()) {
     absl::FPrintF(stderr, "cnn_bench: %s\n", loaded.status().ToString());

@@ -13,19 +13,14 @@
 #include <filesystem>
 #include <string>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench_run.h"
 #include "shoal/session/local_cluster.h"
 #include "shoal/session/worker_session.h"
 
 namespace shoal {
 namespace {
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // The built-in MLP of `config`, scripted with its own initial values:
 // dense_k.kernel [in, out] and dense_k.bias, ReLU between layers.
@@ -54,12 +49,7 @@ void SaveScriptedCopy(const MlpConfig& config, const std::string& path) {
 
 int main(int argc, char** argv) {
   using namespace shoal;
-  int64_t steps = 3000, repeats = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string flag = argv[i];
-    if (flag == "--steps") (void)absl::SimpleAtoi(argv[i + 1], &steps);
-    if (flag == "--repeats") (void)absl::SimpleAtoi(argv[i + 1], &repeats);
-  }
+  const auto [steps, repeats] = ParseRunFlags(argc, argv, {3000, 3});
   JobConfig builtin = DefaultJobConfig();  // 2 ps, 2 workers, in-process
   builtin.training.max_steps = steps;
   const std::string path = (std::filesystem::temp_directory_path() / "shoal_bench_mlp.pt").string();

@@ -21,8 +21,8 @@
 #include <functional>
 #include <string>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "bench_run.h"
 #include "shoal/compute/compute_threads.h"
 #include "shoal/server/optimizer.h"
 #include "shoal/session/local_cluster.h"
@@ -30,11 +30,6 @@
 
 namespace shoal {
 namespace {
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Single-thread float32 GEMM rate, GFLOP/s: the best of several
 // [64, 2048] x [2048, 2048] products (a batch through a wide layer).
@@ -157,12 +152,7 @@ std::pair<double, double> AdamUpdateMicros(const JobConfig& config) {
 }
 
 int Main(int argc, char** argv) {
-  int64_t steps = 1500, repeats = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string flag = argv[i];
-    if (flag == "--steps") (void)absl::SimpleAtoi(argv[i + 1], &steps);
-    if (flag == "--repeats") (void)absl::SimpleAtoi(argv[i + 1], &repeats);
-  }
+  const auto [steps, repeats] = ParseRunFlags(argc, argv, {1500, 3});
   JobConfig one_worker = DefaultJobConfig();
   one_worker.cluster.ps = 1;
   one_worker.cluster.workers = 1;
