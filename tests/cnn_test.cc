@@ -172,18 +172,12 @@ TEST(CnnCheckpointTest, ARestoreBringsTheBuffersBackBitForBit) {
   ASSERT_EQ(saved.size(), 6u);
   EXPECT_EQ(saved.at("bn_2/num_batches_tracked").item<int64_t>(), 30);
 
-  const ClusterSpec cluster = ClusterSpec::Local(config.cluster.ps, 1);
-  auto data = LoadData(config).value();
-  InProcServers servers(config, cluster, {});
-  auto placement = MakePlacement(config, cluster);
-  ASSERT_TRUE(placement.ok()) << placement.status();
-  auto client = Client::Create(cluster, &servers.transport, *placement).value();
-  WorkerContext context = MakeWorkerContext(config, cluster, TaskId{"worker", 0}, client.get(), data.train, 30);
+  InProcChief chief(config, 30);
   Cnn fresh(config.model.cnn, config.model.seed, "");
-  ASSERT_TRUE(InitializeOrWait(context, fresh).ok());
-  EXPECT_EQ(context.restored_from, report->last_checkpoint);
+  ASSERT_TRUE(InitializeOrWait(chief.context, fresh).ok());
+  EXPECT_EQ(chief.context.restored_from, report->last_checkpoint);
   for (const auto& [name, value] : saved) {
-    auto live = client->Read({name});
+    auto live = chief.client->Read({name});
     ASSERT_TRUE(live.ok()) << live.status();
     EXPECT_EQ((*live)[0].scalar_type(), value.scalar_type()) << name;
     EXPECT_TRUE((*live)[0].equal(value)) << name;

@@ -9,6 +9,7 @@
 
 #include "shoal/config/config.h"
 #include "shoal/session/task_runner.h"
+#include "shoal/session/worker_session.h"
 #include "shoal/transport/inproc/inproc_transport.h"
 
 namespace shoal {
@@ -28,6 +29,24 @@ struct InProcServers {
   InProcTransport transport;
   std::vector<std::unique_ptr<VariableService>> services;
   std::vector<std::unique_ptr<ServerHandle>> servers;
+};
+
+// The chief of a one-worker job on `config.cluster.ps` in-process ps tasks,
+// run by hand: its servers, client and context (`max_steps` global steps).
+// Construction throws (failing the test) if the job cannot be set up.
+struct InProcChief {
+  InProcChief(const JobConfig& config, int64_t max_steps)
+      : cluster(ClusterSpec::Local(config.cluster.ps, 1)),
+        data(LoadData(config).value()),
+        servers(config, cluster),
+        client(Client::Create(cluster, &servers.transport, MakePlacement(config, cluster).value()).value()),
+        context(MakeWorkerContext(config, cluster, TaskId{"worker", 0}, client.get(), data.train, max_steps)) {}
+
+  ClusterSpec cluster;
+  DataSplits data;
+  InProcServers servers;
+  std::unique_ptr<Client> client;
+  WorkerContext context;
 };
 
 }  // namespace shoal

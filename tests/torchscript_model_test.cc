@@ -183,17 +183,12 @@ TEST(TorchScriptModelTest, ShoalTrainsAModuleAsAPlainLibtorchLoopDoes) {
   config.training.optimizer.set_learning_rate(0.1);
   ASSERT_TRUE(ValidateJobConfig(config).ok());
 
-  const ClusterSpec cluster = ClusterSpec::Local(1, 1);
-  auto data = LoadData(config).value();
-  InProcServers servers(config, cluster, {});
-  auto placement = MakePlacement(config, cluster);
-  ASSERT_TRUE(placement.ok()) << placement.status();
-  auto client = Client::Create(cluster, &servers.transport, *placement).value();
-  WorkerContext context = MakeWorkerContext(config, cluster, TaskId{"worker", 0}, client.get(), data.train, 20);
+  InProcChief chief(config, 20);
+  WorkerContext& context = chief.context;
   auto result = AsyncStrategy().RunWorker(context);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->local_steps, 20);
-  auto trained = client->Read({"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
+  auto trained = chief.client->Read({"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
   ASSERT_TRUE(trained.ok()) << trained.status();
 
   // By hand: the same file, the same batches, p -= lr * grad.
