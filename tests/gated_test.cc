@@ -20,11 +20,24 @@
 namespace shoal {
 namespace {
 
+// MLP networks by their hidden sizes.
+std::vector<GatedNetworkConfig> MlpNetworks(const std::vector<std::vector<int64_t>>& hidden) {
+  std::vector<GatedNetworkConfig> networks;
+  for (const auto& h : hidden) networks.push_back(GatedNetworkConfig{h, std::nullopt});
+  return networks;
+}
+
+std::unique_ptr<GatedEnsemble> MakeEnsemble(const ModelConfig& base, const GatedModelConfig& config) {
+  auto ensemble = GatedEnsemble::Create(base, config);
+  EXPECT_TRUE(ensemble.ok()) << ensemble.status();
+  return std::move(ensemble).value();
+}
+
 // Linear networks and a linear master: every gradient has a closed form.
 GatedModelConfig LinearEnsemble(const std::string& output, const std::string& scale, const std::string& loss,
                                 bool to_workers) {
   GatedModelConfig g;
-  g.networks = {{}, {}, {}};
+  g.networks = MlpNetworks({{}, {}, {}});
   g.master_hidden = {};
   g.output = output;
   g.scale = scale;
@@ -81,7 +94,7 @@ std::vector<torch::Tensor> HandWrittenGradients(GatedEnsemble& ensemble, const t
 }
 
 TEST(GatedEnsembleTest, GradientsMatchTheHandWrittenFormulas) {
-  MlpConfig base;
+  ModelConfig base;
   base.layers = {6, 4};
   base.seed = 3;
   torch::manual_seed(5);
@@ -93,7 +106,8 @@ TEST(GatedEnsembleTest, GradientsMatchTheHandWrittenFormulas) {
         LinearEnsemble("softmax", "per_sample", "cross_entropy", false),
         LinearEnsemble("softmax", "batch_mean", "mse", true), LinearEnsemble("sigmoid", "per_sample", "mse", true)}) {
     const std::string what = g.output + " " + g.scale + " " + g.master_loss + (g.master_loss_to_workers ? " +flow" : "");
-    GatedEnsemble ensemble(base, g);
+    auto built = MakeEnsemble(base, g);
+    GatedEnsemble& ensemble = *built;
     const GatedStepResult step = ensemble.OneGraphStep(x, y);
     const std::vector<torch::Tensor> expected = HandWrittenGradients(ensemble, x, y);
     ASSERT_EQ(step.gradients.size(), expected.size()) << what;
@@ -118,13 +132,14 @@ TEST(GatedEnsembleTest, CrossEntropyAsksForEqualWeightsWhereNoNetworkIsRight) {
 }
 
 TEST(GatedEnsembleTest, TrunkGradientsOfTheNetworksAddUp) {
-  MlpConfig base;
+  ModelConfig base;
   base.layers = {6, 4};
   GatedModelConfig g;
-  g.networks = {{5}, {3}};
+  g.networks = MlpNetworks({{5}, {3}});
   g.trunk = {7};
   g.scale = "per_sample";
-  GatedEnsemble ensemble(base, g);
+  auto built = MakeEnsemble(base, g);
+  GatedEnsemble& ensemble = *built;
   torch::manual_seed(2);
   const torch::Tensor x = torch::randn({12, 6});
   const torch::Tensor y = torch::randint(0, 4, {12}, torch::kInt64);
@@ -161,11 +176,12 @@ TEST(GatedEnsembleTest, WeightedVotePicksTheClassWithTheMostWeight) {
 }
 
 TEST(GatedEnsembleTest, EvaluateCountsWhatEachPredictorGetsRight) {
-  MlpConfig base;
+  ModelConfig base;
   base.layers = {6, 4};
   GatedModelConfig g;
-  g.networks = {{5}, {3}, {}};
-  GatedEnsemble ensemble(base, g);
+  g.networks = MlpNetworks({{5}, {3}, {}});
+  auto built = MakeEnsemble(base, g);
+  GatedEnsemble& ensemble = *built;
   torch::manual_seed(4);
   const Dataset data{torch::randn({50, 6}), torch::randint(0, 4, {50}, torch::kInt64)};
   const GatedAccuracy accuracy = ensemble.Evaluate(data, /*batch_size=*/16);  // batches of 16, 16, 16, 2
@@ -199,7 +215,7 @@ JobConfig SmallGatedJob(bool trunk_and_flow) {
   config.training.optimizer = wire::OptimizerConfig();
   config.training.optimizer.set_kind("adam");
   config.training.optimizer.set_learning_rate(0.01);
-  config.gated.networks = {{32}, {16}, {8}};
+  config.gated.networks = MlpNetworks({{32}, {16}, {8}});
   config.gated.master_hidden = {8};
   if (trunk_and_flow) {
     config.gated.trunk = {24};
@@ -242,8 +258,8 @@ GatedRun RunGated(JobConfig config, int workers, const std::set<int>& absent = {
   }
   for (auto& t : threads) t.join();
   auto client = Client::Create(cluster, &transport, placement).value();
-  const GatedEnsemble ensemble(config.model, ResolveGatedConfig(config.gated, config.model, workers).value());
-  auto values = client->Read(ensemble.variable_names());
+  const auto ensemble = MakeEnsemble(config.model, ResolveGatedConfig(config.gated, config.model, workers).value());
+  auto values = client->Read(ensemble->variable_names());
   if (values.ok()) {
     for (const auto& v : *values) run.values.push_back(v.clone());
   }
@@ -253,7 +269,8 @@ GatedRun RunGated(JobConfig config, int workers, const std::set<int>& absent = {
 // The same steps in plain libtorch: one graph, torch::optim::Adam.
 std::vector<torch::Tensor> TrainWithLibtorch(const JobConfig& config) {
   auto data = LoadData(config).value();
-  GatedEnsemble ensemble(config.model, ResolveGatedConfig(config.gated, config.model, 1).value());
+  auto built = MakeEnsemble(config.model, ResolveGatedConfig(config.gated, config.model, 1).value());
+  GatedEnsemble& ensemble = *built;
   torch::optim::Adam adam(ensemble.variables(), torch::optim::AdamOptions(config.training.optimizer.learning_rate()));
   BatchIterator batches = GatedBatchIndices(data.train, config);
   for (int64_t t = 0; t < config.training.max_steps; ++t) {
@@ -288,11 +305,11 @@ TEST(GatedTrainingTest, DistributedLockstepReachesTheOneGraphParameters) {
     GatedRun one_task = RunGated(config, 1);
     ASSERT_TRUE(one_task.results[0].ok()) << one_task.results[0].status();
     const std::vector<torch::Tensor> libtorch = TrainWithLibtorch(config);
-    const GatedEnsemble ensemble(config.model, ResolveGatedConfig(config.gated, config.model, 3).value());
-    ExpectSameParameters(distributed.values, one_task.values, ensemble.variable_names(), what + ", 3 tasks vs 1");
-    ExpectSameParameters(one_task.values, libtorch, ensemble.variable_names(), what + ", 1 task vs libtorch");
+    const auto ensemble = MakeEnsemble(config.model, ResolveGatedConfig(config.gated, config.model, 3).value());
+    ExpectSameParameters(distributed.values, one_task.values, ensemble->variable_names(), what + ", 3 tasks vs 1");
+    ExpectSameParameters(one_task.values, libtorch, ensemble->variable_names(), what + ", 1 task vs libtorch");
     // And they trained: the parameters moved from their initial values.
-    EXPECT_FALSE(distributed.values.back().allclose(ensemble.variables().back().detach())) << what;
+    EXPECT_FALSE(distributed.values.back().allclose(ensemble->variables().back().detach())) << what;
   }
 }
 

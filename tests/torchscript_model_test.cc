@@ -14,6 +14,7 @@
 
 #include "inproc_servers.h"
 #include "quick_job.h"
+#include "scripted_modules.h"
 #include "temp_dir.h"
 #include "shoal/session/local_cluster.h"
 #include "shoal/session/task_runner.h"
@@ -28,65 +29,6 @@ namespace fs = std::filesystem;
 
 fs::path TempDir(const std::string& name) { return FreshTempDir("shoal_ts_", name); }
 
-// A linear layer as a scripted submodule: parameters `weight` [in, out] and `bias`.
-torch::jit::Module ScriptedLinear(int64_t in, int64_t out) {
-  torch::jit::Module linear("Linear");
-  linear.register_parameter("weight", torch::randn({in, out}) * (1.0 / std::sqrt(static_cast<double>(in))), false);
-  linear.register_parameter("bias", torch::zeros({out}), false);
-  linear.define(R"(
-def forward(self, x):
-    return torch.addmm(self.bias, x, self.weight)
-)");
-  return linear;
-}
-
-// 784 -> 32 -> 10 with ReLU, saved to `path`: names fc1.weight ... fc2.bias.
-void SaveScriptedMlp(const fs::path& path, uint64_t seed = 7) {
-  torch::manual_seed(seed);
-  torch::jit::Module net("Net");
-  net.register_module("fc1", ScriptedLinear(784, 32));
-  net.register_module("fc2", ScriptedLinear(32, 10));
-  net.define(R"(
-def forward(self, x):
-    return self.fc2.forward(torch.relu(self.fc1.forward(x.flatten(1))))
-)");
-  net.save(path.string());
-}
-
-// BatchNorm over `features` as torch.nn.BatchNorm1d keeps it: weight and
-// bias trained, running_mean, running_var and num_batches_tracked (int64)
-// updated by every training forward pass.
-torch::jit::Module ScriptedBatchNorm(int64_t features) {
-  torch::jit::Module bn("BatchNorm");
-  bn.register_parameter("weight", torch::ones({features}), false);
-  bn.register_parameter("bias", torch::zeros({features}), false);
-  bn.register_buffer("running_mean", torch::zeros({features}));
-  bn.register_buffer("running_var", torch::ones({features}));
-  bn.register_buffer("num_batches_tracked", torch::zeros({}, torch::kInt64));
-  bn.register_attribute("training", c10::BoolType::get(), true);  // as every Python module has
-  bn.define(R"(
-def forward(self, x):
-    if self.training:
-        self.num_batches_tracked.add_(1)
-    return torch.batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var, self.training,
-                            0.1, 1e-5, False)
-)");
-  return bn;
-}
-
-// 784 -> 32 -> BatchNorm -> ReLU -> 10, saved to `path`.
-void SaveScriptedBatchNormMlp(const fs::path& path, uint64_t seed = 7) {
-  torch::manual_seed(seed);
-  torch::jit::Module net("Net");
-  net.register_module("fc1", ScriptedLinear(784, 32));
-  net.register_module("bn1", ScriptedBatchNorm(32));
-  net.register_module("fc2", ScriptedLinear(32, 10));
-  net.define(R"(
-def forward(self, x):
-    return self.fc2.forward(torch.relu(self.bn1.forward(self.fc1.forward(x.flatten(1)))))
-)");
-  net.save(path.string());
-}
 
 TEST(TorchScriptModelTest, VariablesAreNamedAfterNamedParametersBehindTheScope) {
   const fs::path dir = TempDir("names");
@@ -276,13 +218,13 @@ TEST(TorchScriptModelTest, AModuleThatDoesNotFitTheDataIsRefusedAtStart) {
   fs::remove_all(dir);
 }
 
-TEST(TorchScriptModelTest, GatedEnsemblesRefuseIt) {
+TEST(TorchScriptModelTest, AGatedEnsembleTakesItsTorchScriptNetworksFromGatedNetworks) {
   JobConfig gated = QuickJob("gated");
   gated.model.kind = "torchscript";
   gated.model.path = "net.pt";
   const absl::Status status = ValidateJobConfig(gated);
   EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
-  EXPECT_NE(status.message().find("trains the built-in MLP only"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("list TorchScript networks in 'gated.networks'"), std::string::npos) << status;
   JobConfig config = QuickJob();
   config.model.kind = "torchscript";
   EXPECT_NE(ValidateJobConfig(config).message().find("model.kind torchscript needs model.path"), std::string::npos);

@@ -48,7 +48,8 @@ class Section {
 
   // The mappings of a list (`key: [{...}, {...}]`), each a section of its
   // own ("model.conv[1]"); empty when the key is absent.
-  absl::StatusOr<std::vector<Section>> Items(const std::string& key) {
+  // With mappings_only false, an item may be any node (As reads it).
+  absl::StatusOr<std::vector<Section>> Items(const std::string& key, bool mappings_only = true) {
     used_.insert(key);
     std::vector<Section> items;
     if (!Has(key)) return items;
@@ -56,9 +57,22 @@ class Section {
     if (!list.IsSequence()) return absl::InvalidArgumentError(absl::StrCat("config: '", Key(key), "' must be a list"));
     for (size_t i = 0; i < list.size(); ++i) {
       items.emplace_back(list[i], absl::StrCat(Key(key), "[", i, "]"));
-      SHOAL_RETURN_IF_ERROR(items.back().Check());
+      if (mappings_only) SHOAL_RETURN_IF_ERROR(items.back().Check());
     }
     return items;
+  }
+
+  bool IsMap() const { return node_ && node_.IsMap(); }
+
+  // The whole node as a value (an item that is not a mapping).
+  template <typename T>
+  absl::Status As(T* out) const {
+    try {
+      *out = node_.as<T>();
+    } catch (const YAML::Exception&) {
+      return absl::InvalidArgumentError(absl::StrCat("config: '", path_, "' has a value of the wrong type"));
+    }
+    return absl::OkStatus();
   }
 
   Section Child(const std::string& key) {
@@ -121,29 +135,17 @@ absl::Status ParseOptimizer(Section s, wire::OptimizerConfig* o) {
   return absl::OkStatus();
 }
 
-absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
-  Section top(root, "");
-  SHOAL_RETURN_IF_ERROR(top.Check());
-
-  Section cluster = top.Child("cluster");
-  SHOAL_RETURN_IF_ERROR(cluster.Check());
-  SHOAL_RETURN_IF_ERROR(cluster.Get("ps", &c->cluster.ps));
-  SHOAL_RETURN_IF_ERROR(cluster.Get("workers", &c->cluster.workers));
-  SHOAL_RETURN_IF_ERROR(cluster.Get("processes", &c->cluster.processes));
-  SHOAL_RETURN_IF_ERROR(cluster.Get("cluster_file", &c->cluster.cluster_file));
-  SHOAL_RETURN_IF_ERROR(cluster.Get("max_restarts", &c->cluster.max_restarts));
-  SHOAL_RETURN_IF_ERROR(cluster.Get("threads_per_task", &c->cluster.threads_per_task));
-  SHOAL_RETURN_IF_ERROR(cluster.CheckNoUnknownKeys());
-
-  Section model = top.Child("model");
+// The keys of `model:` (also those of a gated network or master given as a
+// model of its own).
+absl::Status ParseModel(Section model, ModelConfig* m) {
   SHOAL_RETURN_IF_ERROR(model.Check());
-  SHOAL_RETURN_IF_ERROR(model.Get("kind", &c->model.kind));
-  SHOAL_RETURN_IF_ERROR(model.Get("path", &c->model.path));
-  SHOAL_RETURN_IF_ERROR(model.Get("layers", &c->model.layers));
-  SHOAL_RETURN_IF_ERROR(model.Get("activation", &c->model.activation));
-  SHOAL_RETURN_IF_ERROR(model.Get("seed", &c->model.seed));
-  SHOAL_RETURN_IF_ERROR(model.Get("loss", &c->model.loss));
-  CnnConfig& cnn = c->model.cnn;
+  SHOAL_RETURN_IF_ERROR(model.Get("kind", &m->kind));
+  SHOAL_RETURN_IF_ERROR(model.Get("path", &m->path));
+  SHOAL_RETURN_IF_ERROR(model.Get("layers", &m->layers));
+  SHOAL_RETURN_IF_ERROR(model.Get("activation", &m->activation));
+  SHOAL_RETURN_IF_ERROR(model.Get("seed", &m->seed));
+  SHOAL_RETURN_IF_ERROR(model.Get("loss", &m->loss));
+  CnnConfig& cnn = m->cnn;
   SHOAL_RETURN_IF_ERROR(model.Get("input_shape", &cnn.input_shape));
   if (model.Has("conv")) {
     SHOAL_ASSIGN_OR_RETURN(std::vector<Section> layers, model.Items("conv"));
@@ -164,7 +166,43 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(model.Get("dense", &cnn.dense));
   SHOAL_RETURN_IF_ERROR(model.Get("dropout", &cnn.dropout));
   SHOAL_RETURN_IF_ERROR(model.Get("classes", &cnn.classes));
-  SHOAL_RETURN_IF_ERROR(model.CheckNoUnknownKeys());
+  return model.CheckNoUnknownKeys();
+}
+
+// gated.networks: each entry a list of hidden sizes or a model's mapping.
+absl::Status ParseGatedNetworks(Section& gated, std::vector<GatedNetworkConfig>* networks) {
+  SHOAL_ASSIGN_OR_RETURN(std::vector<Section> items, gated.Items("networks", /*mappings_only=*/false));
+  if (items.empty()) return absl::OkStatus();
+  networks->clear();
+  for (Section& item : items) {
+    GatedNetworkConfig network;
+    if (item.IsMap()) {
+      network.model.emplace();
+      network.model->layers = {};  // an mlp of its own names its layers
+      SHOAL_RETURN_IF_ERROR(ParseModel(item, &*network.model));
+    } else {
+      SHOAL_RETURN_IF_ERROR(item.As(&network.hidden));
+    }
+    networks->push_back(std::move(network));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
+  Section top(root, "");
+  SHOAL_RETURN_IF_ERROR(top.Check());
+
+  Section cluster = top.Child("cluster");
+  SHOAL_RETURN_IF_ERROR(cluster.Check());
+  SHOAL_RETURN_IF_ERROR(cluster.Get("ps", &c->cluster.ps));
+  SHOAL_RETURN_IF_ERROR(cluster.Get("workers", &c->cluster.workers));
+  SHOAL_RETURN_IF_ERROR(cluster.Get("processes", &c->cluster.processes));
+  SHOAL_RETURN_IF_ERROR(cluster.Get("cluster_file", &c->cluster.cluster_file));
+  SHOAL_RETURN_IF_ERROR(cluster.Get("max_restarts", &c->cluster.max_restarts));
+  SHOAL_RETURN_IF_ERROR(cluster.Get("threads_per_task", &c->cluster.threads_per_task));
+  SHOAL_RETURN_IF_ERROR(cluster.CheckNoUnknownKeys());
+
+  SHOAL_RETURN_IF_ERROR(ParseModel(top.Child("model"), &c->model));
 
   Section data = top.Child("data");
   SHOAL_RETURN_IF_ERROR(data.Check());
@@ -248,7 +286,12 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   Section gated = top.Child("gated");
   GatedModelConfig& g = c->gated;
   SHOAL_RETURN_IF_ERROR(gated.Check());
-  SHOAL_RETURN_IF_ERROR(gated.Get("networks", &g.networks));
+  SHOAL_RETURN_IF_ERROR(ParseGatedNetworks(gated, &g.networks));
+  if (gated.Has("master")) {
+    g.master.emplace();
+    g.master->layers = {};
+    SHOAL_RETURN_IF_ERROR(ParseModel(gated.Child("master"), &*g.master));
+  }
   SHOAL_RETURN_IF_ERROR(gated.Get("trunk", &g.trunk));
   SHOAL_RETURN_IF_ERROR(gated.Get("master_hidden", &g.master_hidden));
   SHOAL_RETURN_IF_ERROR(gated.Get("output", &g.output));
@@ -420,11 +463,6 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
     return absl::InvalidArgumentError("config: 'cluster.threads_per_task' must not be negative (0 = derive it)");
   }
   SHOAL_RETURN_IF_ERROR(Annotate(ValidateModelConfig(c.model), "config"));
-  if (c.model.kind != "mlp" && c.training.mode == "gated") {
-    return absl::InvalidArgumentError(absl::StrCat("config: training.mode ", c.training.mode,
-                                                   " trains the built-in MLP only (model.kind mlp), not ",
-                                                   c.model.kind));
-  }
   if (c.model.loss != "cross_entropy" && (c.training.mode == "population" || c.training.mode == "gated")) {
     return absl::InvalidArgumentError(absl::StrCat("config: training.mode ", c.training.mode,
                                                    " classifies (model.loss cross_entropy), not ", c.model.loss));
@@ -537,21 +575,16 @@ absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
   return config;
 }
 
-std::string JobConfigToYaml(const JobConfig& c) {
-  YAML::Emitter out;
-  out << YAML::BeginMap;
-  out << YAML::Key << "cluster" << YAML::Value << YAML::BeginMap << YAML::Key << "ps" << YAML::Value << c.cluster.ps
-      << YAML::Key << "workers" << YAML::Value << c.cluster.workers << YAML::Key << "processes" << YAML::Value
-      << c.cluster.processes << YAML::Key << "cluster_file" << YAML::Value << c.cluster.cluster_file << YAML::Key
-      << "max_restarts" << YAML::Value << c.cluster.max_restarts << YAML::Key << "threads_per_task" << YAML::Value
-      << c.cluster.threads_per_task << YAML::EndMap;
-  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap << YAML::Key << "kind" << YAML::Value << c.model.kind;
-  if (!c.model.path.empty()) out << YAML::Key << "path" << YAML::Value << c.model.path;
-  out << YAML::Key << "layers" << YAML::Value << YAML::Flow
-      << c.model.layers << YAML::Key << "activation" << YAML::Value << c.model.activation << YAML::Key << "seed"
-      << YAML::Value << c.model.seed << YAML::Key << "loss" << YAML::Value << c.model.loss;
-  if (c.model.kind == "cnn") {
-    const CnnConfig& cnn = c.model.cnn;
+namespace {
+
+// A model's mapping, as ParseModel reads it.
+void WriteModel(YAML::Emitter& out, const ModelConfig& m) {
+  out << YAML::BeginMap << YAML::Key << "kind" << YAML::Value << m.kind;
+  if (!m.path.empty()) out << YAML::Key << "path" << YAML::Value << m.path;
+  out << YAML::Key << "layers" << YAML::Value << YAML::Flow << m.layers << YAML::Key << "activation" << YAML::Value
+      << m.activation << YAML::Key << "seed" << YAML::Value << m.seed << YAML::Key << "loss" << YAML::Value << m.loss;
+  if (m.kind == "cnn") {
+    const CnnConfig& cnn = m.cnn;
     out << YAML::Key << "input_shape" << YAML::Value << YAML::Flow << cnn.input_shape << YAML::Key << "conv"
         << YAML::Value << YAML::BeginSeq;
     for (const ConvLayerConfig& layer : cnn.conv) {
@@ -566,6 +599,20 @@ std::string JobConfigToYaml(const JobConfig& c) {
         << YAML::Value << cnn.classes;
   }
   out << YAML::EndMap;
+}
+
+}  // namespace
+
+std::string JobConfigToYaml(const JobConfig& c) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "cluster" << YAML::Value << YAML::BeginMap << YAML::Key << "ps" << YAML::Value << c.cluster.ps
+      << YAML::Key << "workers" << YAML::Value << c.cluster.workers << YAML::Key << "processes" << YAML::Value
+      << c.cluster.processes << YAML::Key << "cluster_file" << YAML::Value << c.cluster.cluster_file << YAML::Key
+      << "max_restarts" << YAML::Value << c.cluster.max_restarts << YAML::Key << "threads_per_task" << YAML::Value
+      << c.cluster.threads_per_task << YAML::EndMap;
+  out << YAML::Key << "model" << YAML::Value;
+  WriteModel(out, c.model);
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap << YAML::Key << "format" << YAML::Value
       << c.data.format << YAML::Key << "dir" << YAML::Value << c.data.dir;
   if (c.data.format == "npy") {
@@ -619,7 +666,20 @@ std::string JobConfigToYaml(const JobConfig& c) {
       << p.lineage_dir << YAML::EndMap;
   const GatedModelConfig& g = c.gated;
   out << YAML::Key << "gated" << YAML::Value << YAML::BeginMap << YAML::Key << "networks" << YAML::Value
-      << YAML::Flow << g.networks << YAML::Key << "trunk" << YAML::Value << YAML::Flow << g.trunk << YAML::Key
+      << YAML::BeginSeq;
+  for (const GatedNetworkConfig& network : g.networks) {
+    if (network.model) {
+      WriteModel(out, *network.model);
+    } else {
+      out << YAML::Flow << network.hidden;
+    }
+  }
+  out << YAML::EndSeq;
+  if (g.master) {
+    out << YAML::Key << "master" << YAML::Value;
+    WriteModel(out, *g.master);
+  }
+  out << YAML::Key << "trunk" << YAML::Value << YAML::Flow << g.trunk << YAML::Key
       << "master_hidden" << YAML::Value << YAML::Flow << g.master_hidden << YAML::Key << "output" << YAML::Value
       << g.output << YAML::Key << "scale" << YAML::Value << g.scale << YAML::Key << "master_loss" << YAML::Value
       << g.master_loss << YAML::Key << "master_sees_input" << YAML::Value << g.master_sees_input << YAML::Key

@@ -4,6 +4,8 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "shoal/core/status.h"
 
 namespace shoal {
 namespace {
@@ -17,10 +19,12 @@ absl::Status CheckSizes(const std::string& key, const std::vector<int64_t>& size
   return absl::OkStatus();
 }
 
-// [in, hidden..., out] as an MlpConfig under `scope`.
-MlpConfig PartConfig(const MlpConfig& base, int64_t in, const std::vector<int64_t>& hidden, int64_t out,
-                     const std::string& scope, uint64_t seed) {
-  MlpConfig part = base;
+// [in, hidden..., out] as an MLP under `scope`.
+ModelConfig MlpPart(const ModelConfig& base, int64_t in, const std::vector<int64_t>& hidden, int64_t out,
+                    const std::string& scope, uint64_t seed) {
+  ModelConfig part;
+  part.kind = "mlp";
+  part.activation = base.activation;
   part.layers = {in};
   part.layers.insert(part.layers.end(), hidden.begin(), hidden.end());
   if (out > 0) part.layers.push_back(out);
@@ -29,23 +33,100 @@ MlpConfig PartConfig(const MlpConfig& base, int64_t in, const std::vector<int64_
   return part;
 }
 
+// The input width (one example, flattened) and the classes that `model:`
+// gives the built-in parts.
+int64_t InputFeatures(const ModelConfig& base) {
+  if (base.kind != "cnn") return base.layers.front();
+  int64_t features = 1;
+  for (int64_t d : base.cnn.input_shape) features *= d;
+  return features;
+}
+int64_t Classes(const ModelConfig& base) { return base.kind == "cnn" ? base.cnn.classes : base.layers.back(); }
+
+// Network k's own model, under its scope, a built-in one seeded apart.
+ModelConfig NetworkModel(const ModelConfig& base, const GatedModelConfig& config, int64_t features, size_t k) {
+  const std::string scope = absl::StrCat("net_", k, "/");
+  const uint64_t seed = base.seed * 7919 + 2 + k;
+  const GatedNetworkConfig& network = config.networks[k];
+  if (!network.model) return MlpPart(base, features, network.hidden, Classes(base), scope, seed);
+  ModelConfig model = *network.model;
+  model.scope = scope;
+  model.seed = seed;
+  return model;
+}
+
+ModelConfig MasterModel(const ModelConfig& base, const GatedModelConfig& config) {
+  const int64_t networks = static_cast<int64_t>(config.networks.size());
+  if (!config.master) {
+    const int64_t input = networks * Classes(base) + (config.master_sees_input ? InputFeatures(base) : 0);
+    return MlpPart(base, input, config.master_hidden, networks, "master/", base.seed * 7919 + 1000);
+  }
+  ModelConfig master = *config.master;
+  master.scope = "master/";
+  master.seed = base.seed * 7919 + 1000;
+  return master;
+}
+
+// A part's own model config, checked, with the part named in the error.
+absl::Status CheckPart(const std::string& key, const ModelConfig& model) {
+  SHOAL_RETURN_IF_ERROR(Annotate(ValidateModelConfig(model), key));
+  if (model.loss != "cross_entropy") {
+    return absl::InvalidArgumentError(absl::StrCat(key, ": the parts of a gated ensemble are classifiers; loss '",
+                                                   model.loss, "' is not cross_entropy"));
+  }
+  return absl::OkStatus();
+}
+
+std::string Shape(c10::IntArrayRef sizes) { return absl::StrCat("[", absl::StrJoin(sizes, ", "), "]"); }
+
+// A part's output on `input`, in evaluation mode; errors name the part.
+absl::StatusOr<torch::Tensor> TryForward(Model& part, const torch::Tensor& input, const std::string& what) {
+  try {
+    return part.Forward(input);
+  } catch (const std::exception& e) {  // c10::Error, or the TorchScript interpreter's runtime_error
+    const std::string message = e.what();
+    return absl::InvalidArgumentError(absl::StrCat(what, ": forward() fails on a batch of shape ",
+                                                   Shape(input.sizes()), ": ", message.substr(0, message.find('\n'))));
+  }
+}
+
 }  // namespace
 
-absl::StatusOr<GatedModelConfig> ResolveGatedConfig(const GatedModelConfig& config, const MlpConfig& base,
+absl::StatusOr<GatedModelConfig> ResolveGatedConfig(const GatedModelConfig& config, const ModelConfig& base,
                                                     int num_workers) {
   GatedModelConfig resolved = config;
+  if (base.kind == "torchscript") {
+    return absl::InvalidArgumentError(
+        "config: in mode gated, model: gives the built-in parts' input and class widths (kind mlp or cnn); "
+        "list TorchScript networks in 'gated.networks' ({kind: torchscript, path: ...}, one file each)");
+  }
   if (resolved.networks.empty()) {
-    const std::vector<int64_t> hidden(base.layers.begin() + 1, base.layers.end() - 1);
-    resolved.networks.assign(num_workers, hidden);
+    GatedNetworkConfig network;
+    if (base.kind == "mlp") {
+      network.hidden.assign(base.layers.begin() + 1, base.layers.end() - 1);
+    } else {
+      network.model = base;
+    }
+    resolved.networks.assign(num_workers, network);
   }
   if (resolved.networks.size() < 2) {
     return absl::InvalidArgumentError(
         "config: a gated ensemble needs at least 2 networks: list them in 'gated.networks' or run 2 or more workers");
   }
   for (size_t k = 0; k < resolved.networks.size(); ++k) {
-    auto status = CheckSizes(absl::StrCat("gated.networks[", k, "]"), resolved.networks[k]);
+    const std::string key = absl::StrCat("gated.networks[", k, "]");
+    const GatedNetworkConfig& network = resolved.networks[k];
+    if (network.model) {
+      SHOAL_RETURN_IF_ERROR(CheckPart(absl::StrCat("config: '", key, "'"), *network.model));
+      if (!resolved.trunk.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("config: 'gated.trunk' feeds MLP networks given by their "
+                                                       "hidden sizes; '", key, "' is ", ModelSummary(*network.model)));
+      }
+    }
+    auto status = CheckSizes(key, network.hidden);
     if (!status.ok()) return status;
   }
+  if (resolved.master) SHOAL_RETURN_IF_ERROR(CheckPart("config: 'gated.master'", *resolved.master));
   for (auto [key, sizes] : {std::pair{"gated.trunk", &resolved.trunk},
                             std::pair{"gated.master_hidden", &resolved.master_hidden}}) {
     auto status = CheckSizes(key, *sizes);
@@ -74,30 +155,33 @@ absl::StatusOr<GatedModelConfig> ResolveGatedConfig(const GatedModelConfig& conf
   return resolved;
 }
 
-GatedEnsemble::GatedEnsemble(const MlpConfig& base, const GatedModelConfig& config) : config_(config) {
-  const int64_t input = base.layers.front(), classes = base.layers.back();
-  int64_t features = input;
+absl::StatusOr<std::unique_ptr<GatedEnsemble>> GatedEnsemble::Create(const ModelConfig& base,
+                                                                    const GatedModelConfig& config) {
+  std::unique_ptr<GatedEnsemble> ensemble(new GatedEnsemble(config, Classes(base)));
+  int64_t features = InputFeatures(base);
   if (!config.trunk.empty()) {
-    MlpConfig trunk = PartConfig(base, input, config.trunk, 0, "trunk/", base.seed * 7919 + 1);
+    ModelConfig trunk = MlpPart(base, features, config.trunk, 0, "trunk/", base.seed * 7919 + 1);
     trunk.activate_output = true;
-    trunk_ = std::make_unique<Mlp>(trunk);
+    ensemble->trunk_ = std::make_unique<Mlp>(trunk);
     features = config.trunk.back();
   }
   for (size_t k = 0; k < config.networks.size(); ++k) {
-    networks_.push_back(std::make_unique<Mlp>(PartConfig(base, features, config.networks[k], classes,
-                                                         absl::StrCat("net_", k, "/"), base.seed * 7919 + 2 + k)));
+    SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> network, MakeModel(NetworkModel(base, config, features, k)));
+    ensemble->networks_.push_back(std::move(network));
   }
-  const int64_t master_input = num_networks() * classes + (config.master_sees_input ? input : 0);
-  master_ = std::make_unique<Mlp>(
-      PartConfig(base, master_input, config.master_hidden, num_networks(), "master/", base.seed * 7919 + 1000));
-  std::vector<const Mlp*> parts;
-  if (trunk_) parts.push_back(trunk_.get());
-  for (const auto& n : networks_) parts.push_back(n.get());
-  parts.push_back(master_.get());
-  for (const Mlp* part : parts) {
-    names_.insert(names_.end(), part->variable_names().begin(), part->variable_names().end());
-    variables_.insert(variables_.end(), part->variables().begin(), part->variables().end());
+  SHOAL_ASSIGN_OR_RETURN(ensemble->master_, MakeModel(MasterModel(base, config)));
+  std::vector<const Model*> parts;
+  if (ensemble->trunk_) parts.push_back(ensemble->trunk_.get());
+  for (const auto& n : ensemble->networks_) parts.push_back(n.get());
+  parts.push_back(ensemble->master_.get());
+  for (const Model* part : parts) {
+    ensemble->names_.insert(ensemble->names_.end(), part->variable_names().begin(), part->variable_names().end());
+    ensemble->variables_.insert(ensemble->variables_.end(), part->variables().begin(), part->variables().end());
+    ensemble->buffer_names_.insert(ensemble->buffer_names_.end(), part->buffer_names().begin(),
+                                   part->buffer_names().end());
+    ensemble->buffers_.insert(ensemble->buffers_.end(), part->buffers().begin(), part->buffers().end());
   }
+  return ensemble;
 }
 
 std::vector<VariableSpec> GatedEnsemble::VariableSpecs() const {
@@ -105,12 +189,79 @@ std::vector<VariableSpec> GatedEnsemble::VariableSpecs() const {
   for (size_t i = 0; i < variables_.size(); ++i) {
     specs.push_back({names_[i], std::vector<int64_t>(variables_[i].sizes().begin(), variables_[i].sizes().end())});
   }
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    specs.push_back({buffer_names_[i], std::vector<int64_t>(buffers_[i].sizes().begin(), buffers_[i].sizes().end())});
+  }
   return specs;
+}
+
+std::vector<torch::Tensor> GatedEnsemble::BufferValues() const {
+  std::vector<torch::Tensor> values;
+  for (const auto& b : buffers_) values.push_back(b.detach().clone());
+  return values;
 }
 
 void GatedEnsemble::Load(const std::vector<torch::Tensor>& values) {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < variables_.size(); ++i) variables_[i].copy_(values[i]);
+}
+
+void GatedEnsemble::LoadBuffers(const std::vector<torch::Tensor>& values) {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(values[i]);
+}
+
+void GatedEnsemble::SetTraining(bool training) {
+  if (trunk_) trunk_->SetTraining(training);
+  for (auto& n : networks_) n->SetTraining(training);
+  master_->SetTraining(training);
+}
+
+absl::Status GatedEnsemble::CheckShapes(const Dataset& data) {
+  if (data.size() == 0) return absl::OkStatus();
+  if (data.labels.scalar_type() != torch::kInt64) {
+    return absl::InvalidArgumentError("mode gated trains classifiers: the data's labels must be int64 classes");
+  }
+  const int64_t largest_label = data.labels.max().item<int64_t>();
+  if (largest_label >= classes_) {
+    return absl::InvalidArgumentError(absl::StrCat("gated: the data has label ", largest_label, " but model: gives ",
+                                                   classes_, " classes"));
+  }
+  const torch::Tensor sample = data.images.narrow(0, 0, std::min<int64_t>(2, data.size()));
+  torch::NoGradGuard no_grad;
+  SetTraining(false);
+  std::vector<torch::Tensor> logits;
+  absl::Status status;
+  for (int k = 0; k < num_networks() && status.ok(); ++k) {
+    const std::string what = absl::StrCat("gated.networks[", k, "]");
+    auto features = trunk_ ? TryForward(*trunk_, sample, "gated.trunk") : absl::StatusOr<torch::Tensor>(sample);
+    auto out = features.ok() ? TryForward(*networks_[k], *features, what) : features;
+    if (!out.ok()) {
+      status = out.status();
+    } else if (out->dim() != 2 || out->size(0) != sample.size(0) || out->size(1) != classes_) {
+      status = absl::InvalidArgumentError(absl::StrCat(what, ": forward() maps a batch of shape ", Shape(sample.sizes()),
+                                                       " to ", Shape(out->sizes()), "; expected [", sample.size(0),
+                                                       ", ", classes_, "] logits (the classes model: gives)"));
+    } else {
+      logits.push_back(*out);
+    }
+  }
+  if (status.ok()) {
+    std::vector<torch::Tensor> inputs = logits;
+    if (config_.master_sees_input) inputs.push_back(sample.flatten(1));
+    const torch::Tensor input = torch::cat(inputs, 1);
+    auto out = TryForward(*master_, input, "gated.master");
+    if (!out.ok()) {
+      status = out.status();
+    } else if (out->dim() != 2 || out->size(0) != sample.size(0) || out->size(1) != num_networks()) {
+      status = absl::InvalidArgumentError(absl::StrCat("gated.master: forward() maps the networks' logits ",
+                                                       Shape(input.sizes()), " to ", Shape(out->sizes()),
+                                                       "; expected one weight per network, [", sample.size(0), ", ",
+                                                       num_networks(), "]"));
+    }
+  }
+  SetTraining(true);
+  return status;
 }
 
 torch::Tensor GatedEnsemble::NetworkLogits(int k, const torch::Tensor& images) {
@@ -158,6 +309,7 @@ torch::Tensor GatedEnsemble::Predict(const torch::Tensor& images) {
 
 GatedAccuracy GatedEnsemble::Evaluate(const Dataset& data, int64_t batch_size) {
   torch::NoGradGuard no_grad;
+  SetTraining(false);
   int64_t gated = 0, uniform = 0, any_right = 0;
   std::vector<int64_t> alone(num_networks(), 0);
   torch::Tensor weight_sums = torch::zeros({num_networks()}, torch::kFloat64);
@@ -185,6 +337,7 @@ GatedAccuracy GatedEnsemble::Evaluate(const Dataset& data, int64_t batch_size) {
   for (int64_t a : alone) accuracy.networks.push_back(a / total);
   accuracy.any_right = any_right / total;
   for (int k = 0; k < num_networks(); ++k) accuracy.mean_weights.push_back(weight_sums[k].item<double>() / total);
+  SetTraining(true);
   return accuracy;
 }
 

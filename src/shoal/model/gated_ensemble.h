@@ -1,11 +1,14 @@
 // GatedEnsemble: K worker networks and a master network that weighs them.
 //
-// Worker network k is an Mlp under the scope "net_<k>/"; with a shared trunk
-// ("trunk/", an Mlp whose last layer is activated too) every network reads
-// the trunk's features instead of the input. The master ("master/") reads the
-// worker networks' logits, concatenated (and optionally the input), and gives
-// one weight per network and example: softmax (they sum to 1) or sigmoid
-// (each in [0, 1]).
+// Worker network k lives under the scope "net_<k>/": a built-in MLP (its
+// hidden sizes), a built-in CNN or a TorchScript file. With a shared trunk
+// ("trunk/", an MLP whose last layer is activated too) every MLP network
+// reads the trunk's features instead of the input. The master ("master/", by
+// default an MLP, or any model) reads the worker networks' logits,
+// concatenated (and optionally the input, flattened), and gives one weight
+// per network and example: softmax (they sum to 1) or sigmoid (each in
+// [0, 1]). The input and class widths of the built-in MLP parts come from
+// `model:` (an MLP's layers or a CNN's input_shape and classes).
 //
 // One training step, as the formulas below define it:
 //   loss_k = mean_b(s_bk * CE_b(logits_k)), where s_bk = w_bk (per_sample) or
@@ -32,19 +35,34 @@
 #include <string>
 #include <vector>
 
+#include <optional>
+
 #include "absl/status/status.h"
 #include "shoal/data/dataset.h"
 #include "shoal/model/mlp.h"
+#include "shoal/model/model_factory.h"
 
 namespace shoal {
 
+// One network of a gated ensemble: an MLP with these hidden sizes (in YAML a
+// list, `[256, 128]`), or a model of its own (a mapping with the keys of
+// `model:`, such as `{kind: torchscript, path: net_1.pt}`).
+struct GatedNetworkConfig {
+  std::vector<int64_t> hidden;
+  std::optional<ModelConfig> model;
+};
+
 struct GatedModelConfig {
-  // Hidden layer sizes of each worker network; the input and output sizes
-  // come from model.layers. Empty: one network per worker task, each with
-  // model.layers' hidden sizes.
-  std::vector<std::vector<int64_t>> networks;
-  std::vector<int64_t> trunk;                // hidden sizes of a shared trunk; empty: none
+  // The worker networks. Empty: one per worker task, each the `model:`
+  // (an MLP or a CNN, seeded apart; TorchScript networks are listed here,
+  // one file each, since copies of one file would start alike).
+  std::vector<GatedNetworkConfig> networks;
+  std::vector<int64_t> trunk;                // hidden sizes of a shared trunk (MLP networks only); empty: none
   std::vector<int64_t> master_hidden = {64};
+  // The master as a model of its own (a TorchScript module mapping
+  // [B, K * classes (+ input features)] to [B, K]); unset: an MLP with
+  // master_hidden.
+  std::optional<ModelConfig> master;
   std::string output = "softmax";            // softmax | sigmoid
   std::string scale = "batch_mean";          // batch_mean | per_sample
   std::string master_loss = "mse";           // mse | cross_entropy (needs softmax)
@@ -54,7 +72,7 @@ struct GatedModelConfig {
 
 // `config` with its networks spelled out (one per worker task when empty),
 // checked: an error names the key.
-absl::StatusOr<GatedModelConfig> ResolveGatedConfig(const GatedModelConfig& config, const MlpConfig& base,
+absl::StatusOr<GatedModelConfig> ResolveGatedConfig(const GatedModelConfig& config, const ModelConfig& base,
                                                     int num_workers);
 
 // What one step of the whole ensemble gave.
@@ -77,21 +95,35 @@ struct GatedAccuracy {
 
 class GatedEnsemble {
  public:
-  // `config` must come from ResolveGatedConfig; `base` gives the input and
-  // output sizes, activation and seed (each part is seeded apart).
-  GatedEnsemble(const MlpConfig& base, const GatedModelConfig& config);
+  // `config` must come from ResolveGatedConfig; `base` gives the built-in
+  // parts' input and output widths, activation and seed (each part is seeded
+  // apart). Fails when a TorchScript part cannot be loaded.
+  static absl::StatusOr<std::unique_ptr<GatedEnsemble>> Create(const ModelConfig& base,
+                                                               const GatedModelConfig& config);
 
   int num_networks() const { return static_cast<int>(networks_.size()); }
+  int64_t classes() const { return classes_; }
   const GatedModelConfig& config() const { return config_; }
 
-  // Every variable (trunk, networks, master), and the groups a task owns.
+  // Every variable (trunk, networks, master) and every buffer, in that order.
   const std::vector<std::string>& variable_names() const { return names_; }
   const std::vector<torch::Tensor>& variables() const { return variables_; }
-  std::vector<VariableSpec> VariableSpecs() const;
+  const std::vector<std::string>& buffer_names() const { return buffer_names_; }
+  std::vector<torch::Tensor> BufferValues() const;
+  std::vector<VariableSpec> VariableSpecs() const;  // the buffers' too, after the variables
   void Load(const std::vector<torch::Tensor>& values);
+  void LoadBuffers(const std::vector<torch::Tensor>& values);
   Mlp* trunk() { return trunk_.get(); }  // null without a shared trunk
-  Mlp& network(int k) { return *networks_[k]; }
-  Mlp& master() { return *master_; }
+  Model& network(int k) { return *networks_[k]; }
+  Model& master() { return *master_; }
+  // Dropout and BatchNorm in training or evaluation mode, for every part.
+  void SetTraining(bool training);
+
+  // One forward pass of every part on two examples of `data`, in evaluation
+  // mode, before any training: an error names the part whose output does
+  // not fit ([B, classes] logits for a network, [B, K] for the master), or
+  // labels beyond the classes.
+  absl::Status CheckShapes(const Dataset& data);
 
   // Network k's logits [B, C] (through the trunk if there is one).
   torch::Tensor NetworkLogits(int k, const torch::Tensor& images);
@@ -101,18 +133,23 @@ class GatedEnsemble {
   // Forward and backward of the whole ensemble on one batch, in one graph.
   GatedStepResult OneGraphStep(const torch::Tensor& images, const torch::Tensor& labels);
 
-  // Class predictions by the master-weighted vote.
+  // Class predictions by the master-weighted vote (in the parts' current mode).
   torch::Tensor Predict(const torch::Tensor& images);
+  // In evaluation mode; leaves the parts in training mode.
   GatedAccuracy Evaluate(const Dataset& data, int64_t batch_size = 1000);
 
  private:
+  GatedEnsemble(const GatedModelConfig& config, int64_t classes) : config_(config), classes_(classes) {}
+
   GatedModelConfig config_;
+  int64_t classes_;
   std::unique_ptr<Mlp> trunk_;
-  std::vector<std::unique_ptr<Mlp>> networks_;
-  std::unique_ptr<Mlp> master_;
-  std::vector<std::string> names_;
-  std::vector<torch::Tensor> variables_;
+  std::vector<std::unique_ptr<Model>> networks_;
+  std::unique_ptr<Model> master_;
+  std::vector<std::string> names_, buffer_names_;
+  std::vector<torch::Tensor> variables_, buffers_;
 };
+
 
 // The formulas, shared by OneGraphStep and the distributed strategy.
 

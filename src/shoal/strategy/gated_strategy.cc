@@ -52,7 +52,7 @@ std::vector<torch::Tensor> Concat(std::vector<torch::Tensor> a, const std::vecto
   return a;
 }
 
-void ZeroGradients(const Mlp* part) {
+void ZeroGradients(const Model* part) {
   if (part == nullptr) return;
   for (const auto& p : part->variables()) p.mutable_grad().reset();
 }
@@ -75,13 +75,18 @@ class LockstepWorker {
         chief_timeout_(2 * timeout_),
         me_(context.task.ToString()) {
     own_names_ = network_.variable_names();
+    own_buffers_ = {&network_};
     pulled_parts_ = {&network_};
     if (trunk_) {
       trunk_names_ = trunk_->variable_names();
       pulled_parts_.push_back(trunk_);
     }
-    if (context.is_chief) pulled_parts_.push_back(&ensemble.master());
-    for (const Mlp* part : pulled_parts_) pulled_names_ = Concat(pulled_names_, part->variable_names());
+    if (context.is_chief) {
+      pulled_parts_.push_back(&ensemble.master());
+      own_buffers_.push_back(&ensemble.master());
+    }
+    for (const Model* part : own_buffers_) own_buffer_names_ = Concat(own_buffer_names_, part->buffer_names());
+    for (const Model* part : pulled_parts_) pulled_names_ = Concat(pulled_names_, part->variable_names());
   }
 
   // Runs the whole job from this task; `names` and `values` are every
@@ -123,7 +128,7 @@ class LockstepWorker {
     if (!have_batch) return false;
     SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client_.Read(pulled_names_));
     auto next = values.begin();
-    for (Mlp* part : pulled_parts_) {
+    for (Model* part : pulled_parts_) {
       part->Load({next, next + part->variables().size()});
       next += part->variables().size();
     }
@@ -176,6 +181,11 @@ class LockstepWorker {
         if (!applied) return false;
       }
       SHOAL_RETURN_IF_ERROR(client_.AddToCounter(kGlobalStep, 1).status());
+    }
+    if (!own_buffer_names_.empty() && BuffersDue(context_, info)) {
+      std::vector<torch::Tensor> values;
+      for (const Model* part : own_buffers_) values = Concat(values, part->BufferValues());
+      SHOAL_RETURN_IF_ERROR(client_.Assign(own_buffer_names_, values));
     }
     return FinishStep(context_, info, result);
   }
@@ -247,7 +257,7 @@ class LockstepWorker {
     // The master's loss reaches the networks only through these leaves, and
     // only when master_loss_to_workers asks for it.
     for (auto& input : inputs) input.requires_grad_(gated.master_loss_to_workers);
-    Mlp& master = ensemble_.master();
+    Model& master = ensemble_.master();
     ZeroGradients(&master);
     const torch::Tensor weights = ensemble_.MasterWeights(inputs, images);
     torch::Tensor master_loss = MasterLoss(weights, Correctness(inputs, labels), gated.master_loss);
@@ -282,14 +292,17 @@ class LockstepWorker {
   Client& client_;
   GatedEnsemble& ensemble_;
   const int k_;
-  Mlp& network_;
+  Model& network_;
   Mlp* trunk_;
   const int64_t batch_size_;
   const absl::Duration timeout_;        // the chief's wait for a network's logits
   const absl::Duration chief_timeout_;  // a worker's wait for the chief
   const std::string me_;
-  std::vector<Mlp*> pulled_parts_;  // read from the ps every step: the network, the trunk, the master (chief)
-  std::vector<std::string> own_names_, trunk_names_, pulled_names_;
+  std::vector<Model*> pulled_parts_;  // read from the ps every step: the network, the trunk, the master (chief)
+  // The parts whose buffers this task keeps and publishes: its network (and
+  // on the chief the master); nobody else moves them.
+  std::vector<const Model*> own_buffers_;
+  std::vector<std::string> own_names_, trunk_names_, pulled_names_, own_buffer_names_;
 };
 
 // One task trains the whole ensemble, in one graph.
@@ -324,6 +337,9 @@ absl::StatusOr<WorkerResult> RunWholeEnsemble(WorkerContext& context, GatedEnsem
     SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> counters,
                            client.ApplyGradients(names, step.gradients, {{kGlobalStep, 1}}));
     t = counters[0];
+    if (!ensemble.buffer_names().empty() && BuffersDue(context, info)) {
+      SHOAL_RETURN_IF_ERROR(client.Assign(ensemble.buffer_names(), ensemble.BufferValues()));
+    }
     return FinishStep(context, info, &result);
   };
   SHOAL_RETURN_IF_ERROR(
@@ -339,9 +355,10 @@ absl::StatusOr<GatedModelConfig> Resolve(const JobConfig& config, int num_worker
 
 absl::StatusOr<std::vector<VariableSpec>> GatedVariableSpecs(const JobConfig& config, int num_workers) {
   SHOAL_ASSIGN_OR_RETURN(GatedModelConfig gated, Resolve(config, num_workers));
-  std::vector<VariableSpec> specs = GatedEnsemble(config.model, gated).VariableSpecs();
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<GatedEnsemble> ensemble, GatedEnsemble::Create(config.model, gated));
+  std::vector<VariableSpec> specs = ensemble->VariableSpecs();
   if (num_workers > 1) {
-    for (VariableSpec& spec : ExchangeSpecs(gated, config.training.batch_size, config.model.layers.back())) {
+    for (VariableSpec& spec : ExchangeSpecs(gated, config.training.batch_size, ensemble->classes())) {
       specs.push_back(std::move(spec));
     }
   }
@@ -364,11 +381,13 @@ absl::StatusOr<WorkerResult> GatedStrategy::RunWorker(WorkerContext& context) {
     return absl::InvalidArgumentError(absl::StrCat("gated: the training set has ", context.train_shard.size(),
                                                    " examples; batches name at most 2^24"));
   }
-  GatedEnsemble ensemble(config.model, gated);
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<GatedEnsemble> built, GatedEnsemble::Create(config.model, gated));
+  GatedEnsemble& ensemble = *built;
+  SHOAL_RETURN_IF_ERROR(ensemble.CheckShapes(context.train_shard));
   std::vector<std::string> names = ensemble.variable_names();
   std::vector<torch::Tensor> values = ensemble.variables();
   if (context.num_workers > 1) {
-    for (const VariableSpec& spec : ExchangeSpecs(gated, config.training.batch_size, config.model.layers.back())) {
+    for (const VariableSpec& spec : ExchangeSpecs(gated, config.training.batch_size, ensemble.classes())) {
       names.push_back(spec.name);
       values.push_back(torch::zeros(spec.shape));
     }
@@ -383,7 +402,15 @@ absl::StatusOr<WorkerResult> GatedStrategy::RunWorker(WorkerContext& context) {
     }
     return global_step;
   };
+  // The networks' buffers (BatchNorm statistics), created and restored with
+  // the variables; a job that resumed from a checkpoint starts from its own.
+  context.buffer_names = ensemble.buffer_names();
+  context.buffer_values = ensemble.BufferValues();
   SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, names, values, config.training.optimizer));
+  if (!context.buffer_names.empty()) {
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> buffers, context.client->Read(context.buffer_names));
+    ensemble.LoadBuffers(buffers);
+  }
   if (context.num_workers == 1) return RunWholeEnsemble(context, ensemble);
   auto result = LockstepWorker(context, ensemble).Run(names, values);
   // The others would wait for this task until their deadline: release them.
@@ -394,10 +421,14 @@ absl::StatusOr<WorkerResult> GatedStrategy::RunWorker(WorkerContext& context) {
 absl::Status ReportGated(WorkerContext& context, const Dataset& test_set, TrainReport* report) {
   const JobConfig& config = *context.config;
   SHOAL_ASSIGN_OR_RETURN(GatedModelConfig gated, Resolve(config, context.num_workers));
-  GatedEnsemble ensemble(config.model, gated);
-  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, context.client->Read(ensemble.variable_names()));
-  ensemble.Load(values);
-  const GatedAccuracy accuracy = ensemble.Evaluate(test_set);
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<GatedEnsemble> ensemble, GatedEnsemble::Create(config.model, gated));
+  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, context.client->Read(ensemble->variable_names()));
+  ensemble->Load(values);
+  if (!ensemble->buffer_names().empty()) {
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> buffers, context.client->Read(ensemble->buffer_names()));
+    ensemble->LoadBuffers(buffers);
+  }
+  const GatedAccuracy accuracy = ensemble->Evaluate(test_set);
   report->test_accuracy = accuracy.gated_vote;
   report->uniform_average_accuracy = accuracy.uniform_average;
   report->network_test_accuracies = accuracy.networks;

@@ -113,14 +113,16 @@ absl::StatusOr<bool> CheckUpdate(WorkerContext& context, const std::vector<std::
 
 bool ChiefPublishesBuffers(const std::string& mode) { return mode == "async" || mode == "sync" || mode == "ssp"; }
 
+bool BuffersDue(const WorkerContext& context, const StepInfo& step) {
+  return step.local_step % context.config->training.buffer_publish_steps == 0 || step.global_step >= context.max_steps;
+}
+
 absl::Status PublishChiefBuffers(WorkerContext& context, const StepInfo& step) {
   if (!context.is_chief || context.buffer_names.empty() || step.model == nullptr ||
       !ChiefPublishesBuffers(context.config->training.mode)) {
     return absl::OkStatus();
   }
-  const bool due = step.local_step % context.config->training.buffer_publish_steps == 0 ||
-                   step.global_step >= context.max_steps;
-  if (!due) return absl::OkStatus();
+  if (!BuffersDue(context, step)) return absl::OkStatus();
   return context.client->Assign(context.buffer_names, step.model->BufferValues());
 }
 

@@ -147,8 +147,13 @@ StepInfo MakeStepInfo(int64_t local_step, int64_t global_step, const BatchResult
 //     copy, divided by the number of workers for float buffers, and pulls
 //     the result with the variables; at a model-averaging barrier that is
 //     the replicas' mean, int64 counts summed.
+//   gated: each task publishes the buffers of the networks it trains (and
+//     the chief the master's) on the same schedule.
 // The first rule, run from FinishStep (a no-op for the others).
 absl::Status PublishChiefBuffers(WorkerContext& context, const StepInfo& step);
+// Whether buffers are due to be published after `step`: every
+// training.buffer_publish_steps local steps, and at the job's last step.
+bool BuffersDue(const WorkerContext& context, const StepInfo& step);
 
 // Runs the worker's hooks on `update` before it is sent. Returns false when a
 // hook stopped training: the caller must not send it, and should return.
