@@ -181,8 +181,38 @@ TEST(ConfigTest, BadGatedValuesNameTheKey) {
       {"training: {mode: gated}\ngated: {output: sigmoid, master_loss: cross_entropy}", "gated.master_loss"},
       {"training: {mode: gated}\ngated: {trunk: [-4]}", "gated.trunk[0]"},
       {"gated: {master: [64]}", "gated.master"},
+      {"gated: {networks: [{kind: cnn, chanels: 4}, [8]]}", "gated.networks[0].chanels"},
+      {"gated: {networks: [[8], hello]}", "gated.networks[1]"},
+      {"training: {mode: gated}\ngated: {networks: [[8], {kind: torchscript}]}", "gated.networks[1]"},  // no path
+      {"training: {mode: gated}\ngated: {master: {kind: rnn}}", "gated.master"},
   };
   ExpectEachRefusedNamingItsKey(cases);
+}
+
+TEST(ConfigTest, GatedNetworksAndTheMasterMayBeModelsOfTheirOwn) {
+  auto config = ParseJobConfig(
+      "cluster: {workers: 3}\ntraining: {mode: gated}\n"
+      "gated:\n"
+      "  networks:\n"
+      "    - {kind: torchscript, path: a.pt}\n"
+      "    - {kind: cnn, conv: [{channels: 4}], dense: [8]}\n"
+      "    - [32, 16]\n"
+      "  master: {kind: torchscript, path: master.pt}\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const auto& networks = config->gated.networks;
+  ASSERT_EQ(networks.size(), 3u);
+  ASSERT_TRUE(networks[0].model.has_value());
+  EXPECT_EQ(networks[0].model->path, "a.pt");
+  EXPECT_EQ(networks[1].model->cnn.conv.size(), 1u);
+  EXPECT_FALSE(networks[2].model.has_value());
+  EXPECT_EQ(networks[2].hidden, (std::vector<int64_t>{32, 16}));
+  ASSERT_TRUE(config->gated.master.has_value());
+  EXPECT_EQ(config->gated.master->kind, "torchscript");
+  auto again = ParseJobConfig(JobConfigToYaml(*config));
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << JobConfigToYaml(*config);
+  EXPECT_EQ(JobConfigToYaml(*again), JobConfigToYaml(*config));
+  EXPECT_EQ(JobModelSummary(*config),
+            "3 networks (torchscript a.pt; cnn conv 4 dense 8 (BatchNorm); mlp 784-32-16-10), master torchscript master.pt");
 }
 
 }  // namespace

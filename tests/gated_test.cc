@@ -12,6 +12,9 @@
 
 #include "inproc_servers.h"
 #include "quick_job.h"
+#include "saved_values.h"
+#include "scripted_modules.h"
+#include "temp_dir.h"
 #include "shoal/server/variable_service.h"
 #include "shoal/session/local_cluster.h"
 #include "shoal/session/task_runner.h"
@@ -203,6 +206,134 @@ TEST(GatedEnsembleTest, EvaluateCountsWhatEachPredictorGetsRight) {
               mean_probabilities.argmax(1).eq(data.labels).to(torch::kFloat64).mean().item<double>(), 1e-6);
 }
 
+// A small CNN with BatchNorm and no dropout (so that every form of a job
+// computes the same thing).
+ModelConfig SmallCnnModel() {
+  ModelConfig cnn;
+  cnn.kind = "cnn";
+  cnn.cnn.conv = {{4}, {8}};
+  cnn.cnn.dense = {16};
+  cnn.cnn.dropout = 0;
+  return cnn;
+}
+
+ModelConfig TorchScriptModel(const fs::path& path) {
+  ModelConfig model;
+  model.kind = "torchscript";
+  model.path = path.string();
+  return model;
+}
+
+// An MLP, a CNN with BatchNorm and a TorchScript module with BatchNorm as the
+// networks, and a TorchScript master: three ways to spell a network.
+GatedModelConfig MixedEnsemble(const fs::path& dir) {
+  SaveScriptedBatchNormMlp(dir / "net_2.pt");
+  SaveScriptedLinear(dir / "master.pt", 3 * 10, 3);
+  GatedModelConfig g;
+  g.networks = MlpNetworks({{16}});
+  g.networks.push_back(GatedNetworkConfig{{}, SmallCnnModel()});
+  g.networks.push_back(GatedNetworkConfig{{}, TorchScriptModel(dir / "net_2.pt")});
+  g.master = TorchScriptModel(dir / "master.pt");
+  return g;
+}
+
+TEST(GatedEnsembleTest, AnyModelCanBeANetworkOrTheMaster) {
+  const fs::path dir = FreshTempDir("shoal_gated_", "mixed");
+  const ModelConfig base;  // 784 inputs, 10 classes
+  auto resolved = ResolveGatedConfig(MixedEnsemble(dir), base, 3);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  auto built = MakeEnsemble(base, *resolved);
+  GatedEnsemble& ensemble = *built;
+  const std::vector<std::string>& names = ensemble.variable_names();
+  for (const char* name : {"net_0/dense_1/kernel", "net_1/conv_1/kernel", "net_1/bn_1/gamma", "net_2/fc1.weight",
+                           "net_2/bn1.weight", "master/fc.weight", "master/fc.bias"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+  }
+  EXPECT_EQ(ensemble.buffer_names(),
+            (std::vector<std::string>{"net_1/bn_1/moving_mean", "net_1/bn_1/moving_variance",
+                                      "net_1/bn_1/num_batches_tracked", "net_1/bn_2/moving_mean",
+                                      "net_1/bn_2/moving_variance", "net_1/bn_2/num_batches_tracked",
+                                      "net_2/bn1.running_mean", "net_2/bn1.running_var",
+                                      "net_2/bn1.num_batches_tracked"}));
+  torch::manual_seed(3);
+  const Dataset data{torch::randn({8, 1, 28, 28}), torch::randint(0, 10, {8}, torch::kInt64)};
+  ASSERT_TRUE(ensemble.CheckShapes(data).ok()) << ensemble.CheckShapes(data);
+  const std::vector<torch::Tensor> before = ensemble.BufferValues();
+  EXPECT_EQ(before[2].item<int64_t>(), 0) << "the shape check runs in evaluation mode";
+  const GatedStepResult step = ensemble.OneGraphStep(data.images, data.labels);
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_GT(step.gradients[i].abs().sum().item<double>(), 0) << names[i] << " got no gradient";
+  }
+  const std::vector<torch::Tensor> after = ensemble.BufferValues();
+  EXPECT_EQ(after[2].item<int64_t>(), 1);  // one training forward pass each
+  EXPECT_EQ(after[8].item<int64_t>(), 1);
+  EXPECT_FALSE(after[0].equal(before[0]));
+  EXPECT_FALSE(after[6].equal(before[6]));
+  // Evaluation uses the statistics and moves none of them.
+  ensemble.Evaluate(data);
+  EXPECT_TRUE(ensemble.BufferValues()[2].equal(after[2]));
+  fs::remove_all(dir);
+}
+
+TEST(GatedEnsembleTest, APartThatDoesNotFitIsNamedBeforeTraining) {
+  const fs::path dir = FreshTempDir("shoal_gated_", "misfit");
+  const ModelConfig base;
+  torch::manual_seed(3);
+  const Dataset data{torch::randn({4, 1, 28, 28}), torch::randint(0, 10, {4}, torch::kInt64)};
+  struct Misfit {
+    std::string what;
+    std::function<void(GatedModelConfig&)> spoil;
+    std::string expected;
+  };
+  const std::vector<Misfit> misfits = {
+      {"a network with 5 classes",
+       [&](GatedModelConfig& g) {
+         ModelConfig five = SmallCnnModel();
+         five.cnn.classes = 5;
+         g.networks[1].model = five;
+       },
+       "gated.networks[1]: forward() maps a batch of shape [2, 1, 28, 28] to [2, 5]; expected [2, 10] logits"},
+      {"a master with 2 weights for 3 networks",
+       [&](GatedModelConfig& g) {
+         SaveScriptedLinear(dir / "two.pt", 30, 2);
+         g.master = TorchScriptModel(dir / "two.pt");
+       },
+       "gated.master: forward() maps the networks' logits [2, 30] to [2, 2]; expected one weight per network, [2, 3]"},
+      {"a master that reads the wrong width",
+       [&](GatedModelConfig& g) {
+         SaveScriptedLinear(dir / "narrow.pt", 20, 3);
+         g.master = TorchScriptModel(dir / "narrow.pt");
+       },
+       "gated.master: forward() fails on a batch of shape [2, 30]"},
+  };
+  for (const Misfit& misfit : misfits) {
+    GatedModelConfig g = MixedEnsemble(dir);
+    misfit.spoil(g);
+    auto resolved = ResolveGatedConfig(g, base, 3);
+    ASSERT_TRUE(resolved.ok()) << misfit.what << ": " << resolved.status();
+    auto ensemble = MakeEnsemble(base, *resolved);
+    const absl::Status status = ensemble->CheckShapes(data);
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << misfit.what << ": " << status;
+    EXPECT_NE(status.message().find(misfit.expected), std::string::npos) << misfit.what << ": " << status;
+  }
+  // Refused by the config: a trunk in front of a CNN, a regression loss, a
+  // file that is not there.
+  GatedModelConfig trunk = MixedEnsemble(dir);
+  trunk.trunk = {32};
+  EXPECT_NE(ResolveGatedConfig(trunk, base, 3).status().message().find("'gated.trunk' feeds MLP networks"),
+            std::string::npos);
+  GatedModelConfig mse = MixedEnsemble(dir);
+  mse.networks[1].model->loss = "mse";
+  EXPECT_NE(ResolveGatedConfig(mse, base, 3).status().message().find("gated.networks[1]"), std::string::npos);
+  GatedModelConfig missing = MixedEnsemble(dir);
+  missing.networks[2].model->path = (dir / "nowhere.pt").string();
+  auto resolved = ResolveGatedConfig(missing, base, 3);
+  ASSERT_TRUE(resolved.ok());
+  auto ensemble = GatedEnsemble::Create(base, *resolved);
+  EXPECT_TRUE(absl::IsNotFound(ensemble.status())) << ensemble.status();
+  fs::remove_all(dir);
+}
+
 // A small gated job on Fashion-MNIST: 600 examples in batches of 32 (so that
 // step 19 meets the smaller last batch of the epoch), 20 steps.
 JobConfig SmallGatedJob(bool trunk_and_flow) {
@@ -230,8 +361,14 @@ JobConfig SmallGatedJob(bool trunk_and_flow) {
 
 struct GatedRun {
   std::vector<absl::StatusOr<WorkerResult>> results;
-  std::vector<torch::Tensor> values;  // the ensemble's variables afterwards
+  std::vector<torch::Tensor> values;  // the ensemble's variables, then its buffers, afterwards
 };
+
+std::vector<std::string> StateNames(const GatedEnsemble& ensemble) {
+  std::vector<std::string> names = ensemble.variable_names();
+  names.insert(names.end(), ensemble.buffer_names().begin(), ensemble.buffer_names().end());
+  return names;
+}
 
 // Runs `config` with `workers` worker tasks in this process (those in
 // `absent` never start) and reads the ensemble's variables at the end.
@@ -259,19 +396,26 @@ GatedRun RunGated(JobConfig config, int workers, const std::set<int>& absent = {
   for (auto& t : threads) t.join();
   auto client = Client::Create(cluster, &transport, placement).value();
   const auto ensemble = MakeEnsemble(config.model, ResolveGatedConfig(config.gated, config.model, workers).value());
-  auto values = client->Read(ensemble->variable_names());
+  auto values = client->Read(StateNames(*ensemble));
   if (values.ok()) {
     for (const auto& v : *values) run.values.push_back(v.clone());
   }
   return run;
 }
 
-// The same steps in plain libtorch: one graph, torch::optim::Adam.
+// The same steps in plain libtorch: one graph, torch::optim::Adam (or SGD).
 std::vector<torch::Tensor> TrainWithLibtorch(const JobConfig& config) {
   auto data = LoadData(config).value();
   auto built = MakeEnsemble(config.model, ResolveGatedConfig(config.gated, config.model, 1).value());
   GatedEnsemble& ensemble = *built;
-  torch::optim::Adam adam(ensemble.variables(), torch::optim::AdamOptions(config.training.optimizer.learning_rate()));
+  const double lr = config.training.optimizer.learning_rate();
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (config.training.optimizer.kind() == "sgd") {
+    optimizer = std::make_unique<torch::optim::SGD>(ensemble.variables(), torch::optim::SGDOptions(lr));
+  } else {
+    optimizer = std::make_unique<torch::optim::Adam>(ensemble.variables(), torch::optim::AdamOptions(lr));
+  }
+  torch::optim::Optimizer& adam = *optimizer;
   BatchIterator batches = GatedBatchIndices(data.train, config);
   for (int64_t t = 0; t < config.training.max_steps; ++t) {
     torch::Tensor rows, labels;
@@ -282,6 +426,7 @@ std::vector<torch::Tensor> TrainWithLibtorch(const JobConfig& config) {
   }
   std::vector<torch::Tensor> values;
   for (const auto& v : ensemble.variables()) values.push_back(v.detach().clone());
+  for (const auto& b : ensemble.BufferValues()) values.push_back(b);
   return values;
 }
 
@@ -290,8 +435,9 @@ void ExpectSameParameters(const std::vector<torch::Tensor>& a, const std::vector
   ASSERT_EQ(a.size(), names.size()) << what;
   ASSERT_EQ(b.size(), names.size()) << what;
   for (size_t i = 0; i < names.size(); ++i) {
-    EXPECT_TRUE(a[i].allclose(b[i], 1e-5, 1e-5))
-        << what << ": " << names[i] << " differs by " << (a[i] - b[i]).abs().max().item<double>();
+    const torch::Tensor x = a[i].to(torch::kFloat64), y = b[i].to(torch::kFloat64);  // buffers may be int64
+    EXPECT_TRUE(x.allclose(y, 1e-5, 1e-5)) << what << ": " << names[i] << " differs by "
+                                           << (x - y).abs().max().item<double>();
   }
 }
 
@@ -306,8 +452,8 @@ TEST(GatedTrainingTest, DistributedLockstepReachesTheOneGraphParameters) {
     ASSERT_TRUE(one_task.results[0].ok()) << one_task.results[0].status();
     const std::vector<torch::Tensor> libtorch = TrainWithLibtorch(config);
     const auto ensemble = MakeEnsemble(config.model, ResolveGatedConfig(config.gated, config.model, 3).value());
-    ExpectSameParameters(distributed.values, one_task.values, ensemble->variable_names(), what + ", 3 tasks vs 1");
-    ExpectSameParameters(one_task.values, libtorch, ensemble->variable_names(), what + ", 1 task vs libtorch");
+    ExpectSameParameters(distributed.values, one_task.values, StateNames(*ensemble), what + ", 3 tasks vs 1");
+    ExpectSameParameters(one_task.values, libtorch, StateNames(*ensemble), what + ", 1 task vs libtorch");
     // And they trained: the parameters moved from their initial values.
     EXPECT_FALSE(distributed.values.back().allclose(ensemble->variables().back().detach())) << what;
   }
@@ -342,6 +488,66 @@ TEST(GatedTrainingTest, ProcessesOverGrpcTrainExactlyAsThreadsDo) {
     EXPECT_DOUBLE_EQ(processes->network_test_accuracies[k], in_process->network_test_accuracies[k]) << k;
     EXPECT_GT(processes->network_test_accuracies[k], 0.5) << k;
   }
+}
+
+TEST(GatedTrainingTest, CnnAndTorchScriptPartsTrainInLockstepAsInOneGraph) {
+  const fs::path dir = FreshTempDir("shoal_gated_", "lockstep");
+  JobConfig config = SmallGatedJob(false);
+  config.gated = MixedEnsemble(dir);
+  config.gated.master_loss = "cross_entropy";
+  config.training.buffer_publish_steps = 7;  // and at the last step
+  // SGD: a bias in front of BatchNorm gets a gradient of rounding noise
+  // only, which Adam would blow up to full steps of either sign.
+  config.training.optimizer.set_kind("sgd");
+  config.training.optimizer.set_learning_rate(0.05);
+  GatedRun distributed = RunGated(config, 3);
+  for (int w = 0; w < 3; ++w) {
+    ASSERT_TRUE(distributed.results[w].ok()) << "worker " << w << ": " << distributed.results[w].status();
+  }
+  GatedRun one_task = RunGated(config, 1);
+  ASSERT_TRUE(one_task.results[0].ok()) << one_task.results[0].status();
+  const std::vector<torch::Tensor> libtorch = TrainWithLibtorch(config);
+  const auto ensemble = MakeEnsemble(config.model, ResolveGatedConfig(config.gated, config.model, 3).value());
+  ExpectSameParameters(distributed.values, one_task.values, StateNames(*ensemble), "3 tasks vs 1");
+  ExpectSameParameters(one_task.values, libtorch, StateNames(*ensemble), "1 task vs libtorch");
+  // Each network's task published its statistics of all 20 steps.
+  const size_t variables = ensemble->variable_names().size();
+  ASSERT_EQ(distributed.values.size(), variables + 9);
+  EXPECT_EQ(distributed.values[variables + 2].item<int64_t>(), 20);  // net_1/bn_1/num_batches_tracked
+  EXPECT_EQ(distributed.values[variables + 8].item<int64_t>(), 20);  // net_2/bn1.num_batches_tracked
+  fs::remove_all(dir);
+}
+
+// CNN networks (copies of model:, seeded apart) and a TorchScript master as
+// processes over gRPC: the ensemble learns, and each network's statistics
+// count every step, as the task that trains it published them.
+TEST(GatedTrainingTest, ProcessesTrainCnnNetworksUnderATorchScriptMaster) {
+  const fs::path dir = FreshTempDir("shoal_gated_", "processes");
+  SaveScriptedLinear(dir / "master.pt", 2 * 10, 2);
+  JobConfig config = QuickJob("gated");
+  config.model = SmallCnnModel();
+  config.gated.master = TorchScriptModel(dir / "master.pt");
+  config.data.train_examples = 4000;
+  config.data.test_examples = 1000;
+  config.training.epochs = 1;
+  config.training.batch_size = 32;
+  config.training.buffer_publish_steps = 10;
+  config.checkpoint.dir = (dir / "ckpt").string();
+  ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+  auto report = TrainInLocalProcesses(config, SHOAL_BINARY, /*show_progress=*/false);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->global_step, 4000 / 32);
+  ASSERT_EQ(report->network_test_accuracies.size(), 2u);
+  EXPECT_GT(report->test_accuracy, 0.6);  // chance is 0.1
+  for (double accuracy : report->network_test_accuracies) EXPECT_GT(accuracy, 0.5);
+  const auto saved = SavedValues(report->last_checkpoint);
+  for (const char* counted : {"net_0/bn_2/num_batches_tracked", "net_1/bn_2/num_batches_tracked"}) {
+    ASSERT_TRUE(saved.count(counted)) << counted;
+    EXPECT_EQ(saved.at(counted).item<int64_t>(), report->global_step) << counted;
+  }
+  EXPECT_FALSE(saved.at("net_0/bn_1/moving_mean").equal(saved.at("net_1/bn_1/moving_mean")))
+      << "the networks start apart";
+  fs::remove_all(dir);
 }
 
 }  // namespace

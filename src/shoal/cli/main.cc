@@ -270,7 +270,7 @@ absl::Status Train(Flags& flags) {
   SHOAL_RETURN_IF_ERROR(flags.CheckAllUsed());
   absl::PrintF("shoal train: %d ps, %d workers, %s, %s, %s, %d epochs, batch %d, %s\n", config.cluster.ps,
                config.cluster.workers, config.training.mode,
-               config.cluster.processes ? "separate processes over gRPC" : "in-process", ModelSummary(config.model),
+               config.cluster.processes ? "separate processes over gRPC" : "in-process", JobModelSummary(config),
                config.training.epochs, config.training.batch_size, config.training.optimizer.kind());
   std::fflush(stdout);
   TrainReport report;

@@ -575,6 +575,12 @@ absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
   return config;
 }
 
+std::string JobModelSummary(const JobConfig& c) {
+  if (c.training.mode != "gated") return ModelSummary(c.model);
+  auto gated = ResolveGatedConfig(c.gated, c.model, c.cluster.workers);
+  return gated.ok() ? GatedSummary(c.model, *gated) : ModelSummary(c.model);
+}
+
 namespace {
 
 // A model's mapping, as ParseModel reads it.

@@ -200,6 +200,10 @@ bool IsLocalReplicaMode(const std::string& mode);
 // adagrad, as DistBelief; otherwise adam with decay).
 wire::OptimizerConfig DefaultOptimizer(const std::string& mode);
 
+// One line for logs naming what the job trains: ModelSummary, or a gated
+// ensemble's networks and master.
+std::string JobModelSummary(const JobConfig& config);
+
 // YAML that ParseJobConfig reads back to the same config.
 std::string JobConfigToYaml(const JobConfig& config);
 

@@ -92,6 +92,18 @@ absl::StatusOr<torch::Tensor> TryForward(Model& part, const torch::Tensor& input
 
 }  // namespace
 
+std::string GatedSummary(const ModelConfig& base, const GatedModelConfig& config) {
+  std::vector<std::string> networks;
+  int64_t features = InputFeatures(base);
+  if (!config.trunk.empty()) features = config.trunk.back();
+  for (size_t k = 0; k < config.networks.size(); ++k) {
+    networks.push_back(ModelSummary(NetworkModel(base, config, features, k)));
+  }
+  return absl::StrCat(networks.size(), " networks (", absl::StrJoin(networks, "; "), "), ",
+                      config.trunk.empty() ? "" : absl::StrCat("trunk ", absl::StrJoin(config.trunk, "-"), ", "),
+                      "master ", ModelSummary(MasterModel(base, config)));
+}
+
 absl::StatusOr<GatedModelConfig> ResolveGatedConfig(const GatedModelConfig& config, const ModelConfig& base,
                                                     int num_workers) {
   GatedModelConfig resolved = config;
@@ -311,6 +323,7 @@ GatedAccuracy GatedEnsemble::Evaluate(const Dataset& data, int64_t batch_size) {
   torch::NoGradGuard no_grad;
   SetTraining(false);
   int64_t gated = 0, uniform = 0, any_right = 0;
+  double loss_sum = 0;
   std::vector<int64_t> alone(num_networks(), 0);
   torch::Tensor weight_sums = torch::zeros({num_networks()}, torch::kFloat64);
   for (int64_t begin = 0; begin < data.size(); begin += batch_size) {
@@ -328,6 +341,12 @@ GatedAccuracy GatedEnsemble::Evaluate(const Dataset& data, int64_t batch_size) {
     const torch::Tensor weights = MasterWeights(logits, images);
     gated += WeightedVote(logits, weights).eq(labels).sum().item<int64_t>();
     any_right += static_cast<int64_t>(Correctness(logits, labels).amax(1).sum().item<double>());
+    torch::Tensor mixture = torch::zeros_like(logits[0]);
+    const torch::Tensor normalised = weights / weights.sum(1, /*keepdim=*/true).clamp_min(1e-12);
+    for (int k = 0; k < num_networks(); ++k) {
+      mixture += normalised.select(1, k).unsqueeze(1) * torch::softmax(logits[k], 1);
+    }
+    loss_sum -= mixture.gather(1, labels.unsqueeze(1)).clamp_min(1e-12).log().sum().item<double>();
     weight_sums += weights.sum(0).to(torch::kFloat64);
   }
   const double total = std::max<int64_t>(data.size(), 1);
@@ -336,6 +355,7 @@ GatedAccuracy GatedEnsemble::Evaluate(const Dataset& data, int64_t batch_size) {
   accuracy.uniform_average = uniform / total;
   for (int64_t a : alone) accuracy.networks.push_back(a / total);
   accuracy.any_right = any_right / total;
+  accuracy.mixture_loss = loss_sum / total;
   for (int k = 0; k < num_networks(); ++k) accuracy.mean_weights.push_back(weight_sums[k].item<double>() / total);
   SetTraining(true);
   return accuracy;

@@ -70,6 +70,10 @@ struct GatedModelConfig {
   bool master_loss_to_workers = false;       // the master's loss also trains the networks, through their logits
 };
 
+// One line for logs: "3 networks (torchscript a.pt; cnn conv 16-32 dense 64
+// (BatchNorm); mlp 784-256-10), master mlp 30-64-3". `config` resolved.
+std::string GatedSummary(const ModelConfig& base, const GatedModelConfig& config);
+
 // `config` with its networks spelled out (one per worker task when empty),
 // checked: an error names the key.
 absl::StatusOr<GatedModelConfig> ResolveGatedConfig(const GatedModelConfig& config, const ModelConfig& base,
@@ -90,6 +94,9 @@ struct GatedAccuracy {
   double uniform_average = 0;   // argmax of the networks' mean softmax
   std::vector<double> networks; // each network alone
   double any_right = 0;         // examples some network gets right: what a perfect gate could reach
+  // The cross-entropy of the master-weighted mixture of the networks'
+  // softmax outputs (weights normalised per example): the ensemble's loss.
+  double mixture_loss = 0;
   std::vector<double> mean_weights;  // the master's mean weight for each network
 };
 

@@ -430,6 +430,7 @@ absl::Status ReportGated(WorkerContext& context, const Dataset& test_set, TrainR
   }
   const GatedAccuracy accuracy = ensemble->Evaluate(test_set);
   report->test_accuracy = accuracy.gated_vote;
+  report->test_loss = accuracy.mixture_loss;
   report->uniform_average_accuracy = accuracy.uniform_average;
   report->network_test_accuracies = accuracy.networks;
   report->any_network_right = accuracy.any_right;
