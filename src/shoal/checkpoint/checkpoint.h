@@ -25,6 +25,26 @@
 
 namespace shoal {
 
+// Checkpoints (config `checkpoint:`): the chief saves every variable
+// with its optimizer slots under `dir` every `every_steps` global steps or
+// `every_seconds` (whichever comes first; with neither set, every 60 s) and
+// at the end, keeps the newest `keep`, and restores the newest when a job
+// starts on ps tasks that do not hold the variables.
+struct CheckpointConfig {
+  std::string dir;  // empty: no checkpoints
+  int64_t every_steps = 0;
+  double every_seconds = 0;
+  int keep = 5;
+  // When a (re)starting chief restores the newest checkpoint: if_lost, only
+  // when the ps tasks lack some variable (live values are newer: nothing is
+  // thrown away); always, as TensorFlow's chief does, rolling live ps tasks
+  // back to the checkpoint.
+  std::string restore = "if_lost";
+  // A checkpoint whose index is unreadable: fail (DATA_LOSS naming the file)
+  // or fall_back (start from the newest intact one, with a warning).
+  std::string on_corrupt = "fail";
+};
+
 struct CheckpointIndex {
   struct Part {
     int shard = 0;  // into `shards`

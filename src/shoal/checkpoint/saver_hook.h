@@ -8,7 +8,6 @@
 #include "absl/time/clock.h"
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/hooks/hook.h"
-#include "shoal/config/config.h"
 
 namespace shoal {
 

@@ -29,6 +29,7 @@
 #include "shoal/report/metrics_plot.h"
 #include "shoal/hooks/standard_hooks.h"
 #include "shoal/session/local_cluster.h"
+#include "shoal/strategy/training_mode.h"
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/session/task_runner.h"
 #include "shoal/transport/grpc/grpc_transport.h"

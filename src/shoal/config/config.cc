@@ -15,6 +15,7 @@
 #include "shoal/core/status.h"
 #include "shoal/data/dataset.h"
 #include "shoal/server/optimizer.h"
+#include "shoal/strategy/training_mode.h"
 
 namespace shoal {
 namespace {
@@ -376,12 +377,6 @@ absl::Status Range(absl::string_view key, const std::vector<double>& range, bool
 absl::Status ValidatePopulation(const JobConfig& c) {
   const PopulationConfig& p = c.population;
   SHOAL_RETURN_IF_ERROR(Positive("population.workers_per_member", p.workers_per_member));
-  if (c.training.mode == "population" && c.cluster.cluster_file.empty() &&
-      c.cluster.workers % p.workers_per_member != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("config: 'cluster.workers' (", c.cluster.workers,
-                                                   ") is not a multiple of 'population.workers_per_member' (",
-                                                   p.workers_per_member, ")"));
-  }
   SHOAL_RETURN_IF_ERROR(OneOf("population.variables_on", p.variables_on, {"member", "ps"}));
   if (p.workers_per_member > 1 && p.variables_on != "ps") {
     return absl::InvalidArgumentError(
@@ -427,26 +422,6 @@ void EmitOptimizer(YAML::Emitter& out, const wire::OptimizerConfig& o) {
 
 }  // namespace
 
-bool IsLocalReplicaMode(const std::string& mode) {
-  return mode == "downpour" || mode == "model_average" || mode == "easgd";
-}
-
-wire::OptimizerConfig DefaultOptimizer(const std::string& mode) {
-  wire::OptimizerConfig o;
-  if (mode == "downpour") {
-    o.set_kind("adagrad");
-    o.set_learning_rate(0.01);
-    return o;
-  }
-  o.set_kind("adam");
-  o.set_learning_rate(0.001);
-  // Halving the step size every 1500 applies settles async noise late in
-  // the 5-epoch default job (about +1% test accuracy, measured).
-  o.set_lr_decay_rate(0.5);
-  o.set_lr_decay_steps(1500);
-  return o;
-}
-
 JobConfig DefaultJobConfig() {
   JobConfig c;
   c.data.dir = kDefaultFashionMnistDir;
@@ -463,24 +438,17 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
     return absl::InvalidArgumentError("config: 'cluster.threads_per_task' must not be negative (0 = derive it)");
   }
   SHOAL_RETURN_IF_ERROR(Annotate(ValidateModelConfig(c.model), "config"));
-  if (c.model.loss != "cross_entropy" && (c.training.mode == "population" || c.training.mode == "gated")) {
-    return absl::InvalidArgumentError(absl::StrCat("config: training.mode ", c.training.mode,
-                                                   " classifies (model.loss cross_entropy), not ", c.model.loss));
-  }
   SHOAL_RETURN_IF_ERROR(Annotate(ValidateDataConfig(c.data), "config"));
   if (c.data.train_examples < 0 || c.data.test_examples < 0) {
     return absl::InvalidArgumentError("config: 'data.train_examples' and 'data.test_examples' must not be negative");
   }
-  SHOAL_RETURN_IF_ERROR(OneOf("training.mode", c.training.mode,
-                              {"async", "sync", "ssp", "downpour", "model_average", "easgd", "population", "gated"}));
+  SHOAL_ASSIGN_OR_RETURN(const TrainingMode* mode, FindMode(c.training.mode));
+  if (mode->ClassifiesOnly() && c.model.loss != "cross_entropy") {
+    return absl::InvalidArgumentError(absl::StrCat("config: training.mode ", c.training.mode,
+                                                   " classifies (model.loss cross_entropy), not ", c.model.loss));
+  }
   if (c.training.replicas_to_aggregate < 0) {
     return absl::InvalidArgumentError("config: 'training.replicas_to_aggregate' must not be negative");
-  }
-  if (c.cluster.cluster_file.empty() && c.training.replicas_to_aggregate > c.cluster.workers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config: 'training.replicas_to_aggregate' (", c.training.replicas_to_aggregate,
-        ") exceeds the number of workers (", c.cluster.workers,
-        "); shoal does not let one worker contribute several gradients to a step"));
   }
   SHOAL_RETURN_IF_ERROR(Positive("training.sync_timeout_s", c.training.sync_timeout_s));
   SHOAL_RETURN_IF_ERROR(Positive("training.buffer_publish_steps", c.training.buffer_publish_steps));
@@ -504,14 +472,9 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   }
   if (c.local.rho < 0) return absl::InvalidArgumentError("config: 'local.rho' must not be negative");
   SHOAL_RETURN_IF_ERROR(ValidatePopulation(c));
-  if (c.training.mode == "gated") {
-    // A real cluster's size is known only when it starts: check against one
-    // worker per network then.
-    const int workers = c.cluster.cluster_file.empty() ? c.cluster.workers
-                        : c.gated.networks.empty()     ? 2
-                                                       : static_cast<int>(c.gated.networks.size());
-    SHOAL_RETURN_IF_ERROR(ResolveGatedConfig(c.gated, c.model, workers).status());
-  }
+  // The mode's own checks, against the cluster's workers when the config
+  // gives them (a cluster file gives them only when the job starts).
+  SHOAL_RETURN_IF_ERROR(mode->Validate(c, c.cluster.cluster_file.empty() ? c.cluster.workers : 0));
   SHOAL_RETURN_IF_ERROR(OneOf("checkpoint.on_corrupt", c.checkpoint.on_corrupt, {"fail", "fall_back"}));
   SHOAL_RETURN_IF_ERROR(OneOf("hooks.nan_guard", c.hooks.nan_guard, {"fail", "stop", "off"}));
   SHOAL_RETURN_IF_ERROR(OneOf("hooks.metrics_format", c.hooks.metrics_format, {"jsonl", "csv"}));
@@ -576,9 +539,8 @@ absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
 }
 
 std::string JobModelSummary(const JobConfig& c) {
-  if (c.training.mode != "gated") return ModelSummary(c.model);
-  auto gated = ResolveGatedConfig(c.gated, c.model, c.cluster.workers);
-  return gated.ok() ? GatedSummary(c.model, *gated) : ModelSummary(c.model);
+  auto mode = FindMode(c.training.mode);
+  return mode.ok() ? (*mode)->Summary(c, c.cluster.workers) : ModelSummary(c.model);
 }
 
 namespace {

@@ -10,9 +10,18 @@
 
 #include "absl/status/statusor.h"
 #include "shoal/hooks/hook.h"
-#include "shoal/config/config.h"
 
 namespace shoal {
+
+// The hooks every worker runs (config `hooks:`).
+struct HooksConfig {
+  int64_t log_every_steps = 0;      // a log line per worker every N local steps; 0: off
+  std::string nan_guard = "fail";   // non-finite loss or update: fail | stop | off
+  int64_t stop_at_step = 0;         // the chief stops the job at this global step; 0: none
+  std::string metrics_dir;          // per-task metrics files here; empty: none
+  std::string metrics_format = "jsonl";  // jsonl | csv
+  int64_t metrics_every_steps = 10;
+};
 
 // Keeps non-finite numbers away from the ps: checks each step's loss and
 // every tensor of each update before it is sent. `fail` returns an error

@@ -8,9 +8,43 @@
 #include <string>
 #include <vector>
 
-#include "shoal/config/config.h"
+#include "shoal/wire.pb.h"
 
 namespace shoal {
+
+// Populations (mode population): every member trains its own model under its
+// own scope (worker_<m>/...), readable by every task; a policy decides when a
+// member copies another's weights (exploit) and perturbs its hyper-parameters
+// (explore), as population-based training does.
+struct PopulationConfig {
+  int workers_per_member = 1;          // > 1: data-parallel members (asynchronous within a member)
+  std::string variables_on = "member";  // member: on the member's first worker task; ps: on the ps tasks
+  // none | random | loss_threshold | truncation | tournament
+  std::string policy = "truncation";
+  int64_t ready_steps = 0;       // consult the policy every N member steps; 0: 1 for random, else eval_steps
+  int64_t eval_steps = 100;      // measure fitness on the validation split every N member steps
+  double probability = 0.15;     // random: chance per step of copying a uniformly chosen other member
+  double loss_threshold = 0;     // loss_threshold: copy the best when own validation loss exceeds this (0: off)
+  double loss_margin = 0.1;      // ... or exceeds the best member's by this margin
+  double fraction = 0.25;        // truncation: the bottom fraction copies from the top fraction
+  std::vector<std::string> explore = {"learning_rate"};  // also momentum, weight_decay, batch_size
+  double resample_probability = 0.25;
+  // Whether a perturbed value (x0.8 or x1.2) is clamped to its prior's range.
+  // false, the PBT paper's: perturbations go past the prior; momentum stays
+  // below 1 either way.
+  bool explore_clamp = false;
+  bool draw_initial = true;      // each member draws its explored hyper-parameters from the priors
+  // Priors: log-uniform for learning_rate, weight_decay, batch_size; uniform for momentum.
+  std::vector<double> learning_rate_range = {1e-4, 1e-1};
+  std::vector<double> momentum_range = {0.5, 0.99};
+  std::vector<double> weight_decay_range = {1e-6, 1e-2};
+  std::vector<double> batch_size_range = {16, 256};
+  bool inherit_slots = false;    // exploit also copies the optimizer slots, bit for bit
+  int64_t validation_examples = 5000;  // carved from the end of the training set, never trained on
+  int64_t peer_cache_steps = 0;  // reuse a peer's values read within this many member steps (0: always read)
+  double peer_timeout_s = 5;     // a peer that does not answer in this time is skipped, with a warning
+  std::string lineage_dir = "population";  // member_<m>.jsonl lineage logs and lineage.svg
+};
 
 struct Hyperparameters {
   double learning_rate = 0;

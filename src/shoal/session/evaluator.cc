@@ -6,7 +6,7 @@
 #include "absl/time/clock.h"
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/core/status.h"
-#include "shoal/model/mlp.h"
+#include "shoal/strategy/training_mode.h"
 
 namespace shoal {
 
@@ -15,7 +15,8 @@ absl::Status CheckEvaluatorConfig(const JobConfig& config) {
     return absl::FailedPreconditionError(
         "an evaluator task evaluates the chief's checkpoints: set checkpoint.dir (a folder every task can read)");
   }
-  if (config.training.mode == "population" || config.training.mode == "gated") {
+  SHOAL_ASSIGN_OR_RETURN(const TrainingMode* mode, FindMode(config.training.mode));
+  if (!mode->TrainsOneModel()) {
     return absl::FailedPreconditionError(absl::StrCat("an evaluator task evaluates one model per checkpoint; mode '",
                                                       config.training.mode,
                                                       "' trains several (its chief reports each)"));

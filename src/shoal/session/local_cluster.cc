@@ -72,7 +72,7 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
       WorkerContext context = MakeWorkerContext(config, cluster, workers[i], client->get(), data.train, max_steps);
       if (progress) context.on_step = [&](int64_t step, double loss) { progress->OnStep(step, loss); };
       if (customize) customize(context);
-      statuses[i] = RunWorkerSession(context, data.test, &report);
+      statuses[i] = RunWorkerSession(context, config.hooks, data.test, &report);
     });
   }
   for (auto& t : worker_threads) t.join();

@@ -13,8 +13,7 @@
 #include "shoal/hooks/standard_hooks.h"
 #include "shoal/session/evaluator.h"
 #include "shoal/session/progress.h"
-#include "shoal/strategy/gated_strategy.h"
-#include "shoal/strategy/population_strategy.h"
+#include "shoal/strategy/training_mode.h"
 #include "shoal/transport/grpc/grpc_transport.h"
 
 namespace shoal {
@@ -89,23 +88,11 @@ std::unique_ptr<VariableService> MakeVariableService(const JobConfig& config, co
 }
 
 absl::StatusOr<std::shared_ptr<const Placement>> MakePlacement(const JobConfig& config, const ClusterSpec& cluster) {
-  std::vector<VariableSpec> specs;
-  if (config.training.mode != "population" && config.training.mode != "gated") {
-    SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(config.model));
-    specs = model->VariableSpecs();
-    for (const VariableSpec& buffer : model->BufferSpecs()) specs.push_back(buffer);  // placed like the variables
-  }
+  SHOAL_ASSIGN_OR_RETURN(const TrainingMode* mode, FindMode(config.training.mode));
+  const std::vector<TaskId> workers = cluster.TrainingTasks();
+  SHOAL_ASSIGN_OR_RETURN(std::vector<VariableSpec> specs, mode->Variables(config, static_cast<int>(workers.size())));
   PlacementOptions options = config.placement;
-  if (config.training.mode == "population") {
-    const std::vector<TaskId> workers = cluster.TrainingTasks();
-    SHOAL_ASSIGN_OR_RETURN(specs, PopulationVariableSpecs(config, static_cast<int>(workers.size())));
-    for (const ScopeRule& rule : PopulationScopeRules(config, workers)) options.scope_rules.push_back(rule);
-  }
-  if (config.training.mode == "gated") {
-    const std::vector<TaskId> workers = cluster.TrainingTasks();
-    SHOAL_ASSIGN_OR_RETURN(specs, GatedVariableSpecs(config, static_cast<int>(workers.size())));
-    options.scope_rules.push_back(GatedExchangeRule(cluster.Chief()));
-  }
+  for (const ScopeRule& rule : mode->ScopeRules(config, workers, cluster.Chief())) options.scope_rules.push_back(rule);
   SHOAL_ASSIGN_OR_RETURN(Placement placement, Placement::Create(specs, cluster, options));
   return std::make_shared<const Placement>(std::move(placement));
 }
@@ -121,19 +108,9 @@ WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& clus
   context.is_chief = cluster.IsChief(task);
   context.client = client;
   context.config = &config;
-  context.train_shard = train.Shard(context.worker_index, context.num_workers);
   context.train_examples = train.size();
-  if (config.training.mode == "population") {
-    // Every member trains on the whole training set but its end, the
-    // validation split that measures fitness; a member's workers share it.
-    const int64_t validation = std::min(config.population.validation_examples, train.size() - 1);
-    const int64_t trained = train.size() - validation;
-    context.validation = Dataset{train.images.narrow(0, trained, validation), train.labels.narrow(0, trained, validation)};
-    const Dataset rest{train.images.narrow(0, 0, trained), train.labels.narrow(0, 0, trained)};
-    const int per_member = config.population.workers_per_member;
-    context.train_shard = rest.Shard(context.worker_index % per_member, per_member);
-  }
-  if (config.training.mode == "gated") context.train_shard = train;  // every network sees the chief's batches
+  // The mode's share of the training set (mode names are checked before any task starts).
+  FindMode(config.training.mode).value()->SplitData(config, train, context);
   context.max_steps = max_steps;
   return context;
 }
@@ -226,12 +203,12 @@ absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, 
         progress_out, max_steps, ExamplesPerStep(config, static_cast<int>(cluster.TrainingTasks().size())));
     context.on_step = [&](int64_t step, double loss) { progress->OnStep(step, loss); };
   }
-  absl::Status status = RunWorkerSession(context, data.test, report);
+  absl::Status status = RunWorkerSession(context, config.hooks, data.test, report);
   if (progress) progress->Finish();
   if (report) DescribeCompute(threads, report);
   // A population member's variables may live on its own task: it serves them
   // until the chief has read every member for the report.
-  const bool serves_members = config.training.mode == "population";
+  const bool serves_members = FindMode(config.training.mode).value()->WorkersHostVariables();
   if (context.is_chief) {
     // The job is over (or failed): the other tasks have nothing left to
     // serve. A task already gone is not waited for beyond a short deadline.

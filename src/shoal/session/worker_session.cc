@@ -5,8 +5,7 @@
 #include "shoal/checkpoint/saver_hook.h"
 #include "shoal/core/status.h"
 #include "shoal/hooks/standard_hooks.h"
-#include "shoal/strategy/gated_strategy.h"
-#include "shoal/strategy/population_strategy.h"
+#include "shoal/strategy/training_mode.h"
 
 namespace shoal {
 
@@ -21,13 +20,11 @@ constexpr char kCallsRetried[] = "calls_retried";
 
 // The job's counters a checkpoint keeps, for a counter task that is lost
 // (global_step is the checkpoint's own step).
-std::vector<std::string> SavedCounters(const WorkerContext& context) {
+std::vector<std::string> SavedCounters(const TrainingMode& mode, const WorkerContext& context) {
   std::vector<std::string> counters = {kStopRequested,  kWorkersDone,     kStaleGradients, kRestores,    kBytesSent,
                                        kBytesReceived,  kTensorBytesSent, kWorkerSteps,    kCallsRetried};
-  if (context.config->training.mode == "population") {
-    for (std::string& member : PopulationCounters(*context.config, context.num_workers)) {
-      counters.push_back(std::move(member));
-    }
+  for (std::string& own : mode.SavedCounters(*context.config, context.num_workers)) {
+    counters.push_back(std::move(own));
   }
   return counters;
 }
@@ -47,9 +44,11 @@ absl::StatusOr<DataSplits> LoadData(const JobConfig& config) {
   return splits;
 }
 
-absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, TrainReport* report) {
+absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_config, const Dataset& test_set,
+                              TrainReport* report) {
   const absl::Time start = absl::Now();
-  SHOAL_ASSIGN_OR_RETURN(auto strategy, MakeStrategy(*context.config));
+  SHOAL_ASSIGN_OR_RETURN(const TrainingMode* mode, FindMode(context.config->training.mode));
+  const std::unique_ptr<TrainingStrategy> strategy = mode->MakeStrategy();
   // The chief notes when the job is past its warm-up, for the steady rate.
   int64_t warm_step = -1;
   absl::Time warm_time;
@@ -64,11 +63,11 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
     };
   }
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<HookList> hooks,
-                         MakeStandardHooks(context.config->hooks, context.task.job, context.task.index,
+                         MakeStandardHooks(hooks_config, context.task.job, context.task.index,
                                            context.is_chief));
   if (context.is_chief && !context.config->checkpoint.dir.empty()) {
     hooks->Add(
-        std::make_shared<CheckpointSaverHook>(context.client, context.config->checkpoint, SavedCounters(context)));
+        std::make_shared<CheckpointSaverHook>(context.client, context.config->checkpoint, SavedCounters(*mode, context)));
   }
   for (const auto& hook : context.extra_hooks) hooks->Add(hook);
   context.hooks = hooks.get();
@@ -116,7 +115,7 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   if (!context.config->checkpoint.dir.empty()) {
     SHOAL_ASSIGN_OR_RETURN(report->last_checkpoint,
                            SaveAndPrune(*context.client, context.config->checkpoint, report->global_step,
-                                        SavedCounters(context)));
+                                        SavedCounters(*mode, context)));
   }
   SHOAL_ASSIGN_OR_RETURN(report->stale_gradients_dropped, context.client->AddToCounter(kStaleGradients, 0));
   SHOAL_ASSIGN_OR_RETURN(report->bytes_sent, context.client->AddToCounter(kBytesSent, 0));
@@ -127,17 +126,6 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
   SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(*context.client));
   if (stopped) {
     report->stop_reason = worker->stop_reason.empty() ? "a worker's hook stopped the job" : worker->stop_reason;
-  }
-  if (context.config->training.mode == "ssp") {
-    // Read the histogram well past the bound, so that a violation would show.
-    const int64_t limit = std::max<int64_t>(context.config->training.staleness, 0) + 16;
-    for (int64_t gap = 0; gap <= limit; ++gap) {
-      SHOAL_ASSIGN_OR_RETURN(int64_t steps, context.client->AddToCounter(SspGapCounter(gap), 0));
-      report->ssp_gap_histogram.push_back(steps);
-    }
-    while (!report->ssp_gap_histogram.empty() && report->ssp_gap_histogram.back() == 0) {
-      report->ssp_gap_histogram.pop_back();
-    }
   }
   const int64_t examples_per_step = ExamplesPerStep(*context.config, context.num_workers);
   const int64_t trained_steps = report->global_step - context.restored_step;  // in this session
@@ -151,15 +139,7 @@ absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, T
         (report->global_step - warm_step) * examples_per_step / absl::ToDoubleSeconds(trained - warm_time);
   }
   report->last_loss = worker->last_loss;
-  if (context.config->training.mode == "population") return ReportPopulation(context, test_set, report);
-  if (context.config->training.mode == "gated") return ReportGated(context, test_set, report);
-  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(context.config->model));
-  SHOAL_RETURN_IF_ERROR(PullVariablesAndBuffers(*context.client, *model));
-  model->SetTraining(false);
-  const Evaluation figures = Evaluate(*model, test_set);
-  report->test_accuracy = figures.accuracy;
-  report->test_loss = figures.loss;
-  return absl::OkStatus();
+  return mode->Report(context, test_set, report);
 }
 
 }  // namespace shoal

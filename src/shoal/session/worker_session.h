@@ -4,6 +4,7 @@
 #ifndef SHOAL_SESSION_WORKER_SESSION_H_
 #define SHOAL_SESSION_WORKER_SESSION_H_
 
+#include "shoal/config/config.h"
 #include "shoal/strategy/strategy.h"
 #include "shoal/strategy/train_report.h"
 
@@ -13,11 +14,12 @@ namespace shoal {
 // leave out their warm-up.
 inline constexpr int64_t kWarmupSteps = 50;
 
-// Runs `context`'s worker to the end, with the hooks the config asks for
-// (plus context.extra_hooks). On the chief, also waits (with the RPC
-// deadline) for every worker to finish and fills `report` with the test
-// accuracy of the final variables; `test_set` is only read on the chief.
-absl::Status RunWorkerSession(WorkerContext& context, const Dataset& test_set, TrainReport* report);
+// Runs `context`'s worker to the end, with the hooks `hooks` asks for (plus
+// context.extra_hooks). On the chief, also waits (with the RPC deadline) for
+// every worker to finish and fills `report` with the test accuracy of the
+// final variables; `test_set` is only read on the chief.
+absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks, const Dataset& test_set,
+                              TrainReport* report);
 
 // Train and test sets as the config asks (subsets when limits are set).
 struct DataSplits {

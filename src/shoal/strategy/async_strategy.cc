@@ -2,35 +2,57 @@
 
 #include "absl/strings/str_cat.h"
 #include "shoal/core/status.h"
+#include "shoal/strategy/step_driver.h"
 
 namespace shoal {
+namespace {
+
+// Hogwild against the ps: pull, compute, push; the push's counters say
+// where the job is.
+class AsyncPolicy : public StepPolicy {
+ public:
+  explicit AsyncPolicy(WorkerContext& context) : context_(context) {}
+  bool HasStepsLeft() const override { return !done_; }
+  int64_t LocalStep() const override { return local_step_; }
+  int64_t GlobalStep() const override { return global_step_; }
+  absl::Status Pull(Model& model) override {
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, context_.client->Read(model.variable_names()));
+    model.Load(values);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients,
+                                   StepInfo& step) override {
+    SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> counters,
+                           context_.client->ApplyGradients(model.variable_names(), gradients,
+                                                           {{kGlobalStep, 1}, {kStopRequested, 0}}));
+    step.global_step = global_step_ = counters[0];
+    ++local_step_;
+    done_ = counters[1] != 0 || global_step_ >= context_.max_steps;
+    return done_ ? PushOutcome::kLastStep : PushOutcome::kStepDone;
+  }
+
+ private:
+  WorkerContext& context_;
+  int64_t global_step_ = 0, local_step_ = 0;
+  bool done_ = false;
+};
+
+class Async final : public TrainingMode {
+ public:
+  std::string name() const override { return "async"; }
+  std::unique_ptr<TrainingStrategy> MakeStrategy() const override { return std::make_unique<AsyncStrategy>(); }
+};
+
+}  // namespace
 
 absl::StatusOr<WorkerResult> AsyncStrategy::RunWorker(WorkerContext& context) {
-  const JobConfig& config = *context.config;
-  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> built, MakeModel(config.model));
-  Model& model = *built;
-  SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, model));
-  const std::vector<std::string>& names = model.variable_names();
-  BatchIterator batches(context.train_shard, config.training.batch_size,
-                        config.training.seed * 1000003 + context.worker_index);
-  WorkerResult result;
-  int64_t global_step = 0;
-  // One step; false when training is over.
-  auto step_once = [&]() -> absl::StatusOr<bool> {
-    SHOAL_ASSIGN_OR_RETURN(BatchResult batch, PullAndComputeGradients(*context.client, model, batches));
-    StepInfo step = MakeStepInfo(result.local_steps + 1, global_step, batch, model);
-    const std::vector<torch::Tensor> gradients = model.Gradients();
-    SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, gradients, step, &result));
-    if (!send) return false;
-    SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> counters,
-                           context.client->ApplyGradients(names, gradients, {{kGlobalStep, 1}, {kStopRequested, 0}}));
-    step.global_step = global_step = counters[0];
-    SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, step, &result));
-    return go_on && counters[1] == 0 && global_step < context.max_steps;
-  };
-  SHOAL_RETURN_IF_ERROR(
-      StepUntilDone(context, names, model.variables(), config.training.optimizer, step_once, /*rejoin=*/nullptr));
-  return result;
+  AsyncPolicy policy(context);
+  return DriveSteps(context, policy);
+}
+
+const TrainingMode& AsyncMode() {
+  static const Async mode;
+  return mode;
 }
 
 }  // namespace shoal

@@ -9,6 +9,7 @@
 #define SHOAL_STRATEGY_ASYNC_STRATEGY_H_
 
 #include "shoal/strategy/strategy.h"
+#include "shoal/strategy/training_mode.h"
 
 namespace shoal {
 
@@ -16,6 +17,9 @@ class AsyncStrategy final : public TrainingStrategy {
  public:
   absl::StatusOr<WorkerResult> RunWorker(WorkerContext& context) override;
 };
+
+// The mode "async" (training_mode.h).
+const TrainingMode& AsyncMode();
 
 }  // namespace shoal
 

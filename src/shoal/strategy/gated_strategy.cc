@@ -347,13 +347,13 @@ absl::StatusOr<WorkerResult> RunWholeEnsemble(WorkerContext& context, GatedEnsem
   return result;
 }
 
-absl::StatusOr<GatedModelConfig> Resolve(const JobConfig& config, int num_workers) {
+absl::StatusOr<GatedModelConfig> Resolve(const StrategyConfig& config, int num_workers) {
   return ResolveGatedConfig(config.gated, config.model, num_workers);
 }
 
 }  // namespace
 
-absl::StatusOr<std::vector<VariableSpec>> GatedVariableSpecs(const JobConfig& config, int num_workers) {
+absl::StatusOr<std::vector<VariableSpec>> GatedVariableSpecs(const StrategyConfig& config, int num_workers) {
   SHOAL_ASSIGN_OR_RETURN(GatedModelConfig gated, Resolve(config, num_workers));
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<GatedEnsemble> ensemble, GatedEnsemble::Create(config.model, gated));
   std::vector<VariableSpec> specs = ensemble->VariableSpecs();
@@ -367,7 +367,7 @@ absl::StatusOr<std::vector<VariableSpec>> GatedVariableSpecs(const JobConfig& co
 
 ScopeRule GatedExchangeRule(const TaskId& chief) { return ScopeRule{"exchange/*", chief}; }
 
-BatchIterator GatedBatchIndices(const Dataset& train, const JobConfig& config) {
+BatchIterator GatedBatchIndices(const Dataset& train, const StrategyConfig& config) {
   // BatchIterator shuffles by seed and size alone: iterating over the
   // indices gives the order it would give over the examples.
   const Dataset indices{torch::arange(train.size(), torch::kFloat32).unsqueeze(1), train.labels};
@@ -375,7 +375,7 @@ BatchIterator GatedBatchIndices(const Dataset& train, const JobConfig& config) {
 }
 
 absl::StatusOr<WorkerResult> GatedStrategy::RunWorker(WorkerContext& context) {
-  const JobConfig& config = *context.config;
+  const StrategyConfig& config = *context.config;
   SHOAL_ASSIGN_OR_RETURN(GatedModelConfig gated, Resolve(config, context.num_workers));
   if (context.train_shard.size() >= kMaxExamples) {
     return absl::InvalidArgumentError(absl::StrCat("gated: the training set has ", context.train_shard.size(),
@@ -419,7 +419,7 @@ absl::StatusOr<WorkerResult> GatedStrategy::RunWorker(WorkerContext& context) {
 }
 
 absl::Status ReportGated(WorkerContext& context, const Dataset& test_set, TrainReport* report) {
-  const JobConfig& config = *context.config;
+  const StrategyConfig& config = *context.config;
   SHOAL_ASSIGN_OR_RETURN(GatedModelConfig gated, Resolve(config, context.num_workers));
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<GatedEnsemble> ensemble, GatedEnsemble::Create(config.model, gated));
   SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, context.client->Read(ensemble->variable_names()));
@@ -436,6 +436,47 @@ absl::Status ReportGated(WorkerContext& context, const Dataset& test_set, TrainR
   report->any_network_right = accuracy.any_right;
   report->network_mean_weights = accuracy.mean_weights;
   return absl::OkStatus();
+}
+
+namespace {
+
+class Gated final : public TrainingMode {
+ public:
+  std::string name() const override { return "gated"; }
+  std::unique_ptr<TrainingStrategy> MakeStrategy() const override { return std::make_unique<GatedStrategy>(); }
+  bool ClassifiesOnly() const override { return true; }
+  // A real cluster's size is known only when it starts: checked against one
+  // worker per network then.
+  absl::Status Validate(const StrategyConfig& config, int workers) const override {
+    if (workers == 0) workers = config.gated.networks.empty() ? 2 : static_cast<int>(config.gated.networks.size());
+    return Resolve(config, workers).status();
+  }
+  std::string Summary(const StrategyConfig& config, int workers) const override {
+    auto gated = Resolve(config, workers);
+    return gated.ok() ? GatedSummary(config.model, *gated) : TrainingMode::Summary(config, workers);
+  }
+  absl::StatusOr<std::vector<VariableSpec>> Variables(const StrategyConfig& config, int workers) const override {
+    return GatedVariableSpecs(config, workers);
+  }
+  std::vector<ScopeRule> ScopeRules(const StrategyConfig& /*config*/, const std::vector<TaskId>& /*workers*/,
+                                    const TaskId& chief) const override {
+    return {GatedExchangeRule(chief)};
+  }
+  // Every network sees the chief's batches.
+  void SplitData(const StrategyConfig& /*config*/, const Dataset& train, WorkerContext& context) const override {
+    context.train_shard = train;
+  }
+  bool TrainsOneModel() const override { return false; }
+  absl::Status Report(WorkerContext& context, const Dataset& test_set, TrainReport* report) const override {
+    return ReportGated(context, test_set, report);
+  }
+};
+
+}  // namespace
+
+const TrainingMode& GatedMode() {
+  static const Gated mode;
+  return mode;
 }
 
 }  // namespace shoal

@@ -25,17 +25,18 @@
 
 #include "shoal/strategy/train_report.h"
 #include "shoal/strategy/strategy.h"
+#include "shoal/strategy/training_mode.h"
 
 namespace shoal {
 
 // The ensemble's variables and the exchange tensors, for the placement, and
 // the scope rule that puts the exchange on the chief.
-absl::StatusOr<std::vector<VariableSpec>> GatedVariableSpecs(const JobConfig& config, int num_workers);
+absl::StatusOr<std::vector<VariableSpec>> GatedVariableSpecs(const StrategyConfig& config, int num_workers);
 ScopeRule GatedExchangeRule(const TaskId& chief);
 
 // The chief's batches, as [n, 1] float rows of example indices (and their
 // labels): the same sequence in every form of the job.
-BatchIterator GatedBatchIndices(const Dataset& train, const JobConfig& config);
+BatchIterator GatedBatchIndices(const Dataset& train, const StrategyConfig& config);
 
 class GatedStrategy : public TrainingStrategy {
  public:
@@ -45,6 +46,9 @@ class GatedStrategy : public TrainingStrategy {
 // The chief's report: the test accuracy of the master-weighted vote (the
 // job's), of every network alone and of their uniform average.
 absl::Status ReportGated(WorkerContext& context, const Dataset& test_set, TrainReport* report);
+
+// The mode "gated" (training_mode.h).
+const TrainingMode& GatedMode();
 
 }  // namespace shoal
 

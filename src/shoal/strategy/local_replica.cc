@@ -309,4 +309,54 @@ absl::StatusOr<WorkerResult> ElasticAverageStrategy::RunWorker(WorkerContext& co
   return result;
 }
 
+namespace {
+
+// Each worker trains its own copy with the local optimizer; buffers follow
+// the drift rule (PushBufferDrift), so the chief publishes none of its own.
+class Downpour final : public TrainingMode {
+ public:
+  std::string name() const override { return "downpour"; }
+  std::unique_ptr<TrainingStrategy> MakeStrategy() const override { return std::make_unique<DownpourStrategy>(); }
+  // DistBelief's: adagrad on the ps.
+  wire::OptimizerConfig DefaultOptimizer() const override {
+    wire::OptimizerConfig o;
+    o.set_kind("adagrad");
+    o.set_learning_rate(0.01);
+    return o;
+  }
+};
+
+class ModelAverage final : public TrainingMode {
+ public:
+  std::string name() const override { return "model_average"; }
+  std::unique_ptr<TrainingStrategy> MakeStrategy() const override {
+    return std::make_unique<ModelAverageStrategy>();
+  }
+};
+
+class ElasticAverage final : public TrainingMode {
+ public:
+  std::string name() const override { return "easgd"; }
+  std::unique_ptr<TrainingStrategy> MakeStrategy() const override {
+    return std::make_unique<ElasticAverageStrategy>();
+  }
+};
+
+}  // namespace
+
+const TrainingMode& DownpourMode() {
+  static const Downpour mode;
+  return mode;
+}
+
+const TrainingMode& ModelAverageMode() {
+  static const ModelAverage mode;
+  return mode;
+}
+
+const TrainingMode& ElasticAverageMode() {
+  static const ElasticAverage mode;
+  return mode;
+}
+
 }  // namespace shoal

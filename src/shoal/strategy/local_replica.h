@@ -9,6 +9,7 @@
 
 #include "shoal/server/optimizer.h"
 #include "shoal/strategy/strategy.h"
+#include "shoal/strategy/training_mode.h"
 
 namespace shoal {
 
@@ -82,6 +83,11 @@ int64_t RoundAtLocalStep(const LocalReplicaConfig& config, int64_t local_step);
 
 // Counts the averaging exchanges completed.
 inline constexpr char kAverageRound[] = "average_round";
+
+// The modes "downpour", "model_average" and "easgd" (training_mode.h).
+const TrainingMode& DownpourMode();
+const TrainingMode& ModelAverageMode();
+const TrainingMode& ElasticAverageMode();
 
 }  // namespace shoal
 

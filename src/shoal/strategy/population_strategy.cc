@@ -209,20 +209,20 @@ absl::Status RecoverMember(WorkerContext& context, const Member& member, const M
 
 }  // namespace
 
-int NumMembers(const JobConfig& config, int num_workers) {
+int NumMembers(const StrategyConfig& config, int num_workers) {
   return std::max(1, num_workers / config.population.workers_per_member);
 }
 
 std::string MemberScope(int member) { return absl::StrCat("worker_", member, "/"); }
 
-ModelConfig MemberModel(const JobConfig& config, int member) {
+ModelConfig MemberModel(const StrategyConfig& config, int member) {
   ModelConfig model = config.model;
   model.scope = MemberScope(member);
   model.seed = config.model.seed + member;
   return model;
 }
 
-std::vector<std::string> PopulationCounters(const JobConfig& config, int num_workers) {
+std::vector<std::string> PopulationCounters(const StrategyConfig& config, int num_workers) {
   std::vector<std::string> counters;
   for (int m = 0; m < NumMembers(config, num_workers); ++m) counters.push_back(MemberStepCounter(m));
   return counters;
@@ -231,7 +231,7 @@ std::vector<std::string> PopulationCounters(const JobConfig& config, int num_wor
 std::string HyperparametersVariable(int member) { return MemberScope(member) + "hparams"; }
 std::string FitnessVariable(int member) { return MemberScope(member) + "fitness"; }
 
-absl::StatusOr<std::vector<VariableSpec>> PopulationVariableSpecs(const JobConfig& config, int num_workers) {
+absl::StatusOr<std::vector<VariableSpec>> PopulationVariableSpecs(const StrategyConfig& config, int num_workers) {
   std::vector<VariableSpec> specs;
   for (int m = 0; m < NumMembers(config, num_workers); ++m) {
     SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(MemberModel(config, m)));
@@ -243,7 +243,7 @@ absl::StatusOr<std::vector<VariableSpec>> PopulationVariableSpecs(const JobConfi
   return specs;
 }
 
-std::vector<ScopeRule> PopulationScopeRules(const JobConfig& config, const std::vector<TaskId>& workers) {
+std::vector<ScopeRule> PopulationScopeRules(const StrategyConfig& config, const std::vector<TaskId>& workers) {
   std::vector<ScopeRule> rules;
   if (config.population.variables_on != "member") return rules;
   const int members = NumMembers(config, static_cast<int>(workers.size()));
@@ -275,7 +275,7 @@ absl::Status InheritMember(Client& reader, Client& writer, const std::vector<std
 }
 
 absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& context) {
-  const JobConfig& config = *context.config;
+  const StrategyConfig& config = *context.config;
   const PopulationConfig& pc = config.population;
   Client& client = *context.client;
   const int members = NumMembers(config, context.num_workers);
@@ -540,7 +540,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
 }
 
 absl::Status ReportPopulation(WorkerContext& context, const Dataset& test_set, TrainReport* report) {
-  const JobConfig& config = *context.config;
+  const StrategyConfig& config = *context.config;
   Client& client = *context.client;
   double best_fitness = -2;
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> first, MakeModel(MemberModel(config, 0)));
@@ -578,6 +578,61 @@ absl::Status ReportPopulation(WorkerContext& context, const Dataset& test_set, T
     report->population_summary = absl::StrCat("(no lineage: ", events.status().message(), ")\n");
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+class Population final : public TrainingMode {
+ public:
+  std::string name() const override { return "population"; }
+  std::unique_ptr<TrainingStrategy> MakeStrategy() const override { return std::make_unique<PopulationStrategy>(); }
+  bool ClassifiesOnly() const override { return true; }
+  absl::Status Validate(const StrategyConfig& config, int workers) const override {
+    const int per_member = config.population.workers_per_member;
+    if (workers > 0 && per_member > 0 && workers % per_member != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("config: 'cluster.workers' (", workers,
+                                                     ") is not a multiple of 'population.workers_per_member' (",
+                                                     per_member, ")"));
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<VariableSpec>> Variables(const StrategyConfig& config, int workers) const override {
+    return PopulationVariableSpecs(config, workers);
+  }
+  std::vector<ScopeRule> ScopeRules(const StrategyConfig& config, const std::vector<TaskId>& workers,
+                                    const TaskId& /*chief*/) const override {
+    return PopulationScopeRules(config, workers);
+  }
+  bool WorkersHostVariables() const override { return true; }
+  // Every member trains on the whole training set but its end, the
+  // validation split that measures fitness; a member's workers share it.
+  void SplitData(const StrategyConfig& config, const Dataset& train, WorkerContext& context) const override {
+    const int64_t validation = std::min(config.population.validation_examples, train.size() - 1);
+    const int64_t trained = train.size() - validation;
+    context.validation = Dataset{train.images.narrow(0, trained, validation), train.labels.narrow(0, trained, validation)};
+    const Dataset rest{train.images.narrow(0, 0, trained), train.labels.narrow(0, 0, trained)};
+    const int per_member = config.population.workers_per_member;
+    context.train_shard = rest.Shard(context.worker_index % per_member, per_member);
+  }
+  // Every member trains on all of it but the validation split.
+  int64_t ExamplesPerEpoch(const StrategyConfig& config, int64_t train_examples, int workers) const override {
+    const int64_t trained = std::max<int64_t>(1, train_examples - config.population.validation_examples);
+    return trained * (workers / config.population.workers_per_member);
+  }
+  std::vector<std::string> SavedCounters(const StrategyConfig& config, int workers) const override {
+    return PopulationCounters(config, workers);
+  }
+  bool TrainsOneModel() const override { return false; }
+  absl::Status Report(WorkerContext& context, const Dataset& test_set, TrainReport* report) const override {
+    return ReportPopulation(context, test_set, report);
+  }
+};
+
+}  // namespace
+
+const TrainingMode& PopulationMode() {
+  static const Population mode;
+  return mode;
 }
 
 }  // namespace shoal

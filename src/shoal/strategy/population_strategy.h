@@ -20,24 +20,25 @@
 #include "shoal/population/policy.h"
 #include "shoal/strategy/train_report.h"
 #include "shoal/strategy/strategy.h"
+#include "shoal/strategy/training_mode.h"
 
 namespace shoal {
 
-int NumMembers(const JobConfig& config, int num_workers);
+int NumMembers(const StrategyConfig& config, int num_workers);
 
 // Member m's scope, "worker_<m>/", and its model's config (seeded per member).
 std::string MemberScope(int member);
-ModelConfig MemberModel(const JobConfig& config, int member);
+ModelConfig MemberModel(const StrategyConfig& config, int member);
 // The counters a checkpoint of a population keeps besides the job's: each
 // member's step.
-std::vector<std::string> PopulationCounters(const JobConfig& config, int num_workers);
+std::vector<std::string> PopulationCounters(const StrategyConfig& config, int num_workers);
 std::string HyperparametersVariable(int member);
 std::string FitnessVariable(int member);
 
 // Every member's variables, for the placement; with variables_on: member,
 // scope rules that put member m's on its first worker task.
-absl::StatusOr<std::vector<VariableSpec>> PopulationVariableSpecs(const JobConfig& config, int num_workers);
-std::vector<ScopeRule> PopulationScopeRules(const JobConfig& config, const std::vector<TaskId>& workers);
+absl::StatusOr<std::vector<VariableSpec>> PopulationVariableSpecs(const StrategyConfig& config, int num_workers);
+std::vector<ScopeRule> PopulationScopeRules(const StrategyConfig& config, const std::vector<TaskId>& workers);
 
 // Copies member `from`'s weights onto `to`'s, and with `with_slots` its
 // optimizer slots, bit for bit; and its buffers (BatchNorm statistics)
@@ -56,6 +57,9 @@ class PopulationStrategy : public TrainingStrategy {
 // best member's (by validation fitness) as the job's, the lineage picture
 // and summary.
 absl::Status ReportPopulation(WorkerContext& context, const Dataset& test_set, TrainReport* report);
+
+// The mode "population" (training_mode.h).
+const TrainingMode& PopulationMode();
 
 }  // namespace shoal
 

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "shoal/core/status.h"
+#include "shoal/strategy/step_driver.h"
 
 namespace shoal {
 namespace {
@@ -36,77 +37,114 @@ absl::StatusOr<bool> WaitForStepDone(WorkerContext& context, int64_t generation,
   }
 }
 
-}  // namespace
+// Stale synchronous parallel: async pushes, with each worker's clock kept
+// on the counter task and a wait at the staleness bound.
+class SspPolicy : public StepPolicy {
+ public:
+  explicit SspPolicy(WorkerContext& context)
+      : context_(context),
+        client_(*context.client),
+        staleness_(context.config->training.staleness),
+        timeout_(absl::Seconds(context.config->training.sync_timeout_s)),
+        local_steps_((context.max_steps + context.num_workers - 1) / context.num_workers) {}
 
-absl::StatusOr<WorkerResult> SspStrategy::RunWorker(WorkerContext& context) {
-  const JobConfig& config = *context.config;
-  const int64_t staleness = config.training.staleness;
-  Client& client = *context.client;
-  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> built, MakeModel(config.model));
-  Model& model = *built;
-  SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, model));
-  const std::vector<std::string>& names = model.variable_names();
-  const absl::Duration timeout = absl::Seconds(config.training.sync_timeout_s);
-  const int64_t local_steps = (context.max_steps + context.num_workers - 1) / context.num_workers;
-  BatchIterator batches(context.train_shard, config.training.batch_size,
-                        config.training.seed * 1000003 + context.worker_index);
-  WorkerResult result;
-  int64_t generation = -1;  // the restores the clocks below count from
-  int64_t base = 0;         // every worker's local step when the generation began
-  int64_t step = 0;         // this worker's local step
   // At the start, and after a restore: the clocks of the job's generation,
   // which begin at the restored step's share; a restarted worker goes on
   // from its own clock in them.
-  auto join = [&]() -> absl::Status {
-    if (context.restores_known == generation) return absl::OkStatus();  // nothing was undone
-    generation = context.restores_known;
+  absl::Status Join(Model& /*model*/) override {
+    if (context_.restores_known == generation_) return absl::OkStatus();  // nothing was undone
+    generation_ = context_.restores_known;
     int64_t restored = 0;
-    if (generation > 0) {
-      SHOAL_ASSIGN_OR_RETURN(restored, client.AddToCounter(kRestoredStep, 0));
+    if (generation_ > 0) {
+      SHOAL_ASSIGN_OR_RETURN(restored, client_.AddToCounter(kRestoredStep, 0));
     }
-    base = restored / context.num_workers;
-    SHOAL_ASSIGN_OR_RETURN(int64_t clock, client.AddToCounter(ClockCounter(generation, context.worker_index), 0));
-    step = base + clock;
+    base_ = restored / context_.num_workers;
+    SHOAL_ASSIGN_OR_RETURN(int64_t clock, client_.AddToCounter(ClockCounter(generation_, context_.worker_index), 0));
+    step_ = base_ + clock;
     return absl::OkStatus();
-  };
-  SHOAL_RETURN_IF_ERROR(join());
-  auto step_once = [&]() -> absl::StatusOr<bool> {
-    if (step >= local_steps) return false;
-    if (context.before_step) context.before_step(step);
-    if (staleness >= 0 && step - base > staleness) {
-      SHOAL_ASSIGN_OR_RETURN(bool go_on, WaitForStepDone(context, generation, step - staleness - 1, timeout));
+  }
+  bool HasStepsLeft() const override { return step_ < local_steps_; }
+  int64_t LocalStep() const override { return step_; }
+  int64_t GlobalStep() const override { return 0; }
+
+  absl::StatusOr<bool> Barrier() override {
+    if (staleness_ >= 0 && step_ - base_ > staleness_) {
+      SHOAL_ASSIGN_OR_RETURN(bool go_on, WaitForStepDone(context_, generation_, step_ - staleness_ - 1, timeout_));
       if (!go_on) return false;
     }
     // Measure the gap from the workers' own clocks, not from the wait above.
-    int64_t slowest = step - base;
-    for (int w = 0; w < context.num_workers; ++w) {
-      SHOAL_ASSIGN_OR_RETURN(int64_t clock, client.AddToCounter(ClockCounter(generation, w), 0));
+    int64_t slowest = step_ - base_;
+    for (int w = 0; w < context_.num_workers; ++w) {
+      SHOAL_ASSIGN_OR_RETURN(int64_t clock, client_.AddToCounter(ClockCounter(generation_, w), 0));
       slowest = std::min(slowest, clock);
     }
-    SHOAL_RETURN_IF_ERROR(client.AddToCounter(SspGapCounter(step - base - slowest), 1).status());
+    SHOAL_RETURN_IF_ERROR(client_.AddToCounter(SspGapCounter(step_ - base_ - slowest), 1).status());
+    return true;
+  }
 
-    SHOAL_ASSIGN_OR_RETURN(BatchResult batch, PullAndComputeGradients(client, model, batches));
-    StepInfo info = MakeStepInfo(step + 1, 0, batch, model);
-    const std::vector<torch::Tensor> gradients = model.Gradients();
-    SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, gradients, info, &result));
-    if (!send) return false;
+  absl::Status Pull(Model& model) override {
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client_.Read(model.variable_names()));
+    model.Load(values);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients,
+                                   StepInfo& step) override {
     SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> counters,
-                           client.ApplyGradients(names, gradients,
-                                                 {{kGlobalStep, 1}, {kStopRequested, 0}, {kRestores, 0}}));
+                           client_.ApplyGradients(model.variable_names(), gradients,
+                                                  {{kGlobalStep, 1}, {kStopRequested, 0}, {kRestores, 0}}));
     // A restore meanwhile took the gradient as a stale one; this worker's
     // clock belongs to the generation after it.
-    if (counters[2] != generation) SHOAL_RETURN_IF_ERROR(JobRewound(context));
-    SHOAL_RETURN_IF_ERROR(client.AddToCounter(ClockCounter(generation, context.worker_index), 1).status());
-    SHOAL_RETURN_IF_ERROR(client.AddToCounter(StepDoneCounter(generation, step), 1).status());
-    ++step;
-    info.global_step = counters[0];
-    SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
-    return go_on && counters[1] == 0;
-  };
-  // A lost ps: the chief restores the newest checkpoint and every worker
-  // goes on from its step, in the clocks of the new generation.
-  SHOAL_RETURN_IF_ERROR(StepUntilDone(context, names, model.variables(), config.training.optimizer, step_once, join));
-  return result;
+    if (counters[2] != generation_) SHOAL_RETURN_IF_ERROR(JobRewound(context_));
+    SHOAL_RETURN_IF_ERROR(client_.AddToCounter(ClockCounter(generation_, context_.worker_index), 1).status());
+    SHOAL_RETURN_IF_ERROR(client_.AddToCounter(StepDoneCounter(generation_, step_), 1).status());
+    ++step_;
+    step.local_step = step_;
+    step.global_step = counters[0];
+    return counters[1] == 0 ? PushOutcome::kStepDone : PushOutcome::kLastStep;
+  }
+
+ private:
+  WorkerContext& context_;
+  Client& client_;
+  const int64_t staleness_;
+  const absl::Duration timeout_;
+  const int64_t local_steps_;
+  int64_t generation_ = -1;  // the restores the clocks count from
+  int64_t base_ = 0;         // every worker's local step when the generation began
+  int64_t step_ = 0;         // this worker's local step
+};
+
+class Ssp final : public TrainingMode {
+ public:
+  std::string name() const override { return "ssp"; }
+  std::unique_ptr<TrainingStrategy> MakeStrategy() const override { return std::make_unique<SspStrategy>(); }
+  // The default report, and the histogram of clock gaps, read well past the
+  // bound so that a violation would show.
+  absl::Status Report(WorkerContext& context, const Dataset& test_set, TrainReport* report) const override {
+    SHOAL_RETURN_IF_ERROR(TrainingMode::Report(context, test_set, report));
+    const int64_t limit = std::max<int64_t>(context.config->training.staleness, 0) + 16;
+    for (int64_t gap = 0; gap <= limit; ++gap) {
+      SHOAL_ASSIGN_OR_RETURN(int64_t steps, context.client->AddToCounter(SspGapCounter(gap), 0));
+      report->ssp_gap_histogram.push_back(steps);
+    }
+    while (!report->ssp_gap_histogram.empty() && report->ssp_gap_histogram.back() == 0) {
+      report->ssp_gap_histogram.pop_back();
+    }
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<WorkerResult> SspStrategy::RunWorker(WorkerContext& context) {
+  SspPolicy policy(context);
+  return DriveSteps(context, policy);
+}
+
+const TrainingMode& SspMode() {
+  static const Ssp mode;
+  return mode;
 }
 
 }  // namespace shoal

@@ -15,6 +15,7 @@
 #define SHOAL_STRATEGY_SSP_STRATEGY_H_
 
 #include "shoal/strategy/strategy.h"
+#include "shoal/strategy/training_mode.h"
 
 namespace shoal {
 
@@ -22,6 +23,9 @@ class SspStrategy final : public TrainingStrategy {
  public:
   absl::StatusOr<WorkerResult> RunWorker(WorkerContext& context) override;
 };
+
+// The mode "ssp" (training_mode.h).
+const TrainingMode& SspMode();
 
 }  // namespace shoal
 

@@ -9,46 +9,13 @@
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/core/dtype.h"
 #include "shoal/core/status.h"
-#include "shoal/strategy/async_strategy.h"
-#include "shoal/strategy/gated_strategy.h"
-#include "shoal/strategy/local_replica.h"
-#include "shoal/strategy/population_strategy.h"
-#include "shoal/strategy/ssp_strategy.h"
-#include "shoal/strategy/sync_strategy.h"
 
 namespace shoal {
 
-absl::StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const JobConfig& config) {
-  if (config.training.mode == "async") return std::unique_ptr<TrainingStrategy>(new AsyncStrategy());
-  if (config.training.mode == "sync") return std::unique_ptr<TrainingStrategy>(new SyncStrategy());
-  if (config.training.mode == "ssp") return std::unique_ptr<TrainingStrategy>(new SspStrategy());
-  if (config.training.mode == "downpour") return std::unique_ptr<TrainingStrategy>(new DownpourStrategy());
-  if (config.training.mode == "model_average") return std::unique_ptr<TrainingStrategy>(new ModelAverageStrategy());
-  if (config.training.mode == "easgd") return std::unique_ptr<TrainingStrategy>(new ElasticAverageStrategy());
-  if (config.training.mode == "population") return std::unique_ptr<TrainingStrategy>(new PopulationStrategy());
-  if (config.training.mode == "gated") return std::unique_ptr<TrainingStrategy>(new GatedStrategy());
-  return absl::InvalidArgumentError(absl::StrCat("unknown training mode '", config.training.mode, "'"));
-}
-
 std::string SspGapCounter(int64_t gap) { return absl::StrCat("ssp_gap/", gap); }
 
-int ReplicasToAggregate(const JobConfig& config, int num_workers) {
+int ReplicasToAggregate(const StrategyConfig& config, int num_workers) {
   return config.training.replicas_to_aggregate > 0 ? config.training.replicas_to_aggregate : num_workers;
-}
-
-int64_t ExamplesPerStep(const JobConfig& config, int num_workers) {
-  return config.training.batch_size * (config.training.mode == "sync" ? ReplicasToAggregate(config, num_workers) : 1);
-}
-
-int64_t MaxSteps(const JobConfig& config, int64_t train_examples, int num_workers) {
-  if (config.training.max_steps > 0) return config.training.max_steps;
-  const int64_t per_step = ExamplesPerStep(config, num_workers);
-  int64_t examples = config.training.epochs * train_examples;
-  if (config.training.mode == "population") {  // every member trains on all of it, but the validation split
-    const int64_t trained = std::max<int64_t>(1, train_examples - config.population.validation_examples);
-    examples = config.training.epochs * trained * (num_workers / config.population.workers_per_member);
-  }
-  return std::max<int64_t>(1, (examples + per_step - 1) / per_step);
 }
 
 BatchResult ComputeGradients(Model& model, BatchIterator& batches) {
@@ -111,15 +78,13 @@ absl::StatusOr<bool> CheckUpdate(WorkerContext& context, const std::vector<std::
   return false;
 }
 
-bool ChiefPublishesBuffers(const std::string& mode) { return mode == "async" || mode == "sync" || mode == "ssp"; }
-
 bool BuffersDue(const WorkerContext& context, const StepInfo& step) {
   return step.local_step % context.config->training.buffer_publish_steps == 0 || step.global_step >= context.max_steps;
 }
 
 absl::Status PublishChiefBuffers(WorkerContext& context, const StepInfo& step) {
   if (!context.is_chief || context.buffer_names.empty() || step.model == nullptr ||
-      !ChiefPublishesBuffers(context.config->training.mode)) {
+      !context.chief_publishes_buffers) {
     return absl::OkStatus();
   }
   if (!BuffersDue(context, step)) return absl::OkStatus();

@@ -14,7 +14,7 @@
 #include "shoal/data/dataset.h"
 #include "shoal/hooks/hook.h"
 #include "shoal/model/mlp.h"
-#include "shoal/config/config.h"
+#include "shoal/strategy/strategy_config.h"
 
 namespace shoal {
 
@@ -46,7 +46,7 @@ struct WorkerContext {
   std::vector<TaskId> workers;  // every training task, by worker index
   bool is_chief = false;
   Client* client = nullptr;
-  const JobConfig* config = nullptr;
+  const StrategyConfig* config = nullptr;
   Dataset train_shard;
   Dataset validation;          // populations: carved from the training set, never trained on
   int64_t train_examples = 0;  // in the whole training set (for epochs)
@@ -83,6 +83,9 @@ struct WorkerContext {
   // them, and shared by the mode's rule (ShareBuffers).
   std::vector<std::string> buffer_names;
   std::vector<torch::Tensor> buffer_values;
+  // Set by the step driver (async, sync, ssp): the chief publishes its
+  // buffers every training.buffer_publish_steps steps (PublishChiefBuffers).
+  bool chief_publishes_buffers = false;
 };
 
 struct WorkerResult {
@@ -102,19 +105,19 @@ class TrainingStrategy {
   virtual absl::StatusOr<WorkerResult> RunWorker(WorkerContext& context) = 0;
 };
 
-// The strategy for `config.training.mode`.
-absl::StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const JobConfig& config);
+// The strategy for `config.training.mode` (training_mode.h's table).
+absl::StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const StrategyConfig& config);
 
 // Gradients averaged per synchronous step: the configured number, or all workers.
-int ReplicasToAggregate(const JobConfig& config, int num_workers);
+int ReplicasToAggregate(const StrategyConfig& config, int num_workers);
 
 // Examples one global step consumes: a batch, or one from each aggregated replica.
-int64_t ExamplesPerStep(const JobConfig& config, int num_workers);
+int64_t ExamplesPerStep(const StrategyConfig& config, int num_workers);
 
 // Global steps for `config` over a training set of `train_examples`: one
 // batch per step when asynchronous, one batch from each aggregated replica
 // per step when synchronous.
-int64_t MaxSteps(const JobConfig& config, int64_t train_examples, int num_workers);
+int64_t MaxSteps(const StrategyConfig& config, int64_t train_examples, int num_workers);
 
 // What forward and backward on one batch gave.
 struct BatchResult {

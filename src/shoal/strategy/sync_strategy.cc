@@ -2,77 +2,100 @@
 
 #include "absl/strings/str_cat.h"
 #include "shoal/core/status.h"
+#include "shoal/strategy/step_driver.h"
 
 namespace shoal {
+namespace {
 
-absl::StatusOr<WorkerResult> SyncStrategy::RunWorker(WorkerContext& context) {
-  const JobConfig& config = *context.config;
-  const int replicas = ReplicasToAggregate(config, context.num_workers);
-  if (replicas > context.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat("replicas_to_aggregate (", replicas,
-                                                   ") exceeds the number of workers (", context.num_workers,
-                                                   "); one worker never contributes several gradients to a step"));
+// SyncReplicas: every worker's gradient goes into the step's accumulators;
+// the one that completes a step's R makes its server apply the mean, and
+// the barrier's read is the next step's pull.
+class SyncPolicy : public StepPolicy {
+ public:
+  explicit SyncPolicy(WorkerContext& context)
+      : context_(context),
+        client_(*context.client),
+        replicas_(ReplicasToAggregate(*context.config, context.num_workers)),
+        me_(context.task.ToString()) {}
+
+  absl::Status Start(WorkerContext& context) override {
+    if (replicas_ > context.num_workers) {
+      return absl::InvalidArgumentError(absl::StrCat("replicas_to_aggregate (", replicas_,
+                                                     ") exceeds the number of workers (", context.num_workers,
+                                                     "); one worker never contributes several gradients to a step"));
+    }
+    // A restore puts the accumulators at the checkpoint's global step.
+    context.restore_accumulator_step = [](int64_t global_step) -> absl::StatusOr<int64_t> { return global_step; };
+    return absl::OkStatus();
   }
-  Client& client = *context.client;
-  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> built, MakeModel(config.model));
-  Model& model = *built;
-  // A restore puts the accumulators at the checkpoint's global step.
-  context.restore_accumulator_step = [](int64_t global_step) -> absl::StatusOr<int64_t> { return global_step; };
-  SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, model));
-  const std::vector<std::string>& names = model.variable_names();
-  const std::string me = context.task.ToString();
-  BatchIterator batches(context.train_shard, config.training.batch_size,
-                        config.training.seed * 1000003 + context.worker_index);
-
-  WorkerResult result;
-  int64_t local_step = 0;
-  int64_t global_step = 0;  // the chief's last word to the counter
   // Where the job is: at the start, and again after a restore put it back.
-  auto join = [&]() -> absl::Status {
-    SHOAL_ASSIGN_OR_RETURN(local_step, client.AddToCounter(kGlobalStep, 0));
-    global_step = local_step;
-    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(names));
+  absl::Status Join(Model& model) override {
+    SHOAL_ASSIGN_OR_RETURN(local_step_, client_.AddToCounter(kGlobalStep, 0));
+    global_step_ = local_step_;
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client_.Read(model.variable_names()));
     model.Load(values);
     return absl::OkStatus();
-  };
-  SHOAL_RETURN_IF_ERROR(join());
-  // One step; false when training is over.
-  auto step_once = [&]() -> absl::StatusOr<bool> {
-    const BatchResult batch = ComputeGradients(model, batches);
-    StepInfo info = MakeStepInfo(result.local_steps + 1, local_step, batch, model);
-    const std::vector<torch::Tensor> gradients = model.Gradients();
-    SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, gradients, info, &result));
-    if (!send) return false;
-    // The gradient that completes a step's R makes its server apply the mean.
-    SHOAL_ASSIGN_OR_RETURN(int dropped, client.Accumulate(names, gradients, local_step, me, replicas));
-    if (dropped > 0) SHOAL_RETURN_IF_ERROR(client.AddToCounter(kStaleGradients, 1).status());
+  }
+  bool HasStepsLeft() const override { return local_step_ < context_.max_steps; }
+  int64_t LocalStep() const override { return local_step_; }
+  int64_t GlobalStep() const override { return local_step_; }
+  absl::Status Pull(Model& /*model*/) override { return absl::OkStatus(); }  // the last barrier's read
+
+  absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients,
+                                   StepInfo& step) override {
+    const std::vector<std::string>& names = model.variable_names();
+    SHOAL_ASSIGN_OR_RETURN(int dropped, client_.Accumulate(names, gradients, local_step_, me_, replicas_));
+    if (dropped > 0) SHOAL_RETURN_IF_ERROR(client_.AddToCounter(kStaleGradients, 1).status());
     // The barrier and the next step's pull in one call.
-    auto resend = [&] { return client.Accumulate(names, gradients, local_step, me, replicas).status(); };
-    SHOAL_ASSIGN_OR_RETURN(StepWait next, ReadAtStepOrStop(context, names, local_step + 1, replicas, resend));
-    if (next.rewound) {
-      SHOAL_RETURN_IF_ERROR(join());
-      return true;
-    }
-    if (!next.values.ready) return false;  // stopped
+    auto resend = [&] { return client_.Accumulate(names, gradients, local_step_, me_, replicas_).status(); };
+    SHOAL_ASSIGN_OR_RETURN(StepWait next, ReadAtStepOrStop(context_, names, local_step_ + 1, replicas_, resend));
+    if (next.rewound) return PushOutcome::kRewound;
+    if (!next.values.ready) return PushOutcome::kStopped;
     model.Load(next.values.values);
-    if (context.is_chief && next.values.step > global_step) {
-      SHOAL_ASSIGN_OR_RETURN(global_step, client.AddToCounter(kGlobalStep, next.values.step - global_step));
+    if (context_.is_chief && next.values.step > global_step_) {
+      SHOAL_ASSIGN_OR_RETURN(global_step_, client_.AddToCounter(kGlobalStep, next.values.step - global_step_));
     }
-    info.global_step = next.values.step;
-    SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
-    local_step = next.values.step;
-    return go_on;
-  };
-  // A lost ps: the chief restores the newest checkpoint, accumulators
-  // included, and every worker goes on from its step.
-  SHOAL_RETURN_IF_ERROR(StepUntilDone(
-      context, names, model.variables(), config.training.optimizer,
-      [&]() -> absl::StatusOr<bool> {
-        if (local_step >= context.max_steps) return false;
-        return step_once();
-      },
-      join));
-  return result;
+    step.global_step = local_step_ = next.values.step;
+    return PushOutcome::kStepDone;
+  }
+
+ private:
+  WorkerContext& context_;
+  Client& client_;
+  const int replicas_;
+  const std::string me_;
+  int64_t local_step_ = 0;
+  int64_t global_step_ = 0;  // the chief's last word to the counter
+};
+
+class Sync final : public TrainingMode {
+ public:
+  std::string name() const override { return "sync"; }
+  std::unique_ptr<TrainingStrategy> MakeStrategy() const override { return std::make_unique<SyncStrategy>(); }
+  absl::Status Validate(const StrategyConfig& config, int workers) const override {
+    if (workers > 0 && config.training.replicas_to_aggregate > workers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: 'training.replicas_to_aggregate' (", config.training.replicas_to_aggregate,
+          ") exceeds the number of workers (", workers,
+          "); shoal does not let one worker contribute several gradients to a step"));
+    }
+    return absl::OkStatus();
+  }
+  int64_t ExamplesPerStep(const StrategyConfig& config, int workers) const override {
+    return config.training.batch_size * ReplicasToAggregate(config, workers);
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<WorkerResult> SyncStrategy::RunWorker(WorkerContext& context) {
+  SyncPolicy policy(context);
+  return DriveSteps(context, policy);
+}
+
+const TrainingMode& SyncMode() {
+  static const Sync mode;
+  return mode;
 }
 
 }  // namespace shoal

@@ -25,6 +25,7 @@
 #define SHOAL_STRATEGY_SYNC_STRATEGY_H_
 
 #include "shoal/strategy/strategy.h"
+#include "shoal/strategy/training_mode.h"
 
 namespace shoal {
 
@@ -32,6 +33,9 @@ class SyncStrategy final : public TrainingStrategy {
  public:
   absl::StatusOr<WorkerResult> RunWorker(WorkerContext& context) override;
 };
+
+// The mode "sync" (training_mode.h).
+const TrainingMode& SyncMode();
 
 }  // namespace shoal
 

@@ -22,6 +22,14 @@
 
 namespace shoal {
 
+// How tasks reach each other (config `transport:`).
+struct TransportConfig {
+  double rpc_timeout_s = 60;
+  double startup_timeout_s = 120;  // how long tasks wait for each other at start
+  int64_t max_message_mb = 512;
+  int connections_per_peer = 2;
+};
+
 // A connection to one task. Thread-safe; calls may overlap.
 class Channel {
  public:

@@ -1,0 +1,89 @@
+// TrainingMode: everything shoal knows of one training mode, in one place:
+// its strategy, the options it checks, what the ps hold for it and where,
+// how the training set is split, how many examples a step takes, what a
+// checkpoint keeps, the chief's report, and the buffer rule. Each mode's own
+// file in strategy/ defines its TrainingMode; the table in training_mode.cc
+// lists them, one row each. Nothing outside strategy/ branches on a mode's
+// name: the session, the config and the command line ask the table.
+//
+// Thread-safe: the modes are constant.
+#ifndef SHOAL_STRATEGY_TRAINING_MODE_H_
+#define SHOAL_STRATEGY_TRAINING_MODE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "shoal/strategy/strategy.h"
+#include "shoal/strategy/train_report.h"
+
+namespace shoal {
+
+class TrainingMode {
+ public:
+  virtual ~TrainingMode() = default;
+
+  // The name `training.mode` gives.
+  virtual std::string name() const = 0;
+  virtual std::unique_ptr<TrainingStrategy> MakeStrategy() const = 0;
+
+  // The ps's optimizer when the config names none: adam 0.001, halved every
+  // 1,500 applies.
+  virtual wire::OptimizerConfig DefaultOptimizer() const;
+  // Checks the options only this mode reads, beyond each section's own
+  // checks; `workers` is the number of training tasks, or 0 when a cluster
+  // file gives it only at start. An error names the key.
+  virtual absl::Status Validate(const StrategyConfig& /*config*/, int /*workers*/) const { return absl::OkStatus(); }
+  // Whether the mode trains classifiers only (model.loss cross_entropy).
+  virtual bool ClassifiesOnly() const { return false; }
+  // One line for logs naming what the job trains (default: ModelSummary).
+  virtual std::string Summary(const StrategyConfig& config, int workers) const;
+
+  // What the ps tasks hold: by default the model's variables and buffers.
+  virtual absl::StatusOr<std::vector<VariableSpec>> Variables(const StrategyConfig& config, int workers) const;
+  // Placement rules beyond the configured ones (a member's variables on its
+  // own task, the gated exchange on the chief).
+  virtual std::vector<ScopeRule> ScopeRules(const StrategyConfig& /*config*/, const std::vector<TaskId>& /*workers*/,
+                                            const TaskId& /*chief*/) const {
+    return {};
+  }
+  // Whether training tasks host variables (a population's members), so that
+  // they serve until the chief has read them for the report.
+  virtual bool WorkersHostVariables() const { return false; }
+
+  // The worker's share of `train` into context.train_shard (and
+  // context.validation): by default the worker_index-th of num_workers
+  // shards.
+  virtual void SplitData(const StrategyConfig& config, const Dataset& train, WorkerContext& context) const;
+  // Examples one global step consumes (default: one batch), and those the
+  // job trains on per epoch of a training set of `train_examples` (default:
+  // all of them, once).
+  virtual int64_t ExamplesPerStep(const StrategyConfig& config, int workers) const;
+  virtual int64_t ExamplesPerEpoch(const StrategyConfig& /*config*/, int64_t train_examples, int /*workers*/) const {
+    return train_examples;
+  }
+
+  // Counters besides the job's that a checkpoint keeps.
+  virtual std::vector<std::string> SavedCounters(const StrategyConfig& /*config*/, int /*workers*/) const {
+    return {};
+  }
+  // Whether one model is trained, so that an evaluator task can follow its
+  // checkpoints.
+  virtual bool TrainsOneModel() const { return true; }
+  // The chief's report once every worker is done: by default the one
+  // model's test accuracy and loss, read from the ps.
+  virtual absl::Status Report(WorkerContext& context, const Dataset& test_set, TrainReport* report) const;
+};
+
+// The mode `name` names; InvalidArgument listing the known ones otherwise.
+absl::StatusOr<const TrainingMode*> FindMode(const std::string& name);
+// Every mode's name, in the table's order.
+std::vector<std::string> ModeNames();
+// The ps's optimizer for `mode` when the config names none (an unknown mode:
+// the default one; validation names the mode).
+wire::OptimizerConfig DefaultOptimizer(const std::string& mode);
+
+}  // namespace shoal
+
+#endif  // SHOAL_STRATEGY_TRAINING_MODE_H_
