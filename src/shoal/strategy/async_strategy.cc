@@ -20,8 +20,10 @@ class AsyncPolicy : public StepPolicy {
     model.Load(values);
     return absl::OkStatus();
   }
-  absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients,
-                                   StepInfo& step) override {
+  absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients, StepInfo& step,
+                                   const UpdateCheck& check) override {
+    SHOAL_ASSIGN_OR_RETURN(bool send, check(model.variable_names(), gradients));
+    if (!send) return PushOutcome::kStopped;
     SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> counters,
                            context_.client->ApplyGradients(model.variable_names(), gradients,
                                                            {{kGlobalStep, 1}, {kStopRequested, 0}}));

@@ -1,6 +1,7 @@
 #include "shoal/strategy/local_replica.h"
 
 #include "shoal/core/status.h"
+#include "shoal/strategy/step_driver.h"
 
 namespace shoal {
 
@@ -75,31 +76,19 @@ int64_t AveragingRounds(const LocalReplicaConfig& config, int64_t max_steps, int
 
 namespace {
 
-BatchIterator WorkerBatches(const WorkerContext& context) {
-  return BatchIterator(context.train_shard, context.config->training.batch_size,
-                       context.config->training.seed * 1000003 + context.worker_index);
-}
-
-// What sending an asynchronous exchange gave.
-struct Push {
-  bool sent = false;  // false: a hook stopped training, nothing was sent
-  bool last = false;  // the job is stopped or has reached max_steps
-};
-
-// Checks `update` with the hooks, then sends it (gradients for the ps's
-// optimizer, or deltas to add), advancing global_step by `steps`.
-absl::StatusOr<Push> PushExchange(WorkerContext& context, const std::vector<std::string>& names,
+// Sends `update` (gradients for the ps's optimizer, or deltas to add),
+// advancing global_step by `steps`. True when that was the job's last: it
+// is stopped or has reached max_steps.
+absl::StatusOr<bool> PushExchange(WorkerContext& context, const std::vector<std::string>& names,
                                   const std::vector<torch::Tensor>& update, wire::UpdateRule rule, int64_t steps,
-                                  StepInfo& info, WorkerResult* result) {
-  SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, update, info, result));
-  if (!send) return Push{};
+                                  StepInfo& info) {
   const std::vector<CounterDelta> counters = {{kGlobalStep, steps}, {kStopRequested, 0}};
   SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> values, rule == wire::UPDATE_ADD
                                                           ? context.client->AddToVariables(names, update, counters)
                                                           : context.client->ApplyGradients(names, update, counters));
   info.global_step = values[0];
   info.exchanged = true;
-  return Push{true, values[1] > 0 || values[0] >= context.max_steps};
+  return values[1] > 0 || values[0] >= context.max_steps;
 }
 
 std::vector<torch::Tensor> ZerosLike(const std::vector<torch::Tensor>& tensors) {
@@ -108,205 +97,245 @@ std::vector<torch::Tensor> ZerosLike(const std::vector<torch::Tensor>& tensors) 
   return zeros;
 }
 
-}  // namespace
+// What the three local-replica policies share: the worker trains its own
+// copy with the local optimizer, and its buffers follow the drift rule
+// (PushBufferDrift), so the chief publishes none of its own.
+class LocalReplicaPolicy : public StepPolicy {
+ public:
+  explicit LocalReplicaPolicy(WorkerContext& context)
+      : context_(context), client_(*context.client), local_(context.config->local) {}
+  absl::StatusOr<Model*> Start(WorkerContext& context) override {
+    SHOAL_ASSIGN_OR_RETURN(replica_, LocalReplica::Create(context.config->model, local_.optimizer));
+    return &replica_->model();
+  }
+  bool ChiefPublishesBuffers() const override { return false; }
+  int64_t LocalStep() const override { return step_; }
+  int64_t GlobalStep() const override { return global_step_; }
+
+ protected:
+  WorkerContext& context_;
+  Client& client_;
+  const LocalReplicaConfig& local_;
+  std::unique_ptr<LocalReplica> replica_;
+  int64_t step_ = 0;         // local steps taken
+  int64_t global_step_ = 0;  // as the last exchange left it
+};
 
 // Downpour (Dean et al., 2012): fetch every n_fetch steps, train locally, and
 // push the summed gradients every n_push steps for the ps's optimizer.
-absl::StatusOr<WorkerResult> DownpourStrategy::RunWorker(WorkerContext& context) {
-  const LocalReplicaConfig& local = context.config->local;
-  SHOAL_ASSIGN_OR_RETURN(auto replica, LocalReplica::Create(context.config->model, local.optimizer));
-  SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, replica->model()));
-  const std::vector<std::string>& names = replica->names();
-  BatchIterator batches = WorkerBatches(context);
-  std::vector<torch::Tensor> pending = ZerosLike(replica->model().variables());  // gradients not yet pushed
-  WorkerResult result;
-  int64_t global_step = 0;
-  int64_t step = 0;
-  auto step_once = [&]() -> absl::StatusOr<bool> {
-    if (context.before_step) context.before_step(step);
-    if (step % local.n_fetch == 0) SHOAL_RETURN_IF_ERROR(FetchGlobal(*context.client, *replica));
-    BatchResult batch = ComputeGradients(replica->model(), batches);
-    const std::vector<torch::Tensor> gradients = replica->model().Gradients();
-    for (size_t i = 0; i < gradients.size(); ++i) pending[i].add_(gradients[i]);
-    replica->Apply(gradients);
-    StepInfo info = MakeStepInfo(step + 1, global_step, batch, replica->model());
-    bool last = false;
-    if ((step + 1) % local.n_push == 0) {
-      SHOAL_ASSIGN_OR_RETURN(Push push, PushExchange(context, names, pending, wire::UPDATE_OPTIMIZER, local.n_push,
-                                                     info, &result));
-      if (!push.sent) return false;
-      SHOAL_RETURN_IF_ERROR(PushBufferDrift(context, *replica));
-      for (auto& p : pending) p.zero_();
-      global_step = info.global_step;
-      last = push.last;
-    }
-    ++step;
-    SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
-    return go_on && !last;
-  };
+class DownpourPolicy : public LocalReplicaPolicy {
+ public:
+  using LocalReplicaPolicy::LocalReplicaPolicy;
   // After a restore: the restored values, and no gradients from before it.
-  auto rejoin = [&]() -> absl::Status {
-    for (auto& p : pending) p.zero_();
-    return FetchGlobal(*context.client, *replica);
-  };
-  SHOAL_RETURN_IF_ERROR(StepUntilDone(context, names, replica->model().variables(),
-                                      context.config->training.optimizer, step_once, rejoin));
-  return result;
-}
+  // (At the start the first step fetches.)
+  absl::Status Join(Model& model) override {
+    pending_ = ZerosLike(model.variables());
+    if (!joined_) {
+      joined_ = true;
+      return absl::OkStatus();
+    }
+    return FetchGlobal(client_, *replica_);
+  }
+  bool HasStepsLeft() const override { return !done_; }
+  absl::Status Pull(Model& /*model*/) override {
+    return step_ % local_.n_fetch == 0 ? FetchGlobal(client_, *replica_) : absl::OkStatus();
+  }
+  absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients, StepInfo& step,
+                                   const UpdateCheck& check) override {
+    for (size_t i = 0; i < gradients.size(); ++i) pending_[i].add_(gradients[i]);
+    replica_->Apply(gradients);
+    step.local_step = step_ + 1;
+    if ((step_ + 1) % local_.n_push == 0) {
+      SHOAL_ASSIGN_OR_RETURN(bool send, check(model.variable_names(), pending_));
+      if (!send) return PushOutcome::kStopped;
+      SHOAL_ASSIGN_OR_RETURN(bool last, PushExchange(context_, model.variable_names(), pending_,
+                                                     wire::UPDATE_OPTIMIZER, local_.n_push, step));
+      SHOAL_RETURN_IF_ERROR(PushBufferDrift(context_, *replica_));
+      for (auto& p : pending_) p.zero_();
+      global_step_ = step.global_step;
+      done_ = last;
+    }
+    ++step_;
+    return done_ ? PushOutcome::kLastStep : PushOutcome::kStepDone;
+  }
+
+ private:
+  std::vector<torch::Tensor> pending_;  // gradients not yet pushed
+  bool joined_ = false;
+  bool done_ = false;
+};
 
 // Model averaging (TensorFlow's ModelAverageOptimizer; BMUF with block
 // momentum): train locally, and at the end of every round average the local
 // copies at a barrier through the ps's accumulators; everyone continues from
 // the average.
-absl::StatusOr<WorkerResult> ModelAverageStrategy::RunWorker(WorkerContext& context) {
-  const LocalReplicaConfig& local = context.config->local;
-  Client& client = *context.client;
-  const int workers = context.num_workers;
-  SHOAL_ASSIGN_OR_RETURN(auto replica, LocalReplica::Create(context.config->model, local.optimizer));
+class ModelAveragePolicy : public LocalReplicaPolicy {
+ public:
+  explicit ModelAveragePolicy(WorkerContext& context)
+      : LocalReplicaPolicy(context),
+        workers_(context.num_workers),
+        rounds_(AveragingRounds(local_, context.max_steps, workers_)),
+        timeout_(absl::Seconds(context.config->training.sync_timeout_s)) {}
+
+  absl::StatusOr<Model*> Start(WorkerContext& context) override {
+    // A restore puts the rounds, and the accumulators that average them, at
+    // the round the checkpoint's step ends.
+    context.restore_accumulator_step = [this](int64_t global_step) -> absl::StatusOr<int64_t> {
+      const int64_t round = RoundAtLocalStep(local_, global_step / workers_);
+      SHOAL_RETURN_IF_ERROR(client_.SetCounter(kAverageRound, round).status());
+      return round;
+    };
+    return LocalReplicaPolicy::Start(context);
+  }
   // With block momentum the global copy keeps BMUF's bg as a momentum slot:
   // momentum SGD on (global - average) is exactly bg = m*bg + lr*(global - average).
-  wire::OptimizerConfig block;
-  block.set_kind("momentum");
-  block.set_learning_rate(local.block_learning_rate);
-  block.set_momentum(local.block_momentum);
-  // A restore puts the rounds, and the accumulators that average them, at
-  // the round the checkpoint's step ends.
-  context.restore_accumulator_step = [&](int64_t global_step) -> absl::StatusOr<int64_t> {
-    const int64_t round = RoundAtLocalStep(local, global_step / workers);
-    SHOAL_RETURN_IF_ERROR(client.SetCounter(kAverageRound, round).status());
-    return round;
-  };
-  SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, replica->model(), &block));
-  const wire::AccumulatedRule rule = local.block_momentum > 0 ? wire::BLOCK_MOMENTUM : wire::ASSIGN_MEAN;
-  const std::vector<std::string>& names = replica->names();
-  const int64_t rounds = AveragingRounds(local, context.max_steps, workers);
-  const absl::Duration timeout = absl::Seconds(context.config->training.sync_timeout_s);
-  BatchIterator batches = WorkerBatches(context);
-  WorkerResult result;
-  int64_t round = 0;        // the averaging round in progress
-  int64_t in_round = 0;     // local steps taken in it
-  int64_t local_step = 0;   // before it, and in it
-  int64_t global_step = 0;  // before it: every worker takes the same steps per round
+  wire::OptimizerConfig PsOptimizer(const WorkerContext& /*context*/) const override {
+    wire::OptimizerConfig block;
+    block.set_kind("momentum");
+    block.set_learning_rate(local_.block_learning_rate);
+    block.set_momentum(local_.block_momentum);
+    return block;
+  }
   // At the start (a restarted worker joins the round in progress) and after
   // a restore: from the global copy, at the start of the job's round.
-  auto join = [&]() -> absl::Status {
-    SHOAL_ASSIGN_OR_RETURN(round, client.AddToCounter(kAverageRound, 0));
-    local_step = 0;
-    for (int64_t r = 0; r < round; ++r) local_step += LocalStepsInRound(local, r);
-    global_step = local_step * workers;
-    in_round = 0;
-    return FetchGlobal(client, *replica);
-  };
-  SHOAL_RETURN_IF_ERROR(join());
-  auto step_once = [&]() -> absl::StatusOr<bool> {
-    if (round >= rounds) return false;
-    const int64_t steps = LocalStepsInRound(local, round);
-    if (context.before_step) context.before_step(local_step);
-    BatchResult batch = ComputeGradients(replica->model(), batches);
-    replica->Apply(replica->model().Gradients());
-    ++local_step;
-    StepInfo info = MakeStepInfo(local_step, global_step, batch, replica->model());
-    if (++in_round < steps) return FinishStep(context, info, &result);
+  absl::Status Join(Model& /*model*/) override {
+    SHOAL_ASSIGN_OR_RETURN(round_, client_.AddToCounter(kAverageRound, 0));
+    step_ = 0;
+    for (int64_t r = 0; r < round_; ++r) step_ += LocalStepsInRound(local_, r);
+    global_step_ = step_ * workers_;
+    in_round_ = 0;
+    return FetchGlobal(client_, *replica_);
+  }
+  bool HasStepsLeft() const override { return round_ < rounds_; }
+  absl::Status Pull(Model& /*model*/) override { return absl::OkStatus(); }  // the local copy trains on
+  absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients, StepInfo& step,
+                                   const UpdateCheck& check) override {
+    const int64_t steps = LocalStepsInRound(local_, round_);
+    replica_->Apply(gradients);
+    step.local_step = ++step_;
+    step.global_step = global_step_;
+    if (++in_round_ < steps) return PushOutcome::kStepDone;
     // The round's last step: average.
-    const std::vector<torch::Tensor> values = replica->Values();
-    SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, values, info, &result));
-    if (!send) return false;
+    const std::vector<std::string>& names = model.variable_names();
+    const std::vector<torch::Tensor> values = replica_->Values();
+    SHOAL_ASSIGN_OR_RETURN(bool send, check(names, values));
+    if (!send) return PushOutcome::kStopped;
     // The buffers' drift first: all of it is in before the barrier releases anyone.
-    SHOAL_RETURN_IF_ERROR(PushBufferDrift(context, *replica));
-    SHOAL_RETURN_IF_ERROR(client.Accumulate(names, values, round, context.task.ToString()).status());
-    if (context.is_chief) {
-      SHOAL_ASSIGN_OR_RETURN(bool applied, ApplyAccumulatedOrStop(context, names, workers, round + 1, rule));
-      if (!applied) return false;
+    SHOAL_RETURN_IF_ERROR(PushBufferDrift(context_, *replica_));
+    SHOAL_RETURN_IF_ERROR(client_.Accumulate(names, values, round_, context_.task.ToString()).status());
+    if (context_.is_chief) {
+      const wire::AccumulatedRule rule = local_.block_momentum > 0 ? wire::BLOCK_MOMENTUM : wire::ASSIGN_MEAN;
+      SHOAL_ASSIGN_OR_RETURN(bool applied, ApplyAccumulatedOrStop(context_, names, workers_, round_ + 1, rule));
+      if (!applied) return PushOutcome::kStopped;
       // Both counters in one call (no variables to update).
       SHOAL_RETURN_IF_ERROR(
-          client.ApplyGradients({}, {}, {{kGlobalStep, steps * workers}, {kAverageRound, 1}}).status());
+          client_.ApplyGradients({}, {}, {{kGlobalStep, steps * workers_}, {kAverageRound, 1}}).status());
     } else {
-      SHOAL_ASSIGN_OR_RETURN(int64_t done, WaitForCounter(context, kAverageRound, round + 1, timeout,
-                                                          absl::StrCat("averaging round ", round + 1)));
-      if (done == 0) return false;  // stopped
+      SHOAL_ASSIGN_OR_RETURN(int64_t done, WaitForCounter(context_, kAverageRound, round_ + 1, timeout_,
+                                                          absl::StrCat("averaging round ", round_ + 1)));
+      if (done == 0) return PushOutcome::kStopped;
     }
-    SHOAL_RETURN_IF_ERROR(FetchGlobal(client, *replica));
-    global_step += steps * workers;
-    ++round;
-    in_round = 0;
-    info.global_step = global_step;
-    info.exchanged = true;
-    return FinishStep(context, info, &result);
-  };
-  // A lost ps: the chief restores the newest checkpoint, rounds and
-  // accumulators included, and every worker starts that round again.
-  SHOAL_RETURN_IF_ERROR(
-      StepUntilDone(context, names, replica->model().variables(), block, step_once, join));
-  return result;
-}
+    SHOAL_RETURN_IF_ERROR(FetchGlobal(client_, *replica_));
+    global_step_ += steps * workers_;
+    ++round_;
+    in_round_ = 0;
+    step.global_step = global_step_;
+    step.exchanged = true;
+    return PushOutcome::kStepDone;
+  }
+
+ private:
+  const int workers_;
+  const int64_t rounds_;
+  const absl::Duration timeout_;
+  int64_t round_ = 0;     // the averaging round in progress
+  int64_t in_round_ = 0;  // local steps taken in it
+};
 
 // Elastic averaging SGD (Zhang et al., 2015; TensorFlow's
 // ElasticAverageOptimizer): every tau steps, asynchronously, move the local
 // copy and the ps's centre towards each other by alpha of their distance.
-absl::StatusOr<WorkerResult> ElasticAverageStrategy::RunWorker(WorkerContext& context) {
-  const LocalReplicaConfig& local = context.config->local;
-  SHOAL_ASSIGN_OR_RETURN(auto replica, LocalReplica::Create(context.config->model, local.optimizer));
-  SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, replica->model()));
-  const std::vector<std::string>& names = replica->names();
-  const double alpha = local.alpha > 0 ? local.alpha : 0.9 / context.num_workers;
-  SHOAL_RETURN_IF_ERROR(FetchGlobal(*context.client, *replica));
-  std::vector<torch::Tensor> centre = replica->Values();  // the centre as last read, for the rho penalty
-  BatchIterator batches = WorkerBatches(context);
-  WorkerResult result;
-  int64_t global_step = 0;
-  int64_t step = 0;
-  auto step_once = [&]() -> absl::StatusOr<bool> {
-    if (context.before_step) context.before_step(step);
-    BatchResult batch = ComputeGradients(replica->model(), batches);
-    std::vector<torch::Tensor> gradients = replica->model().Gradients();
-    if (local.rho > 0) {
-      for (size_t i = 0; i < gradients.size(); ++i) {
-        gradients[i] = gradients[i] + local.rho * (replica->model().variables()[i].detach() - centre[i]);
-      }
-    }
-    replica->Apply(gradients);
-    StepInfo info = MakeStepInfo(step + 1, global_step, batch, replica->model());
-    bool last = false;
-    if ((step + 1) % local.tau == 0) {
-      SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> read, context.client->Read(names));
-      for (auto& t : read) t = t.clone();  // in-process reads alias the centre, which the add below changes
-      std::vector<torch::Tensor> x = replica->Values();
-      std::vector<torch::Tensor> deltas;
-      for (size_t i = 0; i < x.size(); ++i) deltas.push_back(alpha * (x[i] - read[i]));
-      SHOAL_ASSIGN_OR_RETURN(Push push,
-                             PushExchange(context, names, deltas, wire::UPDATE_ADD, local.tau, info, &result));
-      if (!push.sent) return false;
-      for (size_t i = 0; i < x.size(); ++i) x[i] -= deltas[i];
-      // The elastic penalty's anchor is the centre as read at this exchange,
-      // before this worker's own push, as TensorFlow's
-      // ElasticAverageOptimizer keeps its local copy of the centre.
-      centre = std::move(read);
-      replica->Load(x);
-      // Buffers have no elastic force: the replica adds its drift and takes the centre's.
-      if (!replica->model().buffer_names().empty()) {
-        SHOAL_RETURN_IF_ERROR(PushBufferDrift(context, *replica));
-        SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> buffers,
-                               context.client->Read(replica->model().buffer_names()));
-        replica->model().LoadBuffers(buffers);
-        replica->SettleBuffers();
-      }
-      global_step = info.global_step;
-      last = push.last;
-    }
-    ++step;
-    SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
-    return go_on && !last;
-  };
-  // After a restore the centre went back to the checkpoint: start again
-  // from it, as a worker joining the job does.
-  auto rejoin = [&]() -> absl::Status {
-    SHOAL_RETURN_IF_ERROR(FetchGlobal(*context.client, *replica));
-    centre = replica->Values();
+class ElasticAveragePolicy : public LocalReplicaPolicy {
+ public:
+  explicit ElasticAveragePolicy(WorkerContext& context)
+      : LocalReplicaPolicy(context), alpha_(local_.alpha > 0 ? local_.alpha : 0.9 / context.num_workers) {}
+  // At the start, and after a restore took the centre back to the
+  // checkpoint: from the centre.
+  absl::Status Join(Model& /*model*/) override {
+    SHOAL_RETURN_IF_ERROR(FetchGlobal(client_, *replica_));
+    centre_ = replica_->Values();  // the centre as last read, for the rho penalty
     return absl::OkStatus();
-  };
-  SHOAL_RETURN_IF_ERROR(StepUntilDone(context, names, replica->model().variables(),
-                                      context.config->training.optimizer, step_once, rejoin));
-  return result;
+  }
+  bool HasStepsLeft() const override { return !done_; }
+  absl::Status Pull(Model& /*model*/) override { return absl::OkStatus(); }  // the local copy trains on
+  absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients, StepInfo& step,
+                                   const UpdateCheck& check) override {
+    std::vector<torch::Tensor> penalised = gradients;
+    if (local_.rho > 0) {
+      for (size_t i = 0; i < penalised.size(); ++i) {
+        penalised[i] = penalised[i] + local_.rho * (model.variables()[i].detach() - centre_[i]);
+      }
+    }
+    replica_->Apply(penalised);
+    step.local_step = step_ + 1;
+    if ((step_ + 1) % local_.tau == 0) {
+      SHOAL_ASSIGN_OR_RETURN(bool exchanged, Exchange(model, step, check));
+      if (!exchanged) return PushOutcome::kStopped;
+    }
+    ++step_;
+    return done_ ? PushOutcome::kLastStep : PushOutcome::kStepDone;
+  }
+
+ private:
+  // d = alpha * (x - centre); x -= d; centre += d. False: a hook stopped it.
+  absl::StatusOr<bool> Exchange(Model& model, StepInfo& step, const UpdateCheck& check) {
+    const std::vector<std::string>& names = model.variable_names();
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> read, client_.Read(names));
+    for (auto& t : read) t = t.clone();  // in-process reads alias the centre, which the add below changes
+    std::vector<torch::Tensor> x = replica_->Values();
+    std::vector<torch::Tensor> deltas;
+    for (size_t i = 0; i < x.size(); ++i) deltas.push_back(alpha_ * (x[i] - read[i]));
+    SHOAL_ASSIGN_OR_RETURN(bool send, check(names, deltas));
+    if (!send) return false;
+    SHOAL_ASSIGN_OR_RETURN(bool last, PushExchange(context_, names, deltas, wire::UPDATE_ADD, local_.tau, step));
+    for (size_t i = 0; i < x.size(); ++i) x[i] -= deltas[i];
+    // The elastic penalty's anchor is the centre as read at this exchange,
+    // before this worker's own push, as TensorFlow's
+    // ElasticAverageOptimizer keeps its local copy of the centre.
+    centre_ = std::move(read);
+    replica_->Load(x);
+    // Buffers have no elastic force: the replica adds its drift and takes the centre's.
+    if (!model.buffer_names().empty()) {
+      SHOAL_RETURN_IF_ERROR(PushBufferDrift(context_, *replica_));
+      SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> buffers, client_.Read(model.buffer_names()));
+      model.LoadBuffers(buffers);
+      replica_->SettleBuffers();
+    }
+    global_step_ = step.global_step;
+    done_ = last;
+    return true;
+  }
+
+  const double alpha_;
+  std::vector<torch::Tensor> centre_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<WorkerResult> DownpourStrategy::RunWorker(WorkerContext& context) {
+  DownpourPolicy policy(context);
+  return DriveSteps(context, policy);
+}
+
+absl::StatusOr<WorkerResult> ModelAverageStrategy::RunWorker(WorkerContext& context) {
+  ModelAveragePolicy policy(context);
+  return DriveSteps(context, policy);
+}
+
+absl::StatusOr<WorkerResult> ElasticAverageStrategy::RunWorker(WorkerContext& context) {
+  ElasticAveragePolicy policy(context);
+  return DriveSteps(context, policy);
 }
 
 namespace {

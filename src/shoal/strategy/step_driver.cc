@@ -4,13 +4,22 @@
 
 namespace shoal {
 
+absl::StatusOr<Model*> StepPolicy::Start(WorkerContext& context) {
+  SHOAL_ASSIGN_OR_RETURN(model_, MakeModel(context.config->model));
+  return model_.get();
+}
+
+wire::OptimizerConfig StepPolicy::PsOptimizer(const WorkerContext& context) const {
+  return context.config->training.optimizer;
+}
+
 absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& policy) {
   const StrategyConfig& config = *context.config;
-  SHOAL_RETURN_IF_ERROR(policy.Start(context));
-  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> built, MakeModel(config.model));
+  SHOAL_ASSIGN_OR_RETURN(Model * built, policy.Start(context));
   Model& model = *built;
-  SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, model));
-  context.chief_publishes_buffers = true;
+  const wire::OptimizerConfig optimizer = policy.PsOptimizer(context);
+  SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, model, &optimizer));
+  context.chief_publishes_buffers = policy.ChiefPublishesBuffers();
   const std::vector<std::string>& names = model.variable_names();
   BatchIterator batches(context.train_shard, config.training.batch_size,
                         config.training.seed * 1000003 + context.worker_index);
@@ -24,10 +33,11 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
     SHOAL_RETURN_IF_ERROR(policy.Pull(model));
     const BatchResult batch = ComputeGradients(model, batches);
     StepInfo step = MakeStepInfo(result.local_steps + 1, policy.GlobalStep(), batch, model);
-    const std::vector<torch::Tensor> gradients = model.Gradients();
-    SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, names, gradients, step, &result));
-    if (!send) return false;
-    SHOAL_ASSIGN_OR_RETURN(PushOutcome outcome, policy.Push(model, gradients, step));
+    const UpdateCheck check = [&](const std::vector<std::string>& update_names,
+                                  const std::vector<torch::Tensor>& update) {
+      return CheckUpdate(context, update_names, update, step, &result);
+    };
+    SHOAL_ASSIGN_OR_RETURN(PushOutcome outcome, policy.Push(model, model.Gradients(), step, check));
     if (outcome == PushOutcome::kStopped) return false;
     if (outcome == PushOutcome::kRewound) {
       SHOAL_RETURN_IF_ERROR(policy.Join(model));
@@ -38,7 +48,7 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
   };
   // A lost ps: the chief restores the newest checkpoint and every worker
   // rejoins the job where it now is.
-  SHOAL_RETURN_IF_ERROR(StepUntilDone(context, names, model.variables(), config.training.optimizer, step_once,
+  SHOAL_RETURN_IF_ERROR(StepUntilDone(context, names, model.variables(), optimizer, step_once,
                                       [&] { return policy.Join(model); }));
   return result;
 }

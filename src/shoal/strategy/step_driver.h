@@ -1,13 +1,18 @@
-// The step loop the data-parallel modes share (async, sync, ssp): build the
-// model, create or wait for its variables, then per step pull, compute,
-// check, push and finish, recovering from a lost ps through the newest
-// checkpoint. A mode gives only its policies: where it joins the job, its
-// barrier before a step, how it pulls and how it pushes.
+// The step loop that every mode training one model per worker shares
+// (async, sync, ssp, downpour, model_average, easgd): build the model,
+// create or wait for its variables, then per step pull, compute, push
+// (through the hooks) and finish, recovering from a lost ps through the
+// newest checkpoint. A mode gives only its policies: what it trains, where
+// it joins the job, its barrier before a step, how it pulls and how it
+// pushes. (A population's members and the gated lockstep exchange more than
+// one model's values per step, and keep loops of their own.)
 //
 // One driver per worker thread.
 #ifndef SHOAL_STRATEGY_STEP_DRIVER_H_
 #define SHOAL_STRATEGY_STEP_DRIVER_H_
 
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,11 +28,24 @@ enum class PushOutcome {
   kStopped,   // the job was stopped before the step completed
 };
 
+// Runs the hooks on an update before it is sent (CheckUpdate for the step):
+// false when a hook stopped training, and then nothing may be sent.
+using UpdateCheck =
+    std::function<absl::StatusOr<bool>(const std::vector<std::string>& names, const std::vector<torch::Tensor>& update)>;
+
 class StepPolicy {
  public:
   virtual ~StepPolicy() = default;
-  // Before the model is built (sync sets its accumulator rule here).
-  virtual absl::Status Start(WorkerContext& /*context*/) { return absl::OkStatus(); }
+  // Builds what the worker trains, before its variables are created (sync
+  // and model_average set their accumulator rules here). By default the
+  // model of context.config->model.
+  virtual absl::StatusOr<Model*> Start(WorkerContext& context);
+  // The optimizer the ps's variables are created with (default:
+  // training.optimizer).
+  virtual wire::OptimizerConfig PsOptimizer(const WorkerContext& context) const;
+  // Whether the chief publishes its buffers (PublishChiefBuffers): the rule
+  // of async, sync and ssp; the local-replica modes push their drift.
+  virtual bool ChiefPublishesBuffers() const { return true; }
   // Before the first step and after a restore: where this worker is in the
   // job (and, for a mode that pulls at its barrier, the model's values).
   virtual absl::Status Join(Model& /*model*/) { return absl::OkStatus(); }
@@ -42,13 +60,17 @@ class StepPolicy {
   virtual absl::Status Pull(Model& model) = 0;
   // The global step the hooks see before the push.
   virtual int64_t GlobalStep() const = 0;
-  // Sends the step's gradients; sets step.global_step to the step it made.
+  // Sends what the step makes of its gradients, after `check` passed it (a
+  // hook that stops training: kStopped, nothing sent); sets
+  // step.global_step (and step.local_step where the mode counts its own).
   virtual absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients,
-                                           StepInfo& step) = 0;
+                                           StepInfo& step, const UpdateCheck& check) = 0;
+
+ protected:
+  std::unique_ptr<Model> model_;  // what Start built by default
 };
 
-// Runs one worker with `policy`, the model of context.config->model; the
-// chief publishes the model's buffers (PublishChiefBuffers).
+// Runs one worker with `policy`.
 absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& policy);
 
 }  // namespace shoal

@@ -18,7 +18,7 @@ class SyncPolicy : public StepPolicy {
         replicas_(ReplicasToAggregate(*context.config, context.num_workers)),
         me_(context.task.ToString()) {}
 
-  absl::Status Start(WorkerContext& context) override {
+  absl::StatusOr<Model*> Start(WorkerContext& context) override {
     if (replicas_ > context.num_workers) {
       return absl::InvalidArgumentError(absl::StrCat("replicas_to_aggregate (", replicas_,
                                                      ") exceeds the number of workers (", context.num_workers,
@@ -26,7 +26,7 @@ class SyncPolicy : public StepPolicy {
     }
     // A restore puts the accumulators at the checkpoint's global step.
     context.restore_accumulator_step = [](int64_t global_step) -> absl::StatusOr<int64_t> { return global_step; };
-    return absl::OkStatus();
+    return StepPolicy::Start(context);
   }
   // Where the job is: at the start, and again after a restore put it back.
   absl::Status Join(Model& model) override {
@@ -41,8 +41,10 @@ class SyncPolicy : public StepPolicy {
   int64_t GlobalStep() const override { return local_step_; }
   absl::Status Pull(Model& /*model*/) override { return absl::OkStatus(); }  // the last barrier's read
 
-  absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients,
-                                   StepInfo& step) override {
+  absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients, StepInfo& step,
+                                   const UpdateCheck& check) override {
+    SHOAL_ASSIGN_OR_RETURN(bool send, check(model.variable_names(), gradients));
+    if (!send) return PushOutcome::kStopped;
     const std::vector<std::string>& names = model.variable_names();
     SHOAL_ASSIGN_OR_RETURN(int dropped, client_.Accumulate(names, gradients, local_step_, me_, replicas_));
     if (dropped > 0) SHOAL_RETURN_IF_ERROR(client_.AddToCounter(kStaleGradients, 1).status());
