@@ -176,6 +176,11 @@ TEST(CnnCheckpointTest, ARestoreBringsTheBuffersBackBitForBit) {
   Cnn fresh(config.model.cnn, config.model.seed, "");
   ASSERT_TRUE(InitializeOrWait(chief.context, fresh).ok());
   EXPECT_EQ(chief.context.restored_from, report->last_checkpoint);
+  // The resumed chief goes on from the restored statistics, which it will
+  // publish again, not from fresh ones.
+  for (size_t i = 0; i < fresh.buffer_names().size(); ++i) {
+    EXPECT_TRUE(fresh.buffers()[i].equal(saved.at(fresh.buffer_names()[i]))) << fresh.buffer_names()[i];
+  }
   for (const auto& [name, value] : saved) {
     auto live = chief.client->Read({name});
     ASSERT_TRUE(live.ok()) << live.status();

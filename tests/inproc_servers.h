@@ -35,13 +35,15 @@ struct InProcServers {
 // run by hand: its servers, client and context (`max_steps` global steps).
 // Construction throws (failing the test) if the job cannot be set up.
 struct InProcChief {
-  InProcChief(const JobConfig& config, int64_t max_steps)
-      : cluster(ClusterSpec::Local(config.cluster.ps, 1)),
+  InProcChief(const JobConfig& job, int64_t max_steps)
+      : config(job),
+        cluster(ClusterSpec::Local(config.cluster.ps, 1)),
         data(LoadData(config).value()),
         servers(config, cluster),
         client(Client::Create(cluster, &servers.transport, MakePlacement(config, cluster).value()).value()),
         context(MakeWorkerContext(config, cluster, TaskId{"worker", 0}, client.get(), data.train, max_steps)) {}
 
+  JobConfig config;  // the context points at this copy
   ClusterSpec cluster;
   DataSplits data;
   InProcServers servers;

@@ -177,7 +177,8 @@ absl::StatusOr<bool> JobStopRequested(Client& client);
 // every other worker waits for them, up to the start-up timeout.
 //
 // First, one forward pass on two training examples checks that the model
-// fits the data (InvalidArgument naming the model and the shapes).
+// fits the data (InvalidArgument naming the model and the shapes). Last,
+// the model's buffers are read from the ps: a restored job's.
 absl::Status InitializeOrWait(WorkerContext& context, Model& model,
                               const wire::OptimizerConfig* optimizer = nullptr);
 
