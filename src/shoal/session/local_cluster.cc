@@ -25,6 +25,7 @@
 #include "shoal/core/file.h"
 #include "shoal/core/status.h"
 #include "shoal/session/task_runner.h"
+#include "shoal/strategy/training_mode.h"
 
 namespace shoal {
 

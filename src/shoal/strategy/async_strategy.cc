@@ -16,9 +16,7 @@ class AsyncPolicy : public StepPolicy {
   int64_t LocalStep() const override { return local_step_; }
   int64_t GlobalStep() const override { return global_step_; }
   absl::Status Pull(Model& model) override {
-    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, context_.client->Read(model.variable_names()));
-    model.Load(values);
-    return absl::OkStatus();
+    return PullVariables(*context_.client, model);
   }
   absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients, StepInfo& step,
                                    const UpdateCheck& check) override {

@@ -83,9 +83,7 @@ class SspPolicy : public StepPolicy {
   }
 
   absl::Status Pull(Model& model) override {
-    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client_.Read(model.variable_names()));
-    model.Load(values);
-    return absl::OkStatus();
+    return PullVariables(client_, model);
   }
 
   absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients, StepInfo& step,

@@ -34,10 +34,10 @@ BatchResult ComputeGradients(Model& model, BatchIterator& batches) {
   return result;
 }
 
-absl::StatusOr<BatchResult> PullAndComputeGradients(Client& client, Model& model, BatchIterator& batches) {
+absl::Status PullVariables(Client& client, Model& model) {
   SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(model.variable_names()));
   model.Load(values);
-  return ComputeGradients(model, batches);
+  return absl::OkStatus();
 }
 
 absl::Status PullVariablesAndBuffers(Client& client, Model& model) {

@@ -1,6 +1,8 @@
-// TrainingStrategy: what a worker does each step. One implementation per
-// training mode (async now; sync, local replicas, populations and the gated
-// ensemble stand beside it), all on the same Client.
+// TrainingStrategy: what a worker does to train, one per training mode
+// (training_mode.h lists them), and the toolkit they share on the same
+// Client: the worker's context, initialising or waiting for the variables,
+// computing a step, the hooks' checks, buffers, recovering from a lost ps,
+// and the waits of synchronous exchanges.
 #ifndef SHOAL_STRATEGY_STRATEGY_H_
 #define SHOAL_STRATEGY_STRATEGY_H_
 
@@ -105,19 +107,8 @@ class TrainingStrategy {
   virtual absl::StatusOr<WorkerResult> RunWorker(WorkerContext& context) = 0;
 };
 
-// The strategy for `config.training.mode` (training_mode.h's table).
-absl::StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const StrategyConfig& config);
-
 // Gradients averaged per synchronous step: the configured number, or all workers.
 int ReplicasToAggregate(const StrategyConfig& config, int num_workers);
-
-// Examples one global step consumes: a batch, or one from each aggregated replica.
-int64_t ExamplesPerStep(const StrategyConfig& config, int num_workers);
-
-// Global steps for `config` over a training set of `train_examples`: one
-// batch per step when asynchronous, one batch from each aggregated replica
-// per step when synchronous.
-int64_t MaxSteps(const StrategyConfig& config, int64_t train_examples, int num_workers);
 
 // What forward and backward on one batch gave.
 struct BatchResult {
@@ -130,9 +121,8 @@ struct BatchResult {
 // model.Gradients().
 BatchResult ComputeGradients(Model& model, BatchIterator& batches);
 
-// One worker step's local half: pulls `model`'s variables into it, then
-// ComputeGradients.
-absl::StatusOr<BatchResult> PullAndComputeGradients(Client& client, Model& model, BatchIterator& batches);
+// Reads the model's variables from the ps into it: a step's pull.
+absl::Status PullVariables(Client& client, Model& model);
 
 // Reads the model's variables and buffers from the ps (one call) into it:
 // what evaluation and the local-replica modes' fetch use.

@@ -32,9 +32,7 @@ class SyncPolicy : public StepPolicy {
   absl::Status Join(Model& model) override {
     SHOAL_ASSIGN_OR_RETURN(local_step_, client_.AddToCounter(kGlobalStep, 0));
     global_step_ = local_step_;
-    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client_.Read(model.variable_names()));
-    model.Load(values);
-    return absl::OkStatus();
+    return PullVariables(client_, model);
   }
   bool HasStepsLeft() const override { return local_step_ < context_.max_steps; }
   int64_t LocalStep() const override { return local_step_; }

@@ -80,6 +80,14 @@ class TrainingMode {
 absl::StatusOr<const TrainingMode*> FindMode(const std::string& name);
 // Every mode's name, in the table's order.
 std::vector<std::string> ModeNames();
+// The strategy for `config.training.mode`.
+absl::StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const StrategyConfig& config);
+// Examples one global step of the job consumes (the mode's ExamplesPerStep).
+int64_t ExamplesPerStep(const StrategyConfig& config, int num_workers);
+// Global steps for `config` over a training set of `train_examples`:
+// training.max_steps, else the epochs of the mode's examples per epoch,
+// rounded up to whole steps.
+int64_t MaxSteps(const StrategyConfig& config, int64_t train_examples, int num_workers);
 // The ps's optimizer for `mode` when the config names none (an unknown mode:
 // the default one; validation names the mode).
 wire::OptimizerConfig DefaultOptimizer(const std::string& mode);
