@@ -2,10 +2,11 @@
 //
 //   shoal train   [--config FILE] [--processes] [--ps N] [--workers N] [--epochs N] ...
 //   shoal server  --cluster FILE --task ps:0 [--config FILE]     (or TF_CONFIG)
-//   shoal worker  --cluster FILE --task worker:1 [--config FILE] (or TF_CONFIG, WORKER_ID)
+//   shoal worker  --cluster FILE --task worker:1 [--config FILE] (or TF_CONFIG, WORKER_ID, --slurm)
 //
-// This is the only place that reads the environment: flags, TF_CONFIG and
-// WORKER_ID become a JobConfig, a ClusterSpec and a TaskId for the library.
+// This is the only place that reads the environment: flags, TF_CONFIG,
+// WORKER_ID and SLURM's variables become a JobConfig, a ClusterSpec and a
+// TaskId for the library.
 #include <signal.h>
 #include <unistd.h>
 
@@ -25,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "shoal/cluster/slurm.h"
 #include "shoal/core/status.h"
 #include "shoal/report/metrics_plot.h"
 #include "shoal/hooks/standard_hooks.h"
@@ -67,10 +69,19 @@ usage:
       Lists the checkpoints under DIR; shows what a checkpoint (a ckpt-<step>
       folder, or DIR for its newest) holds; reads every tensor of it and
       checks its CRC32C (a corrupt byte is DATA_LOSS naming file and variable).
+  shoal resolve [--cluster FILE --task T | --slurm JOBS] [--config FILE] [--bind ADDR]
+      Prints the task this process would run, its role and address, and the
+      cluster (from the same flags and environment as server and worker),
+      then exits.
   Without --cluster/--task, server and worker read TF_CONFIG
   ({"cluster": {...}, "task": {"type": "worker", "index": 1}}); WORKER_ID
   overrides a worker's index. Jobs: chief (or master), ps, worker,
   evaluator; a job may list only some tasks ({"1": "host:port"}).
+  Under SLURM, `srun shoal worker --slurm ps:2,worker:8 [--port_base 8888]`
+  maps the step's ranks to jobs in that order (SLURM_PROCID,
+  SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE);
+  each task listens on port_base plus its place on its node, and a ps
+  task serves while the others train.
 )";
 
 // The first SIGINT or SIGTERM (what Kubernetes sends a pod it deletes) stops
@@ -181,6 +192,23 @@ absl::StatusOr<JobConfig> ConfigFromFlags(Flags& flags) {
 absl::Status ClusterAndTask(Flags& flags, const JobConfig& config, ClusterSpec* cluster, TaskId* task) {
   std::string cluster_file = flags.Get("cluster", config.cluster.cluster_file);
   const char* tf_config = std::getenv("TF_CONFIG");
+  if (flags.Has("slurm")) {
+    int port_base = 8888;
+    if (flags.Has("port_base") && (!absl::SimpleAtoi(flags.Get("port_base"), &port_base) || port_base < 1 ||
+                                   port_base > 65535)) {
+      return absl::InvalidArgumentError(absl::StrCat("--port_base '", flags.Get("port_base"), "' is not a port"));
+    }
+    auto env = [](const char* name) {
+      const char* value = std::getenv(name);
+      return std::string(value ? value : "");
+    };
+    const SlurmEnvironment slurm{env("SLURM_PROCID"), env("SLURM_STEP_NUM_TASKS"), env("SLURM_STEP_NODELIST"),
+                                 env("SLURM_STEP_TASKS_PER_NODE")};
+    SHOAL_ASSIGN_OR_RETURN(SlurmTask resolved, ResolveSlurmCluster(slurm, flags.Get("slurm"), port_base));
+    *cluster = resolved.cluster;
+    *task = resolved.task;
+    return absl::OkStatus();
+  }
   if (!cluster_file.empty()) {
     SHOAL_ASSIGN_OR_RETURN(*cluster, ClusterSpec::FromJsonFile(cluster_file));
     if (!flags.Has("task")) return absl::InvalidArgumentError("--task is required with --cluster (e.g. --task worker:1)");
@@ -200,7 +228,10 @@ absl::Status ClusterAndTask(Flags& flags, const JobConfig& config, ClusterSpec* 
       return absl::InvalidArgumentError(absl::StrCat("WORKER_ID='", worker_id, "' is not an integer"));
     }
   }
-  if (!cluster->HasTask(*task)) {
+  // An evaluator may be left out of the cluster, as the training operator
+  // leaves it (ParseTfConfig).
+  const bool unlisted_evaluator = task->job == "evaluator" && cluster->NumTasks("evaluator") == 0;
+  if (!cluster->HasTask(*task) && !unlisted_evaluator) {
     return absl::InvalidArgumentError(absl::StrCat(task->ToString(), " is out of range: job '", task->job, "' has ",
                                                    cluster->NumTasks(task->job), " tasks"));
   }
@@ -338,7 +369,27 @@ absl::Status CheckpointTool(const std::string& action, const std::string& path) 
   return absl::OkStatus();
 }
 
+// What `shoal resolve` prints: the task, its role and address, the cluster.
+absl::Status Resolve(Flags& flags) {
+  SHOAL_ASSIGN_OR_RETURN(JobConfig config, ConfigFromFlags(flags));
+  ClusterSpec cluster = ClusterSpec::Local(1, 1);
+  TaskId task;
+  SHOAL_RETURN_IF_ERROR(ClusterAndTask(flags, config, &cluster, &task));
+  const std::string bind = flags.Get("bind");
+  SHOAL_RETURN_IF_ERROR(flags.CheckAllUsed());
+  const std::string role = task.job == "ps"          ? "serves variables"
+                           : task.job == "evaluator" ? "evaluates checkpoints"
+                           : cluster.IsChief(task)   ? "trains (the chief)"
+                                                     : "trains";
+  auto address = cluster.AddressOf(task);
+  absl::PrintF("task %s %s at %s%s\ncluster %s\n", task.ToString(), role,
+               address.ok() ? *address : "no address (not in the cluster)",
+               bind.empty() ? "" : absl::StrCat(", listening on ", bind), cluster.ToJson());
+  return absl::OkStatus();
+}
+
 absl::Status RunTaskAsConfigured(Flags& flags, bool server) {
+  const bool slurm = flags.Has("slurm");
   SHOAL_ASSIGN_OR_RETURN(JobConfig config, ConfigFromFlags(flags));
   ClusterSpec cluster = ClusterSpec::Local(1, 1);
   TaskId task;
@@ -349,9 +400,10 @@ absl::Status RunTaskAsConfigured(Flags& flags, bool server) {
   const bool quiet = flags.Has("quiet");
   const std::string result_file = flags.Get("result_file");
   SHOAL_RETURN_IF_ERROR(flags.CheckAllUsed());
-  // An evaluator in TF_CONFIG evaluates, whichever command the replica runs.
+  // An evaluator in TF_CONFIG evaluates, whichever command the replica runs;
+  // under SLURM every task runs the same command, and a ps task serves.
   if (task.job == "evaluator") return RunEvaluatorTask(config, cluster, task, options);
-  if (server) return RunServerTask(config, cluster, task, options);
+  if (server || (slurm && task.job == "ps")) return RunServerTask(config, cluster, task, options);
   TrainReport report;
   SHOAL_RETURN_IF_ERROR(RunWorkerTask(config, cluster, task, options, quiet ? nullptr : stderr, &report));
   if (cluster.IsChief(task)) {
@@ -396,6 +448,8 @@ int Main(int argc, char** argv) {
       status = RunTask(*flags, /*server=*/true);
     } else if (command == "worker" || command == "evaluator") {
       status = RunTask(*flags, /*server=*/false);
+    } else if (command == "resolve") {
+      status = Resolve(*flags);
     } else if (command == "plot") {
       status = Plot(*flags);
     } else {

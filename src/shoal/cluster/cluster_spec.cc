@@ -329,7 +329,10 @@ absl::StatusOr<TfConfig> ParseTfConfig(const std::string& json_text) {
     return absl::InvalidArgumentError("TF_CONFIG has no integer task.index");
   }
   TaskId id{CanonicalJob(task["type"].get<std::string>()), task["index"].get<int>()};
-  if (!spec->HasTask(id)) {
+  // The training operator leaves the evaluator out of the cluster (it is no
+  // part of training): it has no address, and nobody calls it.
+  const bool unlisted_evaluator = id.job == "evaluator" && spec->NumTasks("evaluator") == 0;
+  if (!spec->HasTask(id) && !unlisted_evaluator) {
     return absl::InvalidArgumentError(absl::StrCat("TF_CONFIG task ", id.ToString(),
                                                    " is out of range: job '", id.job, "' has ",
                                                    spec->NumTasks(id.job), " tasks"));

@@ -82,7 +82,9 @@ bool IsLoopbackAddress(const std::string& address);
 // address is one host).
 bool IsPeerOfJob(const std::string& peer, const ClusterSpec& cluster);
 
-// TF_CONFIG's content: the cluster and this process's task.
+// TF_CONFIG's content: the cluster and this process's task. An evaluator
+// task may be absent from the cluster, as Kubeflow's training operator
+// writes it: the evaluator is no part of training, and has no address.
 struct TfConfig {
   ClusterSpec cluster;
   TaskId task;

@@ -124,8 +124,15 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
   GrpcTransport transport(grpc_options);
   std::unique_ptr<VariableService> service;  // holds nothing; the chief ends the job through it
   std::unique_ptr<ServerHandle> server;
-  SHOAL_RETURN_IF_ERROR(
-      Serve(config, cluster, task, options, transport, &service, &server, !grpc_options.token.empty()));
+  // An evaluator the cluster does not list (the training operator's) has no
+  // address: it serves nothing, and is done once it has evaluated the job's
+  // last step, or when it is told to stop.
+  const bool listed = cluster.AddressOf(task).ok();
+  if (listed) {
+    SHOAL_RETURN_IF_ERROR(
+        Serve(config, cluster, task, options, transport, &service, &server, !grpc_options.token.empty()));
+  }
+  const int64_t last_step = MaxSteps(config, data.train.size(), static_cast<int>(cluster.TrainingTasks().size()));
   std::ofstream metrics;
   if (!config.hooks.metrics_dir.empty()) {
     std::filesystem::create_directories(config.hooks.metrics_dir);
@@ -138,7 +145,8 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
   while (true) {
     // Once the chief has ended the job (its last checkpoint saved), one
     // more look, for that checkpoint, and the evaluator is done.
-    const bool ending = service->shutdown_requested().HasBeenNotified() ||
+    const bool ending = (listed && service->shutdown_requested().HasBeenNotified()) ||
+                        (!listed && evaluated_step >= last_step) ||
                         (options.signal != nullptr && options.signal->load() != 0);
     absl::StatusOr<std::string> latest = LatestCheckpoint(config.checkpoint.dir, fall_back);
     if (!latest.ok() && !absl::IsNotFound(latest.status())) return Annotate(latest.status(), task.ToString());
@@ -153,8 +161,12 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
         if (metrics.is_open()) metrics << EvaluationJsonLine(task.ToString(), evaluation) << std::endl;
       }
     }
-    if (ending) return absl::OkStatus();
-    service->shutdown_requested().WaitForNotificationWithTimeout(absl::Seconds(1));
+    if (ending || (!listed && evaluated_step >= last_step)) return absl::OkStatus();
+    if (listed) {
+      service->shutdown_requested().WaitForNotificationWithTimeout(absl::Seconds(1));
+    } else {
+      absl::SleepFor(absl::Seconds(1));
+    }
   }
 }
 
