@@ -68,6 +68,15 @@ inline void SetAside(const std::filesystem::path& file) {
   std::filesystem::rename(file, file.string() + ".before_kill");
 }
 
+// In a forked child: becomes `shoal <args>` (exits 127 if it cannot).
+[[noreturn]] inline void ExecShoal(const std::vector<std::string>& args) {
+  std::vector<char*> argv = {const_cast<char*>(SHOAL_BINARY)};
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execv(SHOAL_BINARY, argv.data());
+  _exit(127);
+}
+
 class ProcessCluster {
  public:
   // `name` keeps the directories of concurrent tests apart. Every worker
@@ -116,11 +125,7 @@ class ProcessCluster {
     pid_t pid = fork();
     if (pid == 0) {
       if (!err.empty() && std::freopen(err.c_str(), "w", stderr) == nullptr) _exit(126);
-      std::vector<char*> argv = {const_cast<char*>(SHOAL_BINARY)};
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      execv(SHOAL_BINARY, argv.data());
-      _exit(127);
+      ExecShoal(args);
     }
     return pid;
   }

@@ -88,11 +88,7 @@ pid_t StartWithSlurm(const SlurmEnvironment& env, int rank, const std::vector<st
     if (std::freopen(output.c_str(), "w", stdout) == nullptr || std::freopen(output.c_str(), "a", stderr) == nullptr) {
       _exit(126);
     }
-    std::vector<char*> argv = {const_cast<char*>(SHOAL_BINARY)};
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(SHOAL_BINARY, argv.data());
-    _exit(127);
+    ExecShoal(args);
   }
   return pid;
 }
