@@ -125,8 +125,8 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
   std::unique_ptr<VariableService> service;  // holds nothing; the chief ends the job through it
   std::unique_ptr<ServerHandle> server;
   // An evaluator the cluster does not list (the training operator's) has no
-  // address: it serves nothing, and is done once it has evaluated the job's
-  // last step, or when it is told to stop.
+  // address: it serves nothing, and is done a second after it has evaluated
+  // the job's last step, or when it is told to stop.
   const bool listed = cluster.AddressOf(task).ok();
   if (listed) {
     SHOAL_RETURN_IF_ERROR(
@@ -143,8 +143,9 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
   const bool fall_back = config.checkpoint.on_corrupt == "fall_back";
   int64_t evaluated_step = -1;
   while (true) {
-    // Once the chief has ended the job (its last checkpoint saved), one
-    // more look, for that checkpoint, and the evaluator is done.
+    // Once the chief has ended the job (its last checkpoint saved), or an
+    // unlisted evaluator has seen the last step, one more look, for the
+    // final checkpoint, and the evaluator is done.
     const bool ending = (listed && service->shutdown_requested().HasBeenNotified()) ||
                         (!listed && evaluated_step >= last_step) ||
                         (options.signal != nullptr && options.signal->load() != 0);
@@ -161,7 +162,7 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
         if (metrics.is_open()) metrics << EvaluationJsonLine(task.ToString(), evaluation) << std::endl;
       }
     }
-    if (ending || (!listed && evaluated_step >= last_step)) return absl::OkStatus();
+    if (ending) return absl::OkStatus();
     if (listed) {
       service->shutdown_requested().WaitForNotificationWithTimeout(absl::Seconds(1));
     } else {
