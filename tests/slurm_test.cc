@@ -61,6 +61,8 @@ TEST(SlurmTest, WhatDoesNotAddUpIsNamed) {
       {good, {"ps1,worker:3", "'ps1' is not JOB:COUNT"}},
       {good, {"ps:1,ps:3", "names ps twice"}},
       {good, {"ps:1,gpu:3", "--slurm 'ps:1,gpu:3'"}},  // not a job shoal knows
+      {good, {"ps:2000000000,worker:2000000000", "shoal takes at most 65536"}},
+      {SlurmEnvironment{"0", "4", "n[1-2]", "2000000000(x2)"}, {"ps:1,worker:3", "places 4000000000 tasks"}},
       {SlurmEnvironment{"", "4", "n[1-2]", "2(x2)"}, {"ps:1,worker:3", "SLURM_PROCID is not set"}},
       {SlurmEnvironment{"4", "4", "n[1-2]", "2(x2)"}, {"ps:1,worker:3", "SLURM_PROCID 4 is not below"}},
       {SlurmEnvironment{"0", "4", "n[1-3]", "2(x2)"}, {"ps:1,worker:3", "gives 2 nodes but SLURM_STEP_NODELIST"}},

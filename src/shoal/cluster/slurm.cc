@@ -119,7 +119,7 @@ absl::StatusOr<std::vector<int>> ExpandSlurmTasksPerNode(const std::string& text
 absl::StatusOr<SlurmTask> ResolveSlurmCluster(const SlurmEnvironment& env, const std::string& jobs, int port_base) {
   // The jobs, in the order the spec gives them.
   std::vector<std::pair<std::string, int>> spec;
-  int total = 0;
+  int64_t total = 0;
   for (const std::string& entry : std::vector<std::string>(absl::StrSplit(jobs, ','))) {
     const std::vector<std::string> parts = absl::StrSplit(entry, ':');
     int count = 0;
@@ -130,6 +130,10 @@ absl::StatusOr<SlurmTask> ResolveSlurmCluster(const SlurmEnvironment& env, const
     spec.emplace_back(parts[0], count);
     total += count;
   }
+  if (total > kMaxSlurmEntries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--slurm '", jobs, "' asks for ", total, " tasks; shoal takes at most ", kMaxSlurmEntries));
+  }
   SHOAL_ASSIGN_OR_RETURN(int rank, ParseCount("SLURM_PROCID", env.procid));
   SHOAL_ASSIGN_OR_RETURN(int num_tasks, ParseCount("SLURM_STEP_NUM_TASKS", env.num_tasks));
   SHOAL_ASSIGN_OR_RETURN(std::vector<std::string> hosts, ExpandSlurmHostlist(env.nodelist));
@@ -139,7 +143,7 @@ absl::StatusOr<SlurmTask> ResolveSlurmCluster(const SlurmEnvironment& env, const
                                                    per_node.size(), " nodes but SLURM_STEP_NODELIST '", env.nodelist,
                                                    "' lists ", hosts.size()));
   }
-  int placed = 0;
+  int64_t placed = 0;
   for (int n : per_node) placed += n;
   if (placed != num_tasks) {
     return absl::InvalidArgumentError(absl::StrCat("SLURM_STEP_TASKS_PER_NODE '", env.tasks_per_node, "' places ",
