@@ -77,19 +77,6 @@ absl::Status CheckPart(const std::string& key, const ModelConfig& model) {
   return absl::OkStatus();
 }
 
-std::string Shape(c10::IntArrayRef sizes) { return absl::StrCat("[", absl::StrJoin(sizes, ", "), "]"); }
-
-// A part's output on `input`, in evaluation mode; errors name the part.
-absl::StatusOr<torch::Tensor> TryForward(Model& part, const torch::Tensor& input, const std::string& what) {
-  try {
-    return part.Forward(input);
-  } catch (const std::exception& e) {  // c10::Error, or the TorchScript interpreter's runtime_error
-    const std::string message = e.what();
-    return absl::InvalidArgumentError(absl::StrCat(what, ": forward() fails on a batch of shape ",
-                                                   Shape(input.sizes()), ": ", message.substr(0, message.find('\n'))));
-  }
-}
-
 }  // namespace
 
 std::string GatedSummary(const ModelConfig& base, const GatedModelConfig& config) {
@@ -246,13 +233,13 @@ absl::Status GatedEnsemble::CheckShapes(const Dataset& data) {
   absl::Status status;
   for (int k = 0; k < num_networks() && status.ok(); ++k) {
     const std::string what = absl::StrCat("gated.networks[", k, "]");
-    auto features = trunk_ ? TryForward(*trunk_, sample, "gated.trunk") : absl::StatusOr<torch::Tensor>(sample);
-    auto out = features.ok() ? TryForward(*networks_[k], *features, what) : features;
+    auto features = trunk_ ? ForwardOrError(*trunk_, sample, "gated.trunk") : absl::StatusOr<torch::Tensor>(sample);
+    auto out = features.ok() ? ForwardOrError(*networks_[k], *features, what) : features;
     if (!out.ok()) {
       status = out.status();
     } else if (out->dim() != 2 || out->size(0) != sample.size(0) || out->size(1) != classes_) {
-      status = absl::InvalidArgumentError(absl::StrCat(what, ": forward() maps a batch of shape ", Shape(sample.sizes()),
-                                                       " to ", Shape(out->sizes()), "; expected [", sample.size(0),
+      status = absl::InvalidArgumentError(absl::StrCat(what, ": forward() maps a batch of shape ", ShapeString(sample.sizes()),
+                                                       " to ", ShapeString(out->sizes()), "; expected [", sample.size(0),
                                                        ", ", classes_, "] logits (the classes model: gives)"));
     } else {
       logits.push_back(*out);
@@ -262,12 +249,12 @@ absl::Status GatedEnsemble::CheckShapes(const Dataset& data) {
     std::vector<torch::Tensor> inputs = logits;
     if (config_.master_sees_input) inputs.push_back(sample.flatten(1));
     const torch::Tensor input = torch::cat(inputs, 1);
-    auto out = TryForward(*master_, input, "gated.master");
+    auto out = ForwardOrError(*master_, input, "gated.master");
     if (!out.ok()) {
       status = out.status();
     } else if (out->dim() != 2 || out->size(0) != sample.size(0) || out->size(1) != num_networks()) {
       status = absl::InvalidArgumentError(absl::StrCat("gated.master: forward() maps the networks' logits ",
-                                                       Shape(input.sizes()), " to ", Shape(out->sizes()),
+                                                       ShapeString(input.sizes()), " to ", ShapeString(out->sizes()),
                                                        "; expected one weight per network, [", sample.size(0), ", ",
                                                        num_networks(), "]"));
     }

@@ -1,5 +1,8 @@
 #include "shoal/model/model.h"
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
 namespace shoal {
 
 std::vector<VariableSpec> Model::VariableSpecs() const {
@@ -104,6 +107,19 @@ Evaluation Evaluate(Model& model, const Dataset& data, int64_t batch_size) {
 
 torch::Tensor CrossEntropyLoss(const torch::Tensor& logits, const torch::Tensor& labels) {
   return torch::nn::functional::cross_entropy(logits, labels);
+}
+
+std::string ShapeString(c10::IntArrayRef sizes) { return absl::StrCat("[", absl::StrJoin(sizes, ", "), "]"); }
+
+absl::StatusOr<torch::Tensor> ForwardOrError(Model& model, const torch::Tensor& input, const std::string& what) {
+  try {
+    return model.Forward(input);
+  } catch (const std::exception& e) {
+    const std::string message = e.what();
+    return absl::InvalidArgumentError(absl::StrCat(what, ": forward() fails on a batch of shape ",
+                                                   ShapeString(input.sizes()), ": ",
+                                                   message.substr(0, message.find('\n'))));
+  }
 }
 
 }  // namespace shoal

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "shoal/data/dataset.h"
 #include "shoal/placement/placement.h"
 
@@ -81,6 +82,14 @@ struct Evaluation {
 };
 // One pass over `data` in batches; the caller sets the model's mode.
 Evaluation Evaluate(Model& model, const Dataset& data, int64_t batch_size = 1000);
+
+// "[2, 1, 28, 28]": a shape, for errors.
+std::string ShapeString(c10::IntArrayRef sizes);
+
+// model.Forward(input), with a forward pass that throws (a c10::Error, or
+// the TorchScript interpreter's runtime_error) turned into InvalidArgument
+// naming `what`, the input's shape and the error's first line.
+absl::StatusOr<torch::Tensor> ForwardOrError(Model& model, const torch::Tensor& input, const std::string& what);
 
 // Mean softmax cross-entropy of `logits` against int64 `labels`.
 torch::Tensor CrossEntropyLoss(const torch::Tensor& logits, const torch::Tensor& labels);

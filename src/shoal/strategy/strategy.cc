@@ -391,8 +391,6 @@ absl::StatusOr<bool> JobStopRequested(Client& client) {
 
 namespace {
 
-std::string Shape(c10::IntArrayRef sizes) { return absl::StrCat("[", absl::StrJoin(sizes, ", "), "]"); }
-
 // One forward pass on two training examples before any training, so that a
 // model that does not fit the data fails at start, naming the shapes, and
 // not in the middle of a step.
@@ -410,32 +408,25 @@ absl::Status CheckModelFitsData(const WorkerContext& context, Model& model) {
         "; the data's labels are ", DTypeName(data.labels.scalar_type())));
   }
   torch::NoGradGuard no_grad;
-  torch::Tensor logits;
   // Evaluating, so that the check moves no BatchNorm statistics.
   model.SetTraining(false);
-  try {
-    logits = model.Forward(images);
-    model.SetTraining(true);
-  } catch (const std::exception& e) {  // c10::Error, or the TorchScript interpreter's runtime_error
-    model.SetTraining(true);
-    const std::string message = e.what();
-    return absl::InvalidArgumentError(absl::StrCat(what, ": forward() fails on a batch of shape ",
-                                                   Shape(images.sizes()), ": ",
-                                                   message.substr(0, message.find('\n'))));
-  }
+  absl::StatusOr<torch::Tensor> forward = ForwardOrError(model, images, what);
+  model.SetTraining(true);
+  SHOAL_RETURN_IF_ERROR(forward.status());
+  const torch::Tensor& logits = *forward;
   if (!model.classifies()) {
     if (logits.size(0) != labels.size(0) || logits.numel() != labels.numel()) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": forward() maps a batch of shape ", Shape(images.sizes()),
-                                                     " to ", Shape(logits.sizes()), "; the targets are ",
-                                                     Shape(labels.sizes())));
+      return absl::InvalidArgumentError(absl::StrCat(what, ": forward() maps a batch of shape ", ShapeString(images.sizes()),
+                                                     " to ", ShapeString(logits.sizes()), "; the targets are ",
+                                                     ShapeString(labels.sizes())));
     }
     return absl::OkStatus();
   }
   const int64_t largest_label = data.labels.max().item<int64_t>();
   if (logits.dim() != 2 || logits.size(0) != images.size(0) || logits.size(1) <= largest_label) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": forward() maps a batch of shape ", Shape(images.sizes()), " to ",
-        Shape(logits.sizes()), "; expected [", images.size(0), ", C] logits with C > ", largest_label,
+        what, ": forward() maps a batch of shape ", ShapeString(images.sizes()), " to ",
+        ShapeString(logits.sizes()), "; expected [", images.size(0), ", C] logits with C > ", largest_label,
         " (the largest label)"));
   }
   return absl::OkStatus();
