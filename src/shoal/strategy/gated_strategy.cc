@@ -182,11 +182,11 @@ class LockstepWorker {
       }
       SHOAL_RETURN_IF_ERROR(client_.AddToCounter(kGlobalStep, 1).status());
     }
-    if (!own_buffer_names_.empty() && BuffersDue(context_, info)) {
+    SHOAL_RETURN_IF_ERROR(PublishBuffersIfDue(context_, info, own_buffer_names_, [&] {
       std::vector<torch::Tensor> values;
       for (const Model* part : own_buffers_) values = Concat(values, part->BufferValues());
-      SHOAL_RETURN_IF_ERROR(client_.Assign(own_buffer_names_, values));
-    }
+      return values;
+    }));
     return FinishStep(context_, info, result);
   }
 
@@ -337,9 +337,8 @@ absl::StatusOr<WorkerResult> RunWholeEnsemble(WorkerContext& context, GatedEnsem
     SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> counters,
                            client.ApplyGradients(names, step.gradients, {{kGlobalStep, 1}}));
     t = counters[0];
-    if (!ensemble.buffer_names().empty() && BuffersDue(context, info)) {
-      SHOAL_RETURN_IF_ERROR(client.Assign(ensemble.buffer_names(), ensemble.BufferValues()));
-    }
+    SHOAL_RETURN_IF_ERROR(
+        PublishBuffersIfDue(context, info, ensemble.buffer_names(), [&] { return ensemble.BufferValues(); }));
     return FinishStep(context, info, &result);
   };
   SHOAL_RETURN_IF_ERROR(
@@ -422,12 +421,14 @@ absl::Status ReportGated(WorkerContext& context, const Dataset& test_set, TrainR
   const StrategyConfig& config = *context.config;
   SHOAL_ASSIGN_OR_RETURN(GatedModelConfig gated, Resolve(config, context.num_workers));
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<GatedEnsemble> ensemble, GatedEnsemble::Create(config.model, gated));
-  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, context.client->Read(ensemble->variable_names()));
+  // The variables and the buffers, in one read.
+  std::vector<std::string> names = ensemble->variable_names();
+  names.insert(names.end(), ensemble->buffer_names().begin(), ensemble->buffer_names().end());
+  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, context.client->Read(names));
+  const auto buffers = values.begin() + static_cast<std::ptrdiff_t>(ensemble->variable_names().size());
+  ensemble->LoadBuffers({buffers, values.end()});
+  values.erase(buffers, values.end());
   ensemble->Load(values);
-  if (!ensemble->buffer_names().empty()) {
-    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> buffers, context.client->Read(ensemble->buffer_names()));
-    ensemble->LoadBuffers(buffers);
-  }
   const GatedAccuracy accuracy = ensemble->Evaluate(test_set);
   report->test_accuracy = accuracy.gated_vote;
   report->test_loss = accuracy.mixture_loss;

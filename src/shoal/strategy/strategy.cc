@@ -78,17 +78,17 @@ absl::StatusOr<bool> CheckUpdate(WorkerContext& context, const std::vector<std::
   return false;
 }
 
-bool BuffersDue(const WorkerContext& context, const StepInfo& step) {
-  return step.local_step % context.config->training.buffer_publish_steps == 0 || step.global_step >= context.max_steps;
+absl::Status PublishBuffersIfDue(WorkerContext& context, const StepInfo& step, const std::vector<std::string>& names,
+                                 const std::function<std::vector<torch::Tensor>()>& values) {
+  const bool due =
+      step.local_step % context.config->training.buffer_publish_steps == 0 || step.global_step >= context.max_steps;
+  if (names.empty() || !due) return absl::OkStatus();
+  return context.client->Assign(names, values());
 }
 
 absl::Status PublishChiefBuffers(WorkerContext& context, const StepInfo& step) {
-  if (!context.is_chief || context.buffer_names.empty() || step.model == nullptr ||
-      !context.chief_publishes_buffers) {
-    return absl::OkStatus();
-  }
-  if (!BuffersDue(context, step)) return absl::OkStatus();
-  return context.client->Assign(context.buffer_names, step.model->BufferValues());
+  if (!context.is_chief || step.model == nullptr || !context.chief_publishes_buffers) return absl::OkStatus();
+  return PublishBuffersIfDue(context, step, context.buffer_names, [&] { return step.model->BufferValues(); });
 }
 
 absl::StatusOr<bool> FinishStep(WorkerContext& context, StepInfo& step, WorkerResult* result) {

@@ -144,9 +144,11 @@ StepInfo MakeStepInfo(int64_t local_step, int64_t global_step, const BatchResult
 //     the chief the master's) on the same schedule.
 // The first rule, run from FinishStep (a no-op for the others).
 absl::Status PublishChiefBuffers(WorkerContext& context, const StepInfo& step);
-// Whether buffers are due to be published after `step`: every
-// training.buffer_publish_steps local steps, and at the job's last step.
-bool BuffersDue(const WorkerContext& context, const StepInfo& step);
+// Assigns `names` what `values` gives (nothing for no names) when buffers
+// are due after `step`: every training.buffer_publish_steps local steps,
+// and at the job's last step.
+absl::Status PublishBuffersIfDue(WorkerContext& context, const StepInfo& step, const std::vector<std::string>& names,
+                                 const std::function<std::vector<torch::Tensor>()>& values);
 
 // Runs the worker's hooks on `update` before it is sent. Returns false when a
 // hook stopped training: the caller must not send it, and should return.
