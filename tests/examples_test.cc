@@ -16,11 +16,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The command that has examples/pytorch/cnn_model.py save its CNN to `model`.
+std::string ScriptExampleCnn(const fs::path& model) {
+  return std::string("/usr/bin/python3 ") + SHOAL_SOURCE_DIR + "/examples/pytorch/cnn_model.py --out " +
+         model.string() + " > /dev/null";
+}
+
 TEST(PyTorchExampleTest, TheScriptedCnnTrainsAndItsBatchNormStatisticsReachThePs) {
   const fs::path dir = FreshTempDir("shoal_example_", "pytorch");
   const fs::path model = dir / "cnn.pt";
-  const std::string command = std::string("/usr/bin/python3 ") + SHOAL_SOURCE_DIR +
-                              "/examples/pytorch/cnn_model.py --out " + model.string() + " > /dev/null";
+  const std::string command = ScriptExampleCnn(model);
   ASSERT_EQ(std::system(command.c_str()), 0)
       << command << " failed: it needs Debian's python3-torch, which scripts/bootstrap.sh installs";
   auto config = LoadJobConfig(std::string(SHOAL_SOURCE_DIR) + "/examples/pytorch/cnn.yaml");
@@ -47,8 +52,7 @@ TEST(PyTorchExampleTest, TheScriptedCnnTrainsAndItsBatchNormStatisticsReachThePs
 TEST(PyTorchExampleTest, TheGatedExampleTrainsThreeKindsOfNetworkUnderOneMaster) {
   const fs::path dir = FreshTempDir("shoal_example_", "gated");
   const fs::path model = dir / "cnn.pt";
-  const std::string command = std::string("/usr/bin/python3 ") + SHOAL_SOURCE_DIR +
-                              "/examples/pytorch/cnn_model.py --out " + model.string() + " > /dev/null";
+  const std::string command = ScriptExampleCnn(model);
   ASSERT_EQ(std::system(command.c_str()), 0) << command << " failed";
   auto config = LoadJobConfig(std::string(SHOAL_SOURCE_DIR) + "/examples/pytorch/gated.yaml");
   ASSERT_TRUE(config.ok()) << config.status();
