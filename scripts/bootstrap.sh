@@ -15,6 +15,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
   python3-torch  # PyTorch for /usr/bin/python3: the examples (examples/pytorch/) and the benchmarks' peers
+  python3-dev python3-pybind11 python3-pytest  # the Python package (python/) and its tests
   iproute2  # the network-partition test (ip netns)
   libblas3  # Netlib's reference BLAS, only for the test of the slow-BLAS warning (OpenBLAS stays the system's)
 )

@@ -37,6 +37,20 @@ class NpySource : public DataSource {
   DataConfig config_;
 };
 
+class TensorSource : public DataSource {
+ public:
+  explicit TensorSource(DataConfig config) : config_(std::move(config)) {}
+  absl::StatusOr<Dataset> Load(bool train) const override {
+    const TensorData& data = *config_.tensors;
+    return MakeDataset(train ? data.train_features : data.test_features,
+                       train ? data.train_labels : data.test_labels, config_.normalize, 0.0, 1.0,
+                       train ? "the training tensors" : "the test tensors");
+  }
+
+ private:
+  DataConfig config_;
+};
+
 }  // namespace
 
 absl::Status ValidateDataConfig(const DataConfig& config) {
@@ -46,6 +60,16 @@ absl::Status ValidateDataConfig(const DataConfig& config) {
                                     std::pair{"test_features", &config.test_features},
                                     std::pair{"test_labels", &config.test_labels}}) {
       if (path->empty()) return absl::InvalidArgumentError(absl::StrCat("data.format npy needs data.", key));
+    }
+  } else if (config.format == "tensors") {
+    if (config.tensors == nullptr) {
+      return absl::InvalidArgumentError(
+          "data.format tensors takes tensors handed over through the API (shoal::Job::SetData, shoal.train's "
+          "data); a config alone cannot give them");
+    }
+    for (const torch::Tensor* t : {&config.tensors->train_features, &config.tensors->train_labels,
+                                   &config.tensors->test_features, &config.tensors->test_labels}) {
+      if (!t->defined()) return absl::InvalidArgumentError("data.format tensors: a training or test tensor is missing");
     }
   } else if (config.format != "idx") {
     return absl::InvalidArgumentError(absl::StrCat("data.format '", config.format, "' is unknown; known: idx, npy"));
@@ -59,6 +83,7 @@ absl::Status ValidateDataConfig(const DataConfig& config) {
 
 std::unique_ptr<DataSource> MakeDataSource(const DataConfig& config) {
   if (config.format == "npy") return std::make_unique<NpySource>(config);
+  if (config.format == "tensors") return std::make_unique<TensorSource>(config);
   return std::make_unique<IdxSource>(config);
 }
 

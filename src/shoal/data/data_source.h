@@ -4,7 +4,9 @@
 //        [N, 1, rows, cols];
 //   npy  numpy.save files: features of any shape, float32 or uint8, and
 //        int64 class labels (or float32 targets, for model.loss mse), one
-//        file each for the training and the test split.
+//        file each for the training and the test split;
+//   tensors  the same, as tensors a program handed over through its API
+//        (never from a file; in-process only).
 // Features are normalised as data.normalize says: scaled (uint8 by 1/255
 // unless told otherwise), then standardised with a mean and a deviation.
 // Every file is checked before it is used: a missing, truncated or garbled
@@ -28,11 +30,19 @@ struct Normalization {
   std::optional<double> std;   // then /= std; unset: Fashion-MNIST's for idx, 1 for npy
 };
 
+// Examples a program holds in memory (data.format tensors): features and
+// labels as the npy format takes them.
+struct TensorData {
+  torch::Tensor train_features, train_labels, test_features, test_labels;
+};
+
 struct DataConfig {
-  std::string format = "idx";  // idx | npy
+  std::string format = "idx";  // idx | npy | tensors
   std::string dir;             // idx: default Fashion-MNIST from dataset-fashion-mnist
   // npy: one file each (features [N, ...], labels [N])
   std::string train_features, train_labels, test_features, test_labels;
+  // tensors: set by the C++ API, never parsed or written out.
+  std::shared_ptr<const TensorData> tensors;
   Normalization normalize;
   int64_t train_examples = 0;  // 0: all; else the first N (quick runs, tests)
   int64_t test_examples = 0;

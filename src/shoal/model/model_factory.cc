@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "shoal/core/status.h"
 #include "shoal/model/torchscript_model.h"
 
 namespace shoal {
@@ -16,12 +17,21 @@ absl::Status ValidateModelConfig(const ModelConfig& config) {
     if (config.path.empty()) return absl::InvalidArgumentError("model.kind torchscript needs model.path");
     return absl::OkStatus();
   }
+  if (config.kind == "module") {
+    if (config.module == nullptr) {
+      return absl::InvalidArgumentError(
+          "model.kind module is a torch::nn::Module handed over through the C++ API (shoal::Job::SetModule); a "
+          "config alone cannot name one");
+    }
+    return absl::OkStatus();
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("model.kind '", config.kind, "' is unknown; known: mlp, cnn, torchscript"));
 }
 
 std::string ModelSummary(const ModelConfig& config) {
   if (config.kind == "torchscript") return absl::StrCat("torchscript ", config.path);
+  if (config.kind == "module") return absl::StrCat("module ", config.module ? config.module->name : "(none)");
   if (config.kind == "cnn") {
     std::vector<int64_t> channels;
     for (const ConvLayerConfig& layer : config.cnn.conv) channels.push_back(layer.channels);
@@ -40,6 +50,10 @@ absl::StatusOr<std::unique_ptr<Model>> MakeModelOfKind(const ModelConfig& config
     return std::unique_ptr<Model>(std::move(*model));
   }
   if (config.kind == "cnn") return std::unique_ptr<Model>(std::make_unique<Cnn>(config.cnn, config.seed, config.scope));
+  if (config.kind == "module") {
+    SHOAL_ASSIGN_OR_RETURN(auto model, ModuleModel::Create(*config.module, config.seed, config.scope));
+    return std::unique_ptr<Model>(std::move(model));
+  }
   return std::unique_ptr<Model>(std::make_unique<Mlp>(config));
 }
 

@@ -1,5 +1,6 @@
 // The model `model:` in the config asks for: the built-in MLP or CNN (from
-// their keys) or a TorchScript file.
+// their keys), a TorchScript file, or a C++ module a program handed over
+// through its API (kind `module`, never from a file).
 #ifndef SHOAL_MODEL_MODEL_FACTORY_H_
 #define SHOAL_MODEL_MODEL_FACTORY_H_
 
@@ -10,12 +11,16 @@
 #include "shoal/model/cnn.h"
 #include "shoal/model/mlp.h"
 #include "shoal/model/model.h"
+#include "shoal/model/module_model.h"
 
 namespace shoal {
 
 struct ModelConfig : MlpConfig {
-  std::string kind = "mlp";  // mlp | cnn | torchscript
+  std::string kind = "mlp";  // mlp | cnn | torchscript | module
   std::string path;          // torchscript: the module saved with torch.jit.save
+  // module: how to build it; set by the C++ API, never parsed or written out,
+  // and only in-process (a task process could not build it).
+  std::shared_ptr<const ModuleFactory> module;
   CnnConfig cnn;             // cnn: its layers (seed and scope are MlpConfig's)
   std::string loss = "cross_entropy";  // cross_entropy (int64 class labels) | mse (float32 targets)
 };

@@ -1,5 +1,7 @@
 #include "shoal/session/progress.h"
 
+#include <algorithm>
+
 #include <unistd.h>
 
 #include <string>
@@ -43,7 +45,12 @@ void ProgressReporter::Print(int64_t step, double loss, bool final_line) {
                                      loss < 0 ? 0.0 : loss, steps_per_second * batch_size_,
                                      FormatClock(elapsed), FormatClock(final_line ? absl::ZeroDuration() : left));
   if (redraw_) {
-    absl::FPrintF(out_, "\r\033[K%s%s", line, final_line ? "\n" : "");
+    // On a terminal, a bar in front, as tqdm draws it.
+    constexpr int kBarWidth = 20;
+    const double done = total_steps_ > 0 ? std::clamp(static_cast<double>(step) / total_steps_, 0.0, 1.0) : 0.0;
+    const int filled = static_cast<int>(done * kBarWidth);
+    const std::string bar = std::string(filled, '#') + std::string(kBarWidth - filled, ' ');
+    absl::FPrintF(out_, "\r\033[K%3.0f%%|%s| %s%s", 100 * done, bar, line, final_line ? "\n" : "");
   } else {
     absl::FPrintF(out_, "%s\n", line);
   }

@@ -17,7 +17,6 @@
 #include "shoal/transport/grpc/grpc_transport.h"
 
 namespace shoal {
-namespace {
 
 absl::StatusOr<GrpcOptions> GrpcOptionsFor(const JobConfig& config) {
   GrpcOptions options;
@@ -36,6 +35,8 @@ absl::StatusOr<GrpcOptions> GrpcOptionsFor(const JobConfig& config) {
                                security.mutual_tls};
   return options;
 }
+
+namespace {
 
 // Starts `task`'s own server; every task hosts one.
 absl::Status Serve(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
@@ -171,15 +172,21 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
   }
 }
 
+absl::StatusOr<TaskServer> ServeTask(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
+                                     const TaskOptions& options) {
+  SHOAL_ASSIGN_OR_RETURN(GrpcOptions grpc_options, GrpcOptionsFor(config));
+  TaskServer served;
+  served.transport = std::make_unique<GrpcTransport>(grpc_options);
+  SHOAL_RETURN_IF_ERROR(Serve(config, cluster, task, options, *served.transport, &served.service, &served.server,
+                              !grpc_options.token.empty()));
+  return served;
+}
+
 absl::Status RunServerTask(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
                            const TaskOptions& options) {
   SetUpComputeThreads(config, /*training_task=*/false, cluster.TrainingTasksOnHostOf(task));
-  SHOAL_ASSIGN_OR_RETURN(GrpcOptions grpc_options, GrpcOptionsFor(config));
-  GrpcTransport transport(grpc_options);
-  std::unique_ptr<VariableService> service;
-  std::unique_ptr<ServerHandle> server;
-  SHOAL_RETURN_IF_ERROR(
-      Serve(config, cluster, task, options, transport, &service, &server, !grpc_options.token.empty()));
+  SHOAL_ASSIGN_OR_RETURN(TaskServer served, ServeTask(config, cluster, task, options));
+  VariableService* service = served.service.get();
   absl::Time give_up = absl::InfiniteFuture();
   while (!service->shutdown_requested().WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
     if (options.signal != nullptr && options.signal->load() != 0 && give_up == absl::InfiniteFuture()) {
@@ -210,6 +217,7 @@ absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, 
   const int64_t max_steps = MaxSteps(config, data.train.size(), static_cast<int>(cluster.TrainingTasks().size()));
   WorkerContext context = MakeWorkerContext(config, cluster, task, client.get(), data.train, max_steps);
   if (options.signal != nullptr) context.extra_hooks.push_back(std::make_shared<StopOnSignalHook>(options.signal));
+  for (const auto& hook : options.extra_hooks) context.extra_hooks.push_back(hook);
   std::unique_ptr<ProgressReporter> progress;
   if (progress_out && context.is_chief) {
     progress = std::make_unique<ProgressReporter>(

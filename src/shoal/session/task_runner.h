@@ -9,6 +9,7 @@
 
 #include "shoal/compute/compute_threads.h"
 #include "shoal/session/worker_session.h"
+#include "shoal/transport/grpc/grpc_transport.h"
 
 namespace shoal {
 
@@ -43,7 +44,24 @@ struct TaskOptions {
   // shuts it down or `grace_after_signal` has passed.
   const std::atomic<int>* signal = nullptr;
   absl::Duration grace_after_signal = absl::Seconds(20);
+  // A training task's hooks beyond the config's (the public API's).
+  std::vector<std::shared_ptr<TrainingHook>> extra_hooks;
 };
+
+// The gRPC options `config` asks for: message limit, connections, the
+// token (read from security.token_file if need be), TLS.
+absl::StatusOr<GrpcOptions> GrpcOptionsFor(const JobConfig& config);
+
+// A task's server over gRPC in this process; it serves until destroyed.
+// Without a token it refuses an address beyond loopback (unless
+// security.insecure) and takes shutdowns from the job's hosts only.
+struct TaskServer {
+  std::unique_ptr<GrpcTransport> transport;
+  std::unique_ptr<VariableService> service;
+  std::unique_ptr<ServerHandle> server;  // declared last: stops first
+};
+absl::StatusOr<TaskServer> ServeTask(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
+                                     const TaskOptions& options);
 
 // Serves `task`'s variables over gRPC until a Shutdown request or `stop`.
 absl::Status RunServerTask(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,

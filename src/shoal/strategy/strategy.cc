@@ -398,8 +398,9 @@ absl::Status CheckModelFitsData(const WorkerContext& context, Model& model) {
   const Dataset& data = context.train_shard;
   if (data.size() == 0) return absl::OkStatus();
   const ModelConfig& config = context.config->model;
-  const std::string what =
-      config.kind == "torchscript" ? absl::StrCat("model.path '", config.path, "'") : "the built-in model";
+  const std::string what = config.kind == "torchscript" ? absl::StrCat("model.path '", config.path, "'")
+                           : config.module != nullptr  ? absl::StrCat("module '", config.module->name, "'")
+                                                       : "the built-in model";
   const torch::Tensor images = data.images.narrow(0, 0, std::min<int64_t>(2, data.size()));
   const torch::Tensor labels = data.labels.narrow(0, 0, images.size(0));
   if (model.classifies() != (data.labels.scalar_type() == torch::kInt64)) {

@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""A PyTorch training loop that keeps its weights on a shoal parameter server:
+pull, forward and backward in PyTorch, push the gradients; the ps applies
+them with its optimizer. Starts the ps in this process unless --ps names one
+(a `shoal server` of a running cluster, for instance).
+
+    PYTHONPATH=build/python /usr/bin/python3 examples/python/client_loop.py [--steps 500] [--ps HOST:PORT]
+"""
+import argparse
+import gzip
+import socket
+
+import numpy as np
+import torch
+import shoal
+
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+def read_idx(path):
+    with gzip.open(path) as f:
+        data = f.read()
+    dims = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
+    return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def free_address():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--ps", default="")
+    args = parser.parse_args()
+    images = torch.from_numpy(read_idx(f"{FASHION}/train-images-idx3-ubyte.gz").astype(np.float32) / 255).flatten(1)
+    labels = torch.from_numpy(read_idx(f"{FASHION}/train-labels-idx1-ubyte.gz").astype(np.int64))
+
+    address = args.ps or free_address()
+    server = None if args.ps else shoal.Server(address)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    names = [name for name, _ in model.named_parameters()]
+    client = shoal.Client({"ps": [address]}, model.named_parameters())
+    client.create(dict(model.named_parameters()), optimizer={"kind": "sgd", "learning_rate": 0.1})
+
+    for step in range(args.steps):
+        with torch.no_grad():  # pull: the ps's values into the model
+            for parameter, value in zip(model.parameters(), client.read(names)):
+                parameter.copy_(value)
+        batch = torch.randint(0, len(images), (args.batch_size,))
+        model.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(images[batch]), labels[batch])
+        loss.backward()
+        client.apply({name: p.grad for name, p in model.named_parameters()})  # push
+        if step % 100 == 0 or step == args.steps - 1:
+            print(f"step {step}: loss {loss.item():.4f}")
+    if server is not None:
+        client.shutdown_servers()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""shoal from Python: parameter-server training of PyTorch models.
+
+    import shoal
+    report = shoal.train(MyNet(), {"training": {"mode": "async", "epochs": 2}})
+    print(report["test_accuracy"])
+
+train() runs a whole job (every task in this process, or as processes);
+Client talks to a running cluster's parameter servers by variable name;
+Server runs a parameter server in this process. Every failure is a
+shoal.Error carrying shoal's message (and its status code in .code).
+"""
+
+import json
+import os
+import sys
+import tempfile
+
+import torch  # first: shoal's extension uses the libtorch this torch loaded
+
+from shoal._shoal import Error  # noqa: F401  (re-exported)
+from shoal import _shoal
+
+__all__ = ["train", "Client", "Server", "Error"]
+
+
+def _job_from(config):
+    if config is None:
+        return _shoal.Job()
+    if isinstance(config, dict):
+        # JSON is YAML: shoal's strict parser checks every key.
+        return _shoal.Job.from_yaml(json.dumps(config))
+    if isinstance(config, (str, os.PathLike)):
+        return _shoal.Job.from_file(os.fspath(config))
+    raise TypeError(f"config must be a dict or a YAML file's path, not {type(config).__name__}")
+
+
+def _as_tensor(value, what):
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        import numpy
+    except ImportError:  # numpy comes with torch; without it, only tensors
+        numpy = None
+    if numpy is not None and isinstance(value, numpy.ndarray):
+        return torch.from_numpy(value)  # shares the array's memory
+    raise TypeError(f"data: {what} must be a torch tensor or a numpy array, not {type(value).__name__}")
+
+
+def _set_data(job, data):
+    """data: None (the config's), a folder of IDX files, {"train": (x, y), "test": (x, y)} or (x, y, x_test, y_test)."""
+    if data is None:
+        return
+    if isinstance(data, (str, os.PathLike)):
+        job.set("data.dir", json.dumps(os.fspath(data)))
+        return
+    if isinstance(data, dict):
+        unknown = set(data) - {"train", "test"}
+        if unknown or len(data) != 2:
+            raise ValueError(f"data: a dict needs exactly the keys 'train' and 'test', got {sorted(data)}")
+        parts = (*data["train"], *data["test"])
+    else:
+        parts = tuple(data)
+    if len(parts) != 4:
+        raise ValueError("data: give training features and labels and test features and labels")
+    names = ("training features", "training labels", "test features", "test labels")
+    job.set_data(*(_as_tensor(p, n) for p, n in zip(parts, names)))
+
+
+def _script(model, folder):
+    """The path of `model` as a TorchScript file: a path as it is, a module scripted and saved."""
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module or a TorchScript file's path, not {type(model).__name__}")
+    if isinstance(model, torch.jit.ScriptModule):
+        scripted = model
+    else:
+        try:
+            scripted = torch.jit.script(model)
+        except Exception as e:  # TorchScript raises several kinds; its reason is what matters
+            raise Error(f"model: {type(model).__name__} cannot be scripted by torch.jit.script, which shoal needs to "
+                        f"train it in C++: {e}") from e
+    path = os.path.join(folder, "model.pt")
+    scripted.save(path)
+    return path
+
+
+def train(model=None, config=None, data=None, *, processes=None, progress=None):
+    """Trains `model` as `config` says, on `data`, and returns the report as a dict.
+
+    model: a torch.nn.Module (scripted by shoal with torch.jit.script), a
+        TorchScript file's path, or None for the config's model.
+    config: a dict with the keys of shoal's YAML (configs/*.yaml), a YAML
+        file's path, or None for the defaults (the main job).
+    data: None for the config's data; a folder of IDX files;
+        {"train": (x, y), "test": (x, y)} or (x, y, x_test, y_test) of
+        numpy arrays or torch tensors (features float32 or uint8, labels
+        int64 classes or float32 targets).
+    processes: run every task as its own process over gRPC (default: the
+        config's cluster.processes).
+    progress: show a progress bar (default: when stderr is a terminal).
+
+    Ctrl-C stops the job after its step in progress: the chief evaluates and
+    saves as at the end, then KeyboardInterrupt is raised with the report in
+    its `report` attribute.
+    """
+    job = _job_from(config)
+    if processes is not None:
+        job.set("cluster.processes", "true" if processes else "false")
+    _set_data(job, data)
+    if progress is None:
+        progress = sys.stderr.isatty()
+    with tempfile.TemporaryDirectory(prefix="shoal-model-") as folder:
+        if model is not None:
+            path = _script(model, folder)
+            job.set("model.kind", "torchscript")
+            job.set("model.path", json.dumps(path))
+        report_json, interrupted = job.train(progress=progress)
+    report = json.loads(report_json)
+    if interrupted:
+        stop = KeyboardInterrupt(f"shoal: the job stopped cleanly at global step {report.get('global_step')}")
+        stop.report = report
+        raise stop
+    return report
+
+
+class Client:
+    """A parameter-server client: reads, assigns and applies gradients by variable name.
+
+        client = shoal.Client({"ps": ["127.0.0.1:2222"]}, model.named_parameters())
+        client.create(dict(model.named_parameters()), optimizer={"kind": "sgd", "learning_rate": 0.1})
+        values = client.read(names)                 # torch tensors
+        client.apply(dict(zip(names, gradients)))   # the ps's optimizer applies them
+
+    `variables` lists every variable the job's clients use, in one order
+    (name -> tensor or shape, or (name, tensor) pairs such as
+    named_parameters()): each is placed on a ps task round robin in that
+    order, so every client given the same list finds it on the same task.
+    Tensors are sent from their own memory; read() returns tensors that own
+    what was received. No call holds the GIL while it waits.
+    """
+
+    def __init__(self, cluster, variables, *, token="", rpc_timeout_s=60.0):
+        if isinstance(cluster, (str, os.PathLike)) and os.path.exists(cluster):
+            with open(cluster) as f:
+                cluster = json.load(f)
+        if isinstance(variables, dict):
+            variables = variables.items()
+        shapes = []
+        for name, value in variables:
+            shape = value.shape if isinstance(value, torch.Tensor) else value
+            shapes.append((name, [int(d) for d in shape]))
+        self.names = [name for name, _ in shapes]
+        self._client = _shoal.ClusterClient(json.dumps(cluster), shapes, token, rpc_timeout_s)
+
+    @staticmethod
+    def _split(named):
+        if isinstance(named, dict):
+            named = named.items()
+        names, tensors = [], []
+        for name, tensor in named:
+            names.append(name)
+            tensors.append(tensor.detach() if isinstance(tensor, torch.Tensor) else tensor)
+        return names, tensors
+
+    def create(self, values, optimizer=None):
+        """Creates the variables {name: initial value}, trained on the ps by `optimizer`
+        (the keys of training.optimizer; default plain SGD, learning rate 0.01).
+        Variables that exist already keep their values."""
+        names, tensors = self._split(values)
+        self._client.create(names, tensors, json.dumps(optimizer or {"kind": "sgd", "learning_rate": 0.01}))
+
+    def wait_for(self, names=None, timeout_s=60.0):
+        """Waits until every named variable (default: all) exists."""
+        self._client.wait_for(list(names or self.names), timeout_s)
+
+    def read(self, names=None):
+        """The current values of the named variables (default: all), as a list of tensors."""
+        return self._client.read(list(names or self.names))
+
+    def assign(self, values):
+        """Sets variables to values: {name: tensor}."""
+        self._client.assign(*self._split(values))
+
+    def apply(self, gradients, global_step_increment=1):
+        """Applies {name: gradient} with each variable's optimizer; returns the new global step."""
+        names, tensors = self._split(gradients)
+        return self._client.apply(names, tensors, global_step_increment)
+
+    def add_to_counter(self, name, delta=1):
+        return self._client.add_to_counter(name, delta)
+
+    def shutdown_servers(self):
+        """Asks every ps task to shut down."""
+        self._client.shutdown_servers()
+
+
+class Server:
+    """A parameter server (a ps task) in this process, over gRPC, until closed.
+
+    Without a token it serves only a loopback address.
+    """
+
+    def __init__(self, address, *, token=""):
+        self.address = address
+        self._server = _shoal.VariableServer(address, token)
+
+    def wait(self, timeout_s):
+        """Waits until a client shuts the server down, at most timeout_s; returns whether one did."""
+        return self._server.wait(timeout_s)
+
+    def close(self):
+        self._server = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,427 @@
+// The public C++ API (include/shoal/shoal.h) over the library's layers: it
+// turns absl::Status into shoal::Error and keeps every internal type out of
+// the header.
+#include "shoal/shoal.h"
+
+#include <dlfcn.h>
+#include <stdlib.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "shoal/client/client.h"
+#include "shoal/config/config.h"
+#include "shoal/core/file.h"
+#include "shoal/core/status.h"
+#include "shoal/data/npy.h"
+#include "shoal/hooks/standard_hooks.h"
+#include "shoal/session/local_cluster.h"
+#include "shoal/session/task_runner.h"
+#include "shoal/strategy/train_report.h"
+#include "shoal/transport/local_first_transport.h"
+
+namespace shoal {
+namespace {
+
+void ThrowIfError(const absl::Status& status) {
+  if (!status.ok()) throw Error(std::string(absl::StatusCodeToString(status.code())), std::string(status.message()));
+}
+
+template <typename T>
+T ValueOrThrow(absl::StatusOr<T> value) {
+  ThrowIfError(value.status());
+  return std::move(value).value();
+}
+
+Step ToStep(const StepInfo& info, int worker, bool chief) {
+  Step step;
+  step.worker = worker;
+  step.chief = chief;
+  step.local_step = info.local_step;
+  step.global_step = info.global_step;
+  step.loss = info.loss;
+  step.accuracy = info.accuracy;
+  step.examples = info.examples;
+  step.examples_per_second = info.examples_per_second;
+  return step;
+}
+
+// A program's Hook as one worker's TrainingHook.
+class ProgramHook : public TrainingHook {
+ public:
+  ProgramHook(std::shared_ptr<Hook> hook, int worker, bool chief)
+      : hook_(std::move(hook)), worker_(worker), chief_(chief) {}
+
+  absl::Status AfterStep(const StepInfo& info, StopRequest* stop) override {
+    std::string reason;
+    try {
+      if (hook_->AfterStep(ToStep(info, worker_, chief_), &reason)) {
+        stop->Request(reason.empty() ? "a hook asked to stop" : reason);
+      }
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("a hook threw after step ", info.local_step, ": ", e.what()));
+    }
+    return absl::OkStatus();
+  }
+  void End(const StepInfo& last, const absl::Status& status) override {
+    try {
+      hook_->End(ToStep(last, worker_, chief_), status.ok() ? "" : status.ToString());
+    } catch (const std::exception&) {
+      // The worker has ended already; nothing is left to fail.
+    }
+  }
+
+ private:
+  std::shared_ptr<Hook> hook_;
+  int worker_;
+  bool chief_;
+};
+
+Report ToReport(const TrainReport& internal) {
+  Report report;
+  report.test_accuracy = internal.test_accuracy;
+  report.test_loss = internal.test_loss;
+  report.global_step = internal.global_step;
+  report.seconds = internal.seconds;
+  report.examples_per_second = internal.examples_per_second;
+  report.last_loss = internal.last_loss;
+  report.stop_reason = internal.stop_reason;
+  report.json = ReportToJson(internal).dump();
+  return report;
+}
+
+// Sets `path` (["training", "mode"]) in `node` to `value`, making the maps
+// on the way.
+void SetPath(YAML::Node node, const std::vector<std::string>& path, size_t i, const YAML::Node& value) {
+  if (i + 1 == path.size()) {
+    node[path[i]] = value;
+    return;
+  }
+  YAML::Node child = node[path[i]];
+  if (!child.IsMap()) child = YAML::Node(YAML::NodeType::Map);
+  SetPath(child, path, i + 1, value);
+}
+
+// The `shoal` executable beside libshoal.so (the build folder), or in the
+// install prefix's bin/.
+std::string DefaultShoalBinary() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&DefaultShoalBinary), &info) == 0 || info.dli_fname == nullptr) return "";
+  const std::filesystem::path library_dir = std::filesystem::path(info.dli_fname).parent_path();
+  for (const auto& candidate : {library_dir / "shoal", library_dir / ".." / "bin" / "shoal"}) {
+    std::error_code error;
+    if (std::filesystem::is_regular_file(candidate, error)) return candidate.lexically_normal().string();
+  }
+  return "";
+}
+
+// A folder of its own for the data a processes job reads, removed with it.
+class DataFolder {
+ public:
+  DataFolder() {
+    char name[] = "/tmp/shoal-data-XXXXXX";
+    if (mkdtemp(name) != nullptr) path_ = name;
+  }
+  ~DataFolder() {
+    std::error_code error;
+    if (!path_.empty()) std::filesystem::remove_all(path_, error);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Writes in-memory data as NPY files for task processes to read.
+absl::Status WriteDataFiles(const TensorData& data, const std::string& dir, DataConfig* config) {
+  if (dir.empty()) return absl::InternalError("cannot make a folder under /tmp for the job's data");
+  const std::vector<std::pair<std::string*, const torch::Tensor*>> files = {
+      {&config->train_features, &data.train_features},
+      {&config->train_labels, &data.train_labels},
+      {&config->test_features, &data.test_features},
+      {&config->test_labels, &data.test_labels}};
+  const char* names[] = {"train_features.npy", "train_labels.npy", "test_features.npy", "test_labels.npy"};
+  for (size_t i = 0; i < files.size(); ++i) {
+    *files[i].first = (std::filesystem::path(dir) / names[i]).string();
+    SHOAL_RETURN_IF_ERROR(WriteNpy(*files[i].first, *files[i].second));
+  }
+  config->format = "npy";
+  config->tensors = nullptr;
+  return absl::OkStatus();
+}
+
+// Where this process's VariableServers register besides serving over gRPC,
+// so that a ClusterClient of the same process calls them directly.
+InProcNetwork& ProcessNetwork() {
+  static auto* network = new InProcNetwork;
+  return *network;
+}
+
+}  // namespace
+
+struct Job::State {
+  std::string yaml = "{}";
+  std::shared_ptr<const Module> module;
+  std::shared_ptr<const TensorData> data;
+  std::vector<std::shared_ptr<Hook>> hooks;
+
+  // The config with what the program added, checked as a whole.
+  absl::StatusOr<JobConfig> Resolve() const {
+    SHOAL_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(yaml));
+    if (module != nullptr) {
+      config.model.kind = "module";
+      config.model.module = module;
+    }
+    if (data != nullptr) {
+      config.data.format = "tensors";
+      config.data.tensors = data;
+    }
+    SHOAL_RETURN_IF_ERROR(ValidateJobConfig(config));
+    return config;
+  }
+
+  // The program's hooks, for the training task with this worker index and role.
+  std::vector<std::shared_ptr<TrainingHook>> TaskHooks(int worker, bool chief) const {
+    std::vector<std::shared_ptr<TrainingHook>> task_hooks;
+    for (const auto& hook : hooks) task_hooks.push_back(std::make_shared<ProgramHook>(hook, worker, chief));
+    return task_hooks;
+  }
+};
+
+Job::Job() : state_(std::make_shared<State>()) {}
+
+Job Job::FromYaml(const std::string& yaml) {
+  ThrowIfError(ParseJobConfig(yaml).status());
+  auto state = std::make_shared<State>();
+  state->yaml = yaml;
+  Job job;
+  job.state_ = std::move(state);
+  return job;
+}
+
+Job Job::FromFile(const std::string& path) {
+  const std::string text = ValueOrThrow(ReadTextFile(path, "config file"));
+  ThrowIfError(LoadJobConfig(path).status());
+  return FromYaml(text);
+}
+
+Job& Job::Set(const std::string& key, const std::string& yaml_value) {
+  const std::vector<std::string> path = absl::StrSplit(key, '.');
+  for (const std::string& part : path) {
+    if (part.empty()) throw Error("INVALID_ARGUMENT", absl::StrCat("config: '", key, "' is not a key path"));
+  }
+  auto state = std::make_shared<State>(*state_);
+  try {
+    YAML::Node root = YAML::Load(state->yaml);
+    if (!root.IsMap()) root = YAML::Node(YAML::NodeType::Map);
+    SetPath(root, path, 0, YAML::Load(yaml_value));
+    YAML::Emitter out;
+    out << root;
+    state->yaml = out.c_str();
+  } catch (const YAML::Exception& e) {
+    throw Error("INVALID_ARGUMENT", absl::StrCat("config: ", key, ": '", yaml_value, "' is not YAML: ", e.what()));
+  }
+  ThrowIfError(state->Resolve().status());
+  state_ = std::move(state);
+  return *this;
+}
+
+Job& Job::SetModule(Module module) {
+  auto state = std::make_shared<State>(*state_);
+  state->module = std::make_shared<const Module>(std::move(module));
+  state_ = std::move(state);
+  return *this;
+}
+
+Job& Job::SetData(torch::Tensor train_features, torch::Tensor train_labels, torch::Tensor test_features,
+                  torch::Tensor test_labels) {
+  auto state = std::make_shared<State>(*state_);
+  state->data = std::make_shared<const TensorData>(
+      TensorData{std::move(train_features), std::move(train_labels), std::move(test_features), std::move(test_labels)});
+  state_ = std::move(state);
+  return *this;
+}
+
+Job& Job::AddHook(std::shared_ptr<Hook> hook) {
+  if (hook == nullptr) throw Error("INVALID_ARGUMENT", "AddHook: the hook is null");
+  auto state = std::make_shared<State>(*state_);
+  state->hooks.push_back(std::move(hook));
+  state_ = std::move(state);
+  return *this;
+}
+
+std::string Job::ToYaml() const { return JobConfigToYaml(ValueOrThrow(state_->Resolve())); }
+
+Report Job::Train(const RunOptions& options) const {
+  JobConfig config = ValueOrThrow(state_->Resolve());
+  std::shared_ptr<const State> state = state_;
+  if (!config.cluster.processes) {
+    const std::atomic<int>* stop = options.stop;
+    const TrainReport report = ValueOrThrow(TrainInProcess(
+        config, InProcOptions{}, options.progress ? stderr : nullptr, [state, stop](WorkerContext& context) {
+          if (stop != nullptr) context.extra_hooks.push_back(std::make_shared<StopOnSignalHook>(stop));
+          for (auto& hook : state->TaskHooks(context.worker_index, context.is_chief)) {
+            context.extra_hooks.push_back(std::move(hook));
+          }
+        }));
+    return ToReport(report);
+  }
+  // Each task process runs the shoal binary on the config written out: it
+  // can build neither the program's module nor call its hooks.
+  if (state->module != nullptr) {
+    throw Error("FAILED_PRECONDITION",
+                absl::StrCat("cluster.processes: module '", state->module->name,
+                             "' lives in this program, and task processes run the shoal binary; train it in-process, "
+                             "or run each task of the cluster in a process of this program (Job::RunTask)"));
+  }
+  if (!state->hooks.empty()) {
+    throw Error("FAILED_PRECONDITION",
+                "cluster.processes: hooks run in this program, and task processes run the shoal binary; train "
+                "in-process, or run each task in a process of this program (Job::RunTask)");
+  }
+  DataFolder folder;
+  if (state->data != nullptr) ThrowIfError(WriteDataFiles(*state->data, folder.path(), &config.data));
+  const std::string binary = options.shoal_binary.empty() ? DefaultShoalBinary() : options.shoal_binary;
+  if (binary.empty()) {
+    throw Error("NOT_FOUND",
+                "cluster.processes: no shoal executable beside libshoal.so or in its prefix's bin/; give "
+                "RunOptions::shoal_binary");
+  }
+  return ToReport(ValueOrThrow(TrainInLocalProcesses(config, binary, options.progress, options.stop)));
+}
+
+Report Job::RunTask(const std::string& cluster_json, const std::string& task_name,
+                    const RunOptions& options) const {
+  const JobConfig config = ValueOrThrow(state_->Resolve());
+  const ClusterSpec cluster = ValueOrThrow(ClusterSpec::FromJson(cluster_json));
+  const TaskId task = ValueOrThrow(ParseTaskId(task_name));
+  const bool unlisted_evaluator = task.job == "evaluator" && cluster.NumTasks("evaluator") == 0;
+  if (!cluster.HasTask(task) && !unlisted_evaluator) {
+    throw Error("INVALID_ARGUMENT", absl::StrCat(task.ToString(), " is not in the cluster: job '", task.job, "' has ",
+                                                 cluster.NumTasks(task.job), " tasks"));
+  }
+  TaskOptions task_options;
+  task_options.signal = options.stop;
+  if (task.job == "ps") {
+    ThrowIfError(RunServerTask(config, cluster, task, task_options));
+    return Report{};
+  }
+  if (task.job == "evaluator") {
+    ThrowIfError(RunEvaluatorTask(config, cluster, task, task_options));
+    return Report{};
+  }
+  const std::vector<TaskId> workers = cluster.TrainingTasks();
+  const int worker = static_cast<int>(std::find(workers.begin(), workers.end(), task) - workers.begin());
+  task_options.extra_hooks = state_->TaskHooks(worker, worker == 0);
+  TrainReport report;
+  ThrowIfError(RunWorkerTask(config, cluster, task, task_options, options.progress ? stderr : nullptr, &report));
+  return worker == 0 ? ToReport(report) : Report{};
+}
+
+// The client's connections and where each variable lives.
+struct ClusterClient::State {
+  std::unique_ptr<LocalFirstTransport> transport;
+  std::unique_ptr<Client> client;
+  std::vector<TaskId> ps_tasks;
+  // A ps of this process answers reads with its own memory: the caller
+  // gets copies, as from any other ps.
+  bool copy_reads = false;
+};
+
+ClusterClient::ClusterClient(const std::string& cluster_json, const std::vector<VariableShape>& variables,
+                             const ClusterClientOptions& options)
+    : state_(std::make_unique<State>()) {
+  const ClusterSpec cluster = ValueOrThrow(ClusterSpec::FromJson(cluster_json));
+  std::vector<VariableSpec> specs;
+  for (const VariableShape& variable : variables) specs.push_back(VariableSpec{variable.name, variable.shape});
+  auto placement = std::make_shared<const Placement>(ValueOrThrow(Placement::Create(specs, cluster, PlacementOptions{})));
+  JobConfig config = DefaultJobConfig();
+  config.security.token = options.token;
+  config.security.tls_ca_file = options.tls_ca_file;
+  config.security.tls_cert_file = options.tls_cert_file;
+  config.security.tls_key_file = options.tls_key_file;
+  config.security.mutual_tls = !options.tls_cert_file.empty();
+  if (!(options.rpc_timeout_s > 0)) throw Error("INVALID_ARGUMENT", "rpc_timeout_s must be positive");
+  state_->transport = std::make_unique<LocalFirstTransport>(
+      &ProcessNetwork(), std::make_unique<GrpcTransport>(ValueOrThrow(GrpcOptionsFor(config))));
+  for (const TaskId& task : cluster.Tasks("ps")) {
+    if (state_->transport->IsLocal(ValueOrThrow(cluster.AddressOf(task)))) state_->copy_reads = true;
+  }
+  state_->client = ValueOrThrow(
+      Client::Create(cluster, state_->transport.get(), placement, ClientOptions{absl::Seconds(options.rpc_timeout_s)}));
+  state_->ps_tasks = cluster.Tasks("ps");
+}
+
+ClusterClient::~ClusterClient() = default;
+
+void ClusterClient::Create(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values,
+                           const std::string& optimizer_yaml) {
+  if (names.size() != values.size()) {
+    throw Error("INVALID_ARGUMENT", absl::StrCat("Create: ", names.size(), " names but ", values.size(), " values"));
+  }
+  const JobConfig parsed = ValueOrThrow(ParseJobConfig(absl::StrCat("training: {optimizer: ", optimizer_yaml, "}")));
+  std::vector<VariableInit> inits;
+  for (size_t i = 0; i < names.size(); ++i) {
+    inits.push_back(VariableInit{names[i], values[i], parsed.training.optimizer});
+  }
+  ThrowIfError(state_->client->CreateVariables(inits));
+}
+
+void ClusterClient::WaitFor(const std::vector<std::string>& names, double timeout_s) {
+  ThrowIfError(state_->client->WaitForVariables(names, absl::Seconds(timeout_s)));
+}
+
+std::vector<torch::Tensor> ClusterClient::Read(const std::vector<std::string>& names) {
+  std::vector<torch::Tensor> values = ValueOrThrow(state_->client->Read(names));
+  if (state_->copy_reads) {
+    for (torch::Tensor& value : values) value = value.clone();
+  }
+  return values;
+}
+
+void ClusterClient::Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values) {
+  ThrowIfError(state_->client->Assign(names, values));
+}
+
+int64_t ClusterClient::Apply(const std::vector<std::string>& names, const std::vector<torch::Tensor>& gradients,
+                             int64_t global_step_increment) {
+  std::vector<CounterDelta> counters;
+  if (global_step_increment != 0) counters.push_back(CounterDelta{"global_step", global_step_increment});
+  const std::vector<int64_t> values = ValueOrThrow(state_->client->ApplyGradients(names, gradients, counters));
+  return values.empty() ? 0 : values.front();
+}
+
+int64_t ClusterClient::AddToCounter(const std::string& name, int64_t delta) {
+  return ValueOrThrow(state_->client->AddToCounter(name, delta));
+}
+
+void ClusterClient::ShutdownServers() {
+  for (const TaskId& task : state_->ps_tasks) ThrowIfError(state_->client->Shutdown(task));
+}
+
+struct VariableServer::State {
+  TaskServer served;
+  std::unique_ptr<ServerHandle> local;  // in ProcessNetwork(); declared last: stops first
+};
+
+VariableServer::VariableServer(const std::string& address, const std::string& token)
+    : state_(std::make_unique<State>()) {
+  JobConfig config = DefaultJobConfig();
+  config.security.token = token;
+  const ClusterSpec cluster = ValueOrThrow(ClusterSpec::FromJson(nlohmann::json{{"ps", {address}}}.dump()));
+  state_->served = ValueOrThrow(ServeTask(config, cluster, TaskId{"ps", 0}, TaskOptions{}));
+  InProcTransport local(&ProcessNetwork());
+  state_->local = ValueOrThrow(local.Serve(address, state_->served.service.get()));
+}
+
+VariableServer::~VariableServer() = default;
+
+bool VariableServer::Wait(double timeout_s) {
+  return state_->served.service->shutdown_requested().WaitForNotificationWithTimeout(absl::Seconds(timeout_s));
+}
+
+}  // namespace shoal

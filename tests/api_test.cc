@@ -1,0 +1,233 @@
+// The public C++ API (include/shoal/shoal.h), used as a program uses it:
+// its own module, in-memory data, hooks, one task of a cluster, and the
+// parameter-server client against a server in this process.
+#include "shoal/shoal.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "shoal/session/local_cluster.h"  // FreeLoopbackPorts
+
+namespace {
+
+struct SmallNet : torch::nn::Module {
+  SmallNet() {
+    fc1 = register_module("fc1", torch::nn::Linear(784, 32));
+    fc2 = register_module("fc2", torch::nn::Linear(32, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc2(torch::relu(fc1(x.flatten(1)))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+// BatchNorm's statistics are buffers: they travel too.
+struct NormNet : torch::nn::Module {
+  NormNet() {
+    fc = register_module("fc", torch::nn::Linear(784, 32));
+    bn = register_module("bn", torch::nn::BatchNorm1d(32));
+    out = register_module("out", torch::nn::Linear(32, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) { return out(torch::relu(bn(fc(x.flatten(1))))); }
+  torch::nn::Linear fc{nullptr}, out{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+
+shoal::Job QuickJob(const std::string& mode = "async") {
+  shoal::Job job;
+  job.Set("training.mode", mode)
+      .Set("data.train_examples", "6000")
+      .Set("data.test_examples", "2000")
+      .Set("training.epochs", "1")
+      .Set("transport.startup_timeout_s", "60");
+  return job;
+}
+
+// Two classes split by the sign of the first feature's sum with the second.
+std::vector<torch::Tensor> SeparableData(int64_t n, int64_t features) {
+  torch::manual_seed(3);
+  torch::Tensor x = torch::randn({n, features});
+  torch::Tensor y = (x.select(1, 0) + x.select(1, 1) > 0).to(torch::kInt64);
+  return {x.narrow(0, 0, n * 4 / 5), y.narrow(0, 0, n * 4 / 5), x.narrow(0, n * 4 / 5, n / 5),
+          y.narrow(0, n * 4 / 5, n / 5)};
+}
+
+template <typename F>
+shoal::Error ErrorOf(F&& f) {
+  try {
+    f();
+  } catch (const shoal::Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no shoal::Error was thrown";
+  return shoal::Error("OK", "");
+}
+
+TEST(ApiTest, AProgramsModuleTrainsInAsyncAndSyncModes) {
+  for (const std::string mode : {"async", "sync"}) {
+    shoal::Job job = QuickJob(mode);
+    job.SetModule(shoal::Module::Of<SmallNet>("SmallNet"));
+    const shoal::Report report = job.Train();
+    EXPECT_GT(report.test_accuracy, 0.7) << mode;
+    EXPECT_GT(report.global_step, 0) << mode;
+    const nlohmann::json json = nlohmann::json::parse(report.json);
+    EXPECT_DOUBLE_EQ(json.at("test_accuracy").get<double>(), report.test_accuracy);
+  }
+}
+
+TEST(ApiTest, AModulesBuffersArePublishedAndEvaluated) {
+  shoal::Job job = QuickJob("model_average");
+  job.SetModule(shoal::Module::Of<NormNet>("NormNet"));
+  const shoal::Report report = job.Train();
+  // Evaluation uses the published running statistics: unpublished (zero
+  // mean, unit variance) ones would not give this.
+  EXPECT_GT(report.test_accuracy, 0.7);
+}
+
+class CountingHook : public shoal::Hook {
+ public:
+  explicit CountingHook(int64_t stop_at) : stop_at_(stop_at) {}
+  bool AfterStep(const shoal::Step& step, std::string* reason) override {
+    ++steps;
+    if (step.chief) chief_steps++;
+    if (step.global_step >= stop_at_) {
+      *reason = absl::StrCat("enough at ", step.global_step);
+      return true;
+    }
+    return false;
+  }
+  void End(const shoal::Step& last, const std::string& error) override {
+    ++ends;
+    if (!error.empty()) errors++;
+  }
+  std::atomic<int64_t> steps{0}, chief_steps{0}, ends{0}, errors{0};
+
+ private:
+  int64_t stop_at_;
+};
+
+TEST(ApiTest, HooksSeeEveryWorkersStepsAndStopTheJob) {
+  auto hook = std::make_shared<CountingHook>(40);
+  shoal::Job job = QuickJob();
+  job.AddHook(hook);
+  const shoal::Report report = job.Train();
+  EXPECT_EQ(report.stop_reason.rfind("enough at ", 0), 0u) << report.stop_reason;
+  EXPECT_LT(report.global_step, 60);
+  EXPECT_GT(hook->chief_steps.load(), 0);
+  EXPECT_GT(hook->steps.load(), hook->chief_steps.load());  // the other worker's too
+  EXPECT_EQ(hook->ends.load(), 2);
+  EXPECT_EQ(hook->errors.load(), 0);
+}
+
+TEST(ApiTest, TensorsInMemoryTrainInProcessAndAsProcesses) {
+  const std::vector<torch::Tensor> data = SeparableData(5000, 20);
+  for (const bool processes : {false, true}) {
+    shoal::Job job;
+    job.Set("model.layers", "[20, 16, 2]").Set("training.epochs", "2").Set("cluster.ps", "1");
+    job.Set("cluster.processes", processes ? "true" : "false");
+    job.SetData(data[0], data[1], data[2], data[3]);
+    const shoal::Report report = job.Train();
+    EXPECT_GT(report.test_accuracy, 0.9) << (processes ? "processes" : "in-process");
+  }
+}
+
+TEST(ApiTest, BadInputIsNamedAndChangesNothing) {
+  shoal::Job job;
+  const std::string before = job.ToYaml();
+  shoal::Error unknown = ErrorOf([&] { job.Set("cluster.wrkers", "3"); });
+  EXPECT_EQ(unknown.code(), "INVALID_ARGUMENT");
+  EXPECT_NE(std::string(unknown.what()).find("cluster.wrkers"), std::string::npos) << unknown.what();
+  EXPECT_NE(ErrorOf([&] { job.Set("training.batch_size", "-4"); }).code(), "OK");
+  EXPECT_EQ(job.ToYaml(), before);
+
+  // Data that does not fit the model: named at start, with both shapes.
+  const std::vector<torch::Tensor> data = SeparableData(500, 30);
+  shoal::Job misfit;
+  misfit.Set("model.layers", "[20, 16, 2]").SetData(data[0], data[1], data[2], data[3]);
+  shoal::Error shape = ErrorOf([&] { misfit.Train(); });
+  EXPECT_NE(std::string(shape.what()).find("[2, 30]"), std::string::npos) << shape.what();
+
+  shoal::Job wrong_labels;
+  wrong_labels.Set("model.layers", "[30, 2]").SetData(data[0], data[1].to(torch::kFloat64), data[2], data[3]);
+  shoal::Error labels = ErrorOf([&] { wrong_labels.Train(); });
+  EXPECT_NE(std::string(labels.what()).find("training tensors"), std::string::npos) << labels.what();
+
+  // A module lives in this program: processes could not build it.
+  shoal::Job processes;
+  processes.Set("cluster.processes", "true").SetModule(shoal::Module::Of<SmallNet>("SmallNet"));
+  shoal::Error module = ErrorOf([&] { processes.Train(); });
+  EXPECT_EQ(module.code(), "FAILED_PRECONDITION");
+  EXPECT_NE(std::string(module.what()).find("SmallNet"), std::string::npos) << module.what();
+}
+
+TEST(ApiTest, RunTaskRunsTheTasksOfARealCluster) {
+  const std::vector<int> ports = shoal::FreeLoopbackPorts(2).value();
+  const std::string cluster = nlohmann::json{{"ps", {absl::StrCat("127.0.0.1:", ports[0])}},
+                                             {"worker", {absl::StrCat("127.0.0.1:", ports[1])}}}
+                                  .dump();
+  shoal::Job job = QuickJob();
+  job.SetModule(shoal::Module::Of<SmallNet>("SmallNet"));
+  std::string ps_error;
+  std::thread ps([&] {
+    try {
+      job.RunTask(cluster, "ps:0");
+    } catch (const shoal::Error& e) {
+      ps_error = e.what();
+    }
+  });
+  const shoal::Report report = job.RunTask(cluster, "worker:0");
+  ps.join();  // the chief shut it down
+  EXPECT_EQ(ps_error, "");
+  EXPECT_GT(report.test_accuracy, 0.7);
+  EXPECT_NE(ErrorOf([&] { job.RunTask(cluster, "worker:3"); }).code(), "OK");
+}
+
+TEST(ApiTest, AClusterClientTrainsVariablesOnAServerByName) {
+  const std::vector<int> ports = shoal::FreeLoopbackPorts(1).value();
+  const std::string address = absl::StrCat("127.0.0.1:", ports[0]);
+  shoal::VariableServer server(address);
+  shoal::ClusterClient client(nlohmann::json{{"ps", {address}}}.dump(), {{"w", {2, 2}}, {"b", {2}}});
+  client.Create({"w", "b"}, {torch::ones({2, 2}), torch::zeros({2})}, "{kind: sgd, learning_rate: 0.5}");
+  EXPECT_EQ(client.Apply({"w", "b"}, {torch::ones({2, 2}), torch::full({2}, 2.0f)}), 1);
+  std::vector<torch::Tensor> values = client.Read({"w", "b"});
+  EXPECT_TRUE(torch::allclose(values[0], torch::full({2, 2}, 0.5f)));
+  EXPECT_TRUE(torch::allclose(values[1], torch::full({2}, -1.0f)));
+  client.Assign({"b"}, {torch::full({2}, 7.0f)});
+  EXPECT_TRUE(torch::allclose(client.Read({"b"})[0], torch::full({2}, 7.0f)));
+
+  // Wrong dtype, wrong shape, unknown name: named, and nothing applied.
+  shoal::Error dtype = ErrorOf([&] { client.Apply({"w"}, {torch::ones({2, 2}, torch::kFloat64)}); });
+  EXPECT_NE(std::string(dtype.what()).find("float64"), std::string::npos) << dtype.what();
+  shoal::Error shape = ErrorOf([&] { client.Apply({"w"}, {torch::ones({3})}); });
+  EXPECT_NE(std::string(shape.what()).find("'w'"), std::string::npos) << shape.what();
+  EXPECT_EQ(ErrorOf([&] { client.Read({"nope"}); }).code(), "NOT_FOUND");
+  EXPECT_TRUE(torch::allclose(client.Read({"w"})[0], torch::full({2, 2}, 0.5f)));
+  EXPECT_EQ(client.AddToCounter("global_step", 0), 1);
+
+  client.ShutdownServers();
+  EXPECT_TRUE(server.Wait(10));
+}
+
+TEST(ApiTest, AClusterClientReachesAPsOfAnotherTaskOverGrpc) {
+  // The ps runs as a task (RunTask serves over gRPC only): the client's
+  // calls cross the network path, codec included.
+  const std::vector<int> ports = shoal::FreeLoopbackPorts(2).value();
+  const std::string cluster = nlohmann::json{{"ps", {absl::StrCat("127.0.0.1:", ports[0])}},
+                                             {"worker", {absl::StrCat("127.0.0.1:", ports[1])}}}
+                                  .dump();
+  std::thread ps([&] { shoal::Job().RunTask(cluster, "ps:0"); });
+  shoal::ClusterClient client(cluster, {{"w", {3}}});
+  client.Create({"w"}, {torch::zeros({3})}, "{kind: sgd, learning_rate: 1.0}");
+  client.Apply({"w"}, {torch::ones({3})});
+  const torch::Tensor value = client.Read({"w"})[0];
+  EXPECT_TRUE(torch::allclose(value, torch::full({3}, -1.0f)));
+  shoal::Error dtype = ErrorOf([&] { client.Apply({"w"}, {torch::ones({3}, torch::kFloat64)}); });
+  EXPECT_NE(std::string(dtype.what()).find("float64"), std::string::npos) << dtype.what();
+  client.ShutdownServers();
+  ps.join();
+}
+
+}  // namespace

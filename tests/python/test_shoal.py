@@ -1,0 +1,204 @@
+"""The Python package, as a PyTorch user drives it (run by ctest through pytest)."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import shoal
+
+QUICK = {"data": {"train_examples": 6000, "test_examples": 2000}, "training": {"epochs": 1},
+         "transport": {"startup_timeout_s": 60}}
+
+
+class SmallNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(784, 32)
+        self.bn = torch.nn.BatchNorm1d(32)
+        self.fc2 = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.bn(self.fc1(x.flatten(1)))))
+
+
+def separable(n, features, dtype=np.float32):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((n, features)).astype(dtype)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+    cut = n * 4 // 5
+    return (x[:cut], y[:cut]), (x[cut:], y[cut:])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torch_and_shoal_share_one_libtorch():
+    # shoal's extension resolves libtorch's symbols from the library torch loaded.
+    maps = open(f"/proc/{os.getpid()}/maps").read()
+    libs = {line.split()[-1] for line in maps.splitlines() if "libtorch_cpu.so" in line}
+    assert len(libs) == 1, libs
+    assert torch.ones(2).add(1).sum().item() == 4
+
+
+def test_a_pytorch_module_trains_in_process():
+    report = shoal.train(SmallNet(), QUICK)
+    assert report["test_accuracy"] > 0.7
+    assert report["global_step"] > 0
+    assert "examples_per_second" in report
+
+
+def test_numpy_data_trains_in_process_and_as_processes():
+    train, test = separable(4000, 20)
+    config = {"model": {"layers": [20, 16, 2]}, "training": {"epochs": 2}, "cluster": {"ps": 1}}
+    for processes in (False, True):
+        report = shoal.train(config=config, data={"train": train, "test": test}, processes=processes)
+        assert report["test_accuracy"] > 0.9, processes
+
+
+def test_a_module_that_cannot_be_scripted_is_named_with_torchscripts_reason():
+    class Unscriptable(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(784, 10)
+
+        def forward(self, x, **options):  # TorchScript does not take **kwargs
+            return self.fc(x.flatten(1))
+
+    with pytest.raises(shoal.Error) as error:
+        shoal.train(Unscriptable(), QUICK)
+    assert "Unscriptable cannot be scripted" in str(error.value)
+    assert "kwargs" in str(error.value) or "variable number of arguments" in str(error.value)
+
+
+def test_bad_config_and_data_raise_shoals_message():
+    with pytest.raises(shoal.Error) as error:
+        shoal.train(config={"cluster": {"wrkers": 3}})
+    assert "unknown key 'cluster.wrkers'" in str(error.value)
+    assert error.value.code == "INVALID_ARGUMENT"
+
+    train, test = separable(500, 30)
+    with pytest.raises(shoal.Error) as error:  # 30 features into a network that takes 20
+        shoal.train(config={"model": {"layers": [20, 2]}}, data={"train": train, "test": test})
+    assert "[2, 30]" in str(error.value)
+
+    train64, test64 = separable(500, 20, dtype=np.float64)
+    with pytest.raises(shoal.Error) as error:
+        shoal.train(config={"model": {"layers": [20, 2]}}, data=(*train64, *test64))
+    assert "float64" in str(error.value)
+
+
+def test_client_drives_a_server_by_hand_without_holding_the_gil():
+    address = f"127.0.0.1:{free_port()}"
+    server = shoal.Server(address)
+    model = torch.nn.Linear(3, 2)
+    client = shoal.Client({"ps": [address]}, model.named_parameters())
+    client.create(dict(model.named_parameters()), optimizer={"kind": "sgd", "learning_rate": 0.5})
+    weight, bias = client.read()
+    assert torch.equal(weight, model.weight.detach()) and torch.equal(bias, model.bias.detach())
+
+    step = client.apply({"weight": torch.ones(2, 3), "bias": torch.ones(2)})
+    assert step == 1
+    weight, bias = client.read(["weight", "bias"])
+    assert torch.allclose(weight, model.weight.detach() - 0.5)
+    assert torch.allclose(bias, model.bias.detach() - 0.5)
+
+    with pytest.raises(shoal.Error) as error:  # the wrong dtype: named, nothing applied
+        client.apply({"weight": torch.ones(2, 3, dtype=torch.float64)})
+    assert "float64" in str(error.value)
+    assert torch.allclose(client.read(["weight"])[0], model.weight.detach() - 0.5)
+    with pytest.raises(shoal.Error):
+        client.apply({"weight": torch.ones(4)})
+
+    # While one thread waits in shoal, others run Python.
+    ticks = []
+    waiter = threading.Thread(target=lambda: server.wait(1.0))
+    waiter.start()
+    while waiter.is_alive():
+        ticks.append(1)
+        time.sleep(0.01)
+    assert len(ticks) > 20
+
+    client.shutdown_servers()
+    assert server.wait(10.0)
+
+
+def test_client_reaches_a_shoal_server_process_over_grpc(tmp_path):
+    address, worker = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({"ps": [address], "worker": [worker]}))
+    ps = subprocess.Popen([os.environ["SHOAL_BINARY"], "server", "--cluster", str(cluster), "--task", "ps:0"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        client = shoal.Client(str(cluster), {"w": [4]})
+        client.create({"w": torch.zeros(4)}, optimizer={"kind": "momentum", "learning_rate": 1.0, "momentum": 0.5})
+        client.apply({"w": torch.ones(4)})
+        client.apply({"w": torch.ones(4)})
+        assert torch.allclose(client.read()[0], torch.full((4,), -2.5))  # -1, then -(1 + 0.5)
+        with pytest.raises(shoal.Error) as error:
+            client.apply({"w": torch.ones(4, dtype=torch.float64)})
+        assert "float64" in str(error.value)
+        with pytest.raises(shoal.Error) as error:
+            shoal.Client(str(cluster), {"w": [4]}, rpc_timeout_s=5).read(["missing"])
+        assert "missing" in str(error.value)
+        client.shutdown_servers()
+        assert ps.wait(timeout=30) == 0, ps.stderr.read()
+    finally:
+        ps.kill()
+
+
+def test_ctrl_c_stops_the_job_cleanly():
+    script = textwrap.dedent("""
+        import json, sys
+        import shoal
+        try:
+            shoal.train(config={"training": {"epochs": 50}}, progress=False)
+            print("finished")
+        except KeyboardInterrupt as stop:
+            print(json.dumps(stop.report))
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=os.environ.copy(), text=True)
+    time.sleep(8)  # start-up and some training
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["global_step"] > 0
+    assert report["stop_reason"].startswith("stopped by signal 2"), report["stop_reason"]
+    assert report["test_accuracy"] > 0.5  # the chief evaluated as at a normal end
+
+
+EXAMPLES = os.path.join(os.environ.get("SHOAL_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
+                        "examples", "python")
+
+
+def run_example(name, *args):
+    result = subprocess.run([sys.executable, os.path.join(EXAMPLES, name), *args], capture_output=True, text=True,
+                            timeout=600, env=os.environ.copy())
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_the_cnn_example_trains_its_own_cnn_asynchronously():
+    out = run_example("train_cnn.py", "--max_steps", "300")
+    accuracy = float(out.split("test accuracy ")[1].rstrip("%\n"))
+    assert accuracy > 65, out
+
+
+def test_the_client_example_trains_through_the_parameter_server():
+    out = run_example("client_loop.py", "--steps", "300")
+    losses = [float(line.split("loss ")[1]) for line in out.splitlines() if line.startswith("step ")]
+    assert losses[-1] < losses[0] * 0.6, out
