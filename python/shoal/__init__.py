@@ -21,6 +21,7 @@ from shoal._shoal import Error  # noqa: F401  (re-exported)
 from shoal import _shoal
 
 __all__ = ["train", "Client", "Server", "Error"]
+Error.__module__ = "shoal"
 
 
 def _job_from(config):
@@ -113,8 +114,8 @@ def train(model=None, config=None, data=None, *, processes=None, progress=None):
     with tempfile.TemporaryDirectory(prefix="shoal-model-") as folder:
         if model is not None:
             path = _script(model, folder)
-            job.set("model.kind", "torchscript")
             job.set("model.path", json.dumps(path))
+            job.set("model.kind", "torchscript")
         report_json, interrupted = job.train(progress=progress)
     report = json.loads(report_json)
     if interrupted:

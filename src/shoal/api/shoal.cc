@@ -335,7 +335,7 @@ struct ClusterClient::State {
 ClusterClient::ClusterClient(const std::string& cluster_json, const std::vector<VariableShape>& variables,
                              const ClusterClientOptions& options)
     : state_(std::make_unique<State>()) {
-  const ClusterSpec cluster = ValueOrThrow(ClusterSpec::FromJson(cluster_json));
+  const ClusterSpec cluster = ValueOrThrow(ClusterSpec::FromJson(cluster_json, ClusterUse::kPsClient));
   std::vector<VariableSpec> specs;
   for (const VariableShape& variable : variables) specs.push_back(VariableSpec{variable.name, variable.shape});
   auto placement = std::make_shared<const Placement>(ValueOrThrow(Placement::Create(specs, cluster, PlacementOptions{})));
@@ -363,7 +363,22 @@ void ClusterClient::Create(const std::vector<std::string>& names, const std::vec
   if (names.size() != values.size()) {
     throw Error("INVALID_ARGUMENT", absl::StrCat("Create: ", names.size(), " names but ", values.size(), " values"));
   }
-  const JobConfig parsed = ValueOrThrow(ParseJobConfig(absl::StrCat("training: {optimizer: ", optimizer_yaml, "}")));
+  // The keys of training.optimizer, but without the main job's learning-rate
+  // decay unless asked for: a client's applies are no job's steps.
+  YAML::Node optimizer;
+  try {
+    optimizer = YAML::Load(optimizer_yaml);
+  } catch (const YAML::Exception& e) {
+    throw Error("INVALID_ARGUMENT", absl::StrCat("optimizer: '", optimizer_yaml, "' is not YAML: ", e.what()));
+  }
+  if (!optimizer.IsMap()) throw Error("INVALID_ARGUMENT", "optimizer: expected a mapping such as {kind: sgd}");
+  if (!optimizer["lr_decay_rate"]) optimizer["lr_decay_rate"] = 0;
+  if (!optimizer["lr_decay_steps"]) optimizer["lr_decay_steps"] = 0;
+  YAML::Node document;
+  document["training"]["optimizer"] = optimizer;
+  YAML::Emitter out;
+  out << document;
+  const JobConfig parsed = ValueOrThrow(ParseJobConfig(out.c_str()));
   std::vector<VariableInit> inits;
   for (size_t i = 0; i < names.size(); ++i) {
     inits.push_back(VariableInit{names[i], values[i], parsed.training.optimizer});
@@ -412,7 +427,8 @@ VariableServer::VariableServer(const std::string& address, const std::string& to
     : state_(std::make_unique<State>()) {
   JobConfig config = DefaultJobConfig();
   config.security.token = token;
-  const ClusterSpec cluster = ValueOrThrow(ClusterSpec::FromJson(nlohmann::json{{"ps", {address}}}.dump()));
+  const ClusterSpec cluster =
+      ValueOrThrow(ClusterSpec::FromJson(nlohmann::json{{"ps", {address}}}.dump(), ClusterUse::kPsClient));
   state_->served = ValueOrThrow(ServeTask(config, cluster, TaskId{"ps", 0}, TaskOptions{}));
   InProcTransport local(&ProcessNetwork());
   state_->local = ValueOrThrow(local.Serve(address, state_->served.service.get()));

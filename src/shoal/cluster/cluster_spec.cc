@@ -71,7 +71,7 @@ absl::Status AddressesFromJson(const std::string& job, const nlohmann::json& add
   return absl::OkStatus();
 }
 
-absl::StatusOr<ClusterSpec> SpecFromJson(const nlohmann::json& cluster) {
+absl::StatusOr<ClusterSpec> SpecFromJson(const nlohmann::json& cluster, ClusterUse use) {
   if (!cluster.is_object()) return absl::InvalidArgumentError("cluster must be a JSON object of job -> addresses");
   std::map<std::string, std::vector<std::string>> jobs;
   std::set<std::string> sparse;
@@ -82,7 +82,7 @@ absl::StatusOr<ClusterSpec> SpecFromJson(const nlohmann::json& cluster) {
     }
     SHOAL_RETURN_IF_ERROR(AddressesFromJson(given, addresses, &jobs[job], &sparse));
   }
-  return ClusterSpec::Create(std::move(jobs), sparse);
+  return ClusterSpec::Create(std::move(jobs), sparse, use);
 }
 
 }  // namespace
@@ -131,7 +131,7 @@ std::string CanonicalAddress(const std::string& address) {
 }  // namespace
 
 absl::StatusOr<ClusterSpec> ClusterSpec::Create(std::map<std::string, std::vector<std::string>> jobs,
-                                                const std::set<std::string>& sparse_jobs) {
+                                                const std::set<std::string>& sparse_jobs, ClusterUse use) {
   std::map<std::string, TaskId> seen;
   for (const auto& [job, addresses] : jobs) {
     if (!KnownJobs().count(job)) {
@@ -157,7 +157,7 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Create(std::map<std::string, std::vecto
     return absl::InvalidArgumentError(absl::StrCat("job 'chief' must have exactly one task, has ", jobs["chief"].size()));
   }
   if (!jobs.count("ps")) return absl::InvalidArgumentError("the cluster has no 'ps' job");
-  if (!jobs.count("worker") && !jobs.count("chief")) {
+  if (use == ClusterUse::kTraining && !jobs.count("worker") && !jobs.count("chief")) {
     return absl::InvalidArgumentError("the cluster has no 'worker' or 'chief' job");
   }
   ClusterSpec spec;
@@ -165,10 +165,10 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Create(std::map<std::string, std::vecto
   return spec;
 }
 
-absl::StatusOr<ClusterSpec> ClusterSpec::FromJson(const std::string& json_text) {
+absl::StatusOr<ClusterSpec> ClusterSpec::FromJson(const std::string& json_text, ClusterUse use) {
   nlohmann::json doc = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return absl::InvalidArgumentError("cluster spec is not valid JSON");
-  return SpecFromJson(doc.contains("cluster") ? doc["cluster"] : doc);
+  return SpecFromJson(doc.contains("cluster") ? doc["cluster"] : doc, use);
 }
 
 absl::StatusOr<ClusterSpec> ClusterSpec::FromJsonFile(const std::string& path) {

@@ -36,14 +36,20 @@ struct TaskId {
 // Parses "ps:1", "/job:ps/task:1" or "/job:ps/replica:0/task:1".
 absl::StatusOr<TaskId> ParseTaskId(const std::string& text);
 
+// What a spec must hold: a training job has a worker or a chief job besides
+// its ps; a client of the ps tasks alone (the public API's ClusterClient)
+// needs only them.
+enum class ClusterUse { kTraining, kPsClient };
+
 class ClusterSpec {
  public:
   // Validates `jobs` (job name -> task addresses, by index). In
   // `sparse_jobs` an empty address is a task this spec does not list.
   static absl::StatusOr<ClusterSpec> Create(std::map<std::string, std::vector<std::string>> jobs,
-                                            const std::set<std::string>& sparse_jobs = {});
+                                            const std::set<std::string>& sparse_jobs = {},
+                                            ClusterUse use = ClusterUse::kTraining);
   // Parses the JSON text of a cluster file.
-  static absl::StatusOr<ClusterSpec> FromJson(const std::string& json_text);
+  static absl::StatusOr<ClusterSpec> FromJson(const std::string& json_text, ClusterUse use = ClusterUse::kTraining);
   static absl::StatusOr<ClusterSpec> FromJsonFile(const std::string& path);
   // A spec with `num_ps` ps tasks and `num_workers` workers on 127.0.0.1,
   // ports from `first_port` (0 means "in-process, no ports": inproc:ps:0 ...).
