@@ -126,7 +126,8 @@ TEST(ApiTest, TensorsInMemoryTrainInProcessAndAsProcesses) {
   const std::vector<torch::Tensor> data = SeparableData(5000, 20);
   for (const bool processes : {false, true}) {
     shoal::Job job;
-    job.Set("model.layers", "[20, 16, 2]").Set("training.epochs", "2").Set("cluster.ps", "1");
+    job.Set("model.layers", "[20, 16, 2]").Set("training.epochs", "5").Set("cluster.ps", "1");
+    job.Set("training.optimizer", "{kind: adam, learning_rate: 0.01}");
     job.Set("cluster.processes", processes ? "true" : "false");
     job.SetData(data[0], data[1], data[2], data[3]);
     const shoal::Report report = job.Train();

@@ -62,7 +62,8 @@ def test_a_pytorch_module_trains_in_process():
 
 def test_numpy_data_trains_in_process_and_as_processes():
     train, test = separable(4000, 20)
-    config = {"model": {"layers": [20, 16, 2]}, "training": {"epochs": 2}, "cluster": {"ps": 1}}
+    config = {"model": {"layers": [20, 16, 2]}, "cluster": {"ps": 1},
+              "training": {"epochs": 5, "optimizer": {"kind": "adam", "learning_rate": 0.01}}}
     for processes in (False, True):
         report = shoal.train(config=config, data={"train": train, "test": test}, processes=processes)
         assert report["test_accuracy"] > 0.9, processes

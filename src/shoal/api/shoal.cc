@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "shoal/client/client.h"
 #include "shoal/config/config.h"
+#include "shoal/core/dtype.h"
 #include "shoal/core/file.h"
 #include "shoal/core/status.h"
 #include "shoal/data/npy.h"
@@ -152,6 +153,27 @@ absl::Status WriteDataFiles(const TensorData& data, const std::string& dir, Data
   config->format = "npy";
   config->tensors = nullptr;
   return absl::OkStatus();
+}
+
+// Every tensor a program hands over, checked before anything is sent, so
+// that the error names the variable: `what` says what they are
+// ("the gradient"), `int64_too` whether int64 (buffers) is allowed.
+void CheckTensors(const char* what, const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
+                  bool int64_too) {
+  if (names.size() != tensors.size()) {
+    throw Error("INVALID_ARGUMENT", absl::StrCat(names.size(), " names but ", tensors.size(), " tensors"));
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    const torch::Tensor& t = tensors[i];
+    if (!t.defined()) throw Error("INVALID_ARGUMENT", absl::StrCat(what, " for '", names[i], "' is undefined"));
+    const bool dtype_ok = t.scalar_type() == torch::kFloat32 || (int64_too && t.scalar_type() == torch::kInt64);
+    if (!dtype_ok || !t.device().is_cpu()) {
+      throw Error("INVALID_ARGUMENT",
+                  absl::StrCat(what, " for '", names[i], "' is a ", DTypeName(t.scalar_type()), " tensor on ",
+                               t.device().str(), "; shoal takes float32", int64_too ? " (or int64)" : "",
+                               " CPU tensors"));
+    }
+  }
 }
 
 // Where this process's VariableServers register besides serving over gRPC,
@@ -360,9 +382,7 @@ ClusterClient::~ClusterClient() = default;
 
 void ClusterClient::Create(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values,
                            const std::string& optimizer_yaml) {
-  if (names.size() != values.size()) {
-    throw Error("INVALID_ARGUMENT", absl::StrCat("Create: ", names.size(), " names but ", values.size(), " values"));
-  }
+  CheckTensors("the initial value", names, values, /*int64_too=*/false);
   // The keys of training.optimizer, but without the main job's learning-rate
   // decay unless asked for: a client's applies are no job's steps.
   YAML::Node optimizer;
@@ -399,11 +419,13 @@ std::vector<torch::Tensor> ClusterClient::Read(const std::vector<std::string>& n
 }
 
 void ClusterClient::Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values) {
+  CheckTensors("the value", names, values, /*int64_too=*/true);
   ThrowIfError(state_->client->Assign(names, values));
 }
 
 int64_t ClusterClient::Apply(const std::vector<std::string>& names, const std::vector<torch::Tensor>& gradients,
                              int64_t global_step_increment) {
+  CheckTensors("the gradient", names, gradients, /*int64_too=*/false);
   std::vector<CounterDelta> counters;
   if (global_step_increment != 0) counters.push_back(CounterDelta{"global_step", global_step_increment});
   const std::vector<int64_t> values = ValueOrThrow(state_->client->ApplyGradients(names, gradients, counters));

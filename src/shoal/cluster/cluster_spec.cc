@@ -319,7 +319,7 @@ absl::StatusOr<TfConfig> ParseTfConfig(const std::string& json_text) {
   nlohmann::json doc = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object()) return absl::InvalidArgumentError("TF_CONFIG is not a JSON object");
   if (!doc.contains("cluster")) return absl::InvalidArgumentError("TF_CONFIG has no 'cluster'");
-  auto spec = SpecFromJson(doc["cluster"]);
+  auto spec = SpecFromJson(doc["cluster"], ClusterUse::kTraining);
   if (!spec.ok()) return Annotate(spec.status(), "TF_CONFIG");
   const nlohmann::json& task = doc.value("task", nlohmann::json::object());
   if (!task.contains("type") || !task["type"].is_string()) {
