@@ -79,14 +79,11 @@ def local_loop(data):
 
 def client_loop(data, address):
     model = mlp()
-    names = [name for name, _ in model.named_parameters()]
     client = shoal.Client({"ps": [address]}, model.named_parameters())
     client.create(dict(model.named_parameters()), optimizer={"kind": "sgd", "learning_rate": 0.05})
     start = time.perf_counter()
     for x, y in data:
-        with torch.no_grad():
-            for parameter, value in zip(model.parameters(), client.read(names)):
-                parameter.copy_(value)
+        client.pull(model.named_parameters())
         model.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         client.apply({name: p.grad for name, p in model.named_parameters()})

@@ -109,6 +109,7 @@ PYBIND11_MODULE(_shoal, m) {
       .def("create", &shoal::ClusterClient::Create, py::call_guard<py::gil_scoped_release>())
       .def("wait_for", &shoal::ClusterClient::WaitFor, py::call_guard<py::gil_scoped_release>())
       .def("read", &shoal::ClusterClient::Read, py::call_guard<py::gil_scoped_release>())
+      .def("read_into", &shoal::ClusterClient::ReadInto, py::call_guard<py::gil_scoped_release>())
       .def("assign", &shoal::ClusterClient::Assign, py::call_guard<py::gil_scoped_release>())
       .def("apply", &shoal::ClusterClient::Apply, py::call_guard<py::gil_scoped_release>())
       .def("add_to_counter", &shoal::ClusterClient::AddToCounter, py::call_guard<py::gil_scoped_release>())

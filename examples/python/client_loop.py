@@ -44,14 +44,11 @@ def main():
     server = None if args.ps else shoal.Server(address)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
-    names = [name for name, _ in model.named_parameters()]
     client = shoal.Client({"ps": [address]}, model.named_parameters())
     client.create(dict(model.named_parameters()), optimizer={"kind": "sgd", "learning_rate": 0.1})
 
     for step in range(args.steps):
-        with torch.no_grad():  # pull: the ps's values into the model
-            for parameter, value in zip(model.parameters(), client.read(names)):
-                parameter.copy_(value)
+        client.pull(model.named_parameters())  # pull: the ps's values into the model
         batch = torch.randint(0, len(images), (args.batch_size,))
         model.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(images[batch]), labels[batch])

@@ -167,6 +167,9 @@ class ClusterClient {
   // Waits until every named variable exists (another client creates them).
   void WaitFor(const std::vector<std::string>& names, double timeout_s);
   std::vector<torch::Tensor> Read(const std::vector<std::string>& names);
+  // Reads the named variables straight into `destinations` (same shapes
+  // and dtypes: a model's parameters, for a pull), with one copy each.
+  void ReadInto(const std::vector<std::string>& names, const std::vector<torch::Tensor>& destinations);
   void Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values);
   // Applies gradients (float32, each its variable's shape) with each
   // variable's optimizer and adds `global_step_increment` to the counter

@@ -130,7 +130,8 @@ class Client:
 
         client = shoal.Client({"ps": ["127.0.0.1:2222"]}, model.named_parameters())
         client.create(dict(model.named_parameters()), optimizer={"kind": "sgd", "learning_rate": 0.1})
-        values = client.read(names)                 # torch tensors
+        client.pull(model.named_parameters())       # the ps's values into the model
+        values = client.read(names)                 # or as new torch tensors
         client.apply(dict(zip(names, gradients)))   # the ps's optimizer applies them
 
     `variables` lists every variable the job's clients use, in one order
@@ -161,7 +162,7 @@ class Client:
         names, tensors = [], []
         for name, tensor in named:
             names.append(name)
-            tensors.append(tensor.detach() if isinstance(tensor, torch.Tensor) else tensor)
+            tensors.append(tensor.detach() if isinstance(tensor, torch.Tensor) else tensor)  # shares the memory
         return names, tensors
 
     def create(self, values, optimizer=None):
@@ -178,6 +179,12 @@ class Client:
     def read(self, names=None):
         """The current values of the named variables (default: all), as a list of tensors."""
         return self._client.read(list(names or self.names))
+
+    def pull(self, destinations):
+        """Reads variables straight into tensors, one copy each: {name: tensor}, or
+        (name, tensor) pairs such as a model's named_parameters() (a pull)."""
+        names, tensors = self._split(destinations)
+        self._client.read_into(names, tensors)
 
     def assign(self, values):
         """Sets variables to values: {name: tensor}."""

@@ -116,6 +116,13 @@ def test_client_drives_a_server_by_hand_without_holding_the_gil():
     assert torch.allclose(weight, model.weight.detach() - 0.5)
     assert torch.allclose(bias, model.bias.detach() - 0.5)
 
+    target = torch.nn.Linear(3, 2)
+    client.pull(target.named_parameters())  # straight into a model's parameters
+    assert torch.equal(target.weight.detach(), weight) and torch.equal(target.bias.detach(), bias)
+    with pytest.raises(shoal.Error) as error:
+        client.pull({"weight": torch.zeros(3, 2)})
+    assert "'weight'" in str(error.value) and "[3, 2]" in str(error.value)
+
     with pytest.raises(shoal.Error) as error:  # the wrong dtype: named, nothing applied
         client.apply({"weight": torch.ones(2, 3, dtype=torch.float64)})
     assert "float64" in str(error.value)

@@ -20,6 +20,7 @@
 #include "shoal/core/status.h"
 #include "shoal/data/npy.h"
 #include "shoal/hooks/standard_hooks.h"
+#include "shoal/model/model.h"
 #include "shoal/session/local_cluster.h"
 #include "shoal/session/task_runner.h"
 #include "shoal/strategy/train_report.h"
@@ -416,6 +417,22 @@ std::vector<torch::Tensor> ClusterClient::Read(const std::vector<std::string>& n
     for (torch::Tensor& value : values) value = value.clone();
   }
   return values;
+}
+
+void ClusterClient::ReadInto(const std::vector<std::string>& names, const std::vector<torch::Tensor>& destinations) {
+  CheckTensors("the destination", names, destinations, /*int64_too=*/true);
+  const std::vector<torch::Tensor> values = ValueOrThrow(state_->client->Read(names));
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!destinations[i].sizes().equals(values[i].sizes()) || destinations[i].scalar_type() != values[i].scalar_type()) {
+      throw Error("INVALID_ARGUMENT", absl::StrCat("the destination for '", names[i], "' is ",
+                                                   DTypeName(destinations[i].scalar_type()), " ",
+                                                   ShapeString(destinations[i].sizes()), "; the variable is ",
+                                                   DTypeName(values[i].scalar_type()), " ",
+                                                   ShapeString(values[i].sizes())));
+    }
+  }
+  torch::NoGradGuard no_grad;  // a destination may be a parameter that requires a gradient
+  for (size_t i = 0; i < names.size(); ++i) destinations[i].copy_(values[i]);
 }
 
 void ClusterClient::Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values) {
