@@ -56,7 +56,9 @@ class Hook {
  public:
   virtual ~Hook() = default;
   // Returns true to stop the whole job after this step (every worker ends
-  // cleanly, the chief evaluates); `reason` then goes into the report.
+  // cleanly, the chief evaluates); the report's stop_reason is `reason`
+  // when the chief's hook stopped the job, and says a worker's hook did
+  // otherwise.
   virtual bool AfterStep(const Step& step, std::string* reason) { return false; }
   // Once per worker, when it ends: its last step, and an empty `error` if it
   // ended well.

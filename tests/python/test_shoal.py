@@ -137,7 +137,7 @@ def test_client_drives_a_server_by_hand_without_holding_the_gil():
     while waiter.is_alive():
         ticks.append(1)
         time.sleep(0.01)
-    assert len(ticks) > 20
+    assert len(ticks) > 5  # a held GIL would allow one or two
 
     client.shutdown_servers()
     assert server.wait(10.0)
@@ -172,14 +172,19 @@ def test_ctrl_c_stops_the_job_cleanly():
         import json, sys
         import shoal
         try:
-            shoal.train(config={"training": {"epochs": 50}}, progress=False)
+            shoal.train(config={"training": {"epochs": 50}}, progress=True)
             print("finished")
         except KeyboardInterrupt as stop:
             print(json.dumps(stop.report))
     """)
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env=os.environ.copy(), text=True)
-    time.sleep(8)  # start-up and some training
+    # Off a terminal the progress line comes every 5 s of training: the
+    # first one says the job is training.
+    deadline = time.monotonic() + 120
+    for line in child.stderr:
+        if line.startswith("step ") or time.monotonic() > deadline:
+            break
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=120)
     assert child.returncode == 0, err
