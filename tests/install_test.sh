@@ -20,7 +20,7 @@ if grep -rnE '#include "(absl|grpc|google|shoal/(core|client|server|session|stra
   exit 1
 fi
 
-cmake -S "$src/examples/cpp" -B "$work/example" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake -S "$src/examples/cpp" -B "$work/example" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$work/example" -j 2 >/dev/null
 "$work/example/train_my_net" --max_steps 400 | tee "$work/out.txt"
 accuracy=$(sed -n 's/.*test accuracy \([0-9.]*\)%.*/\1/p' "$work/out.txt")
