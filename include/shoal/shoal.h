@@ -162,8 +162,9 @@ class ClusterClient {
 
   // Creates the variables with these initial values, trained on the ps by
   // the optimizer `optimizer_yaml` describes (the keys of
-  // training.optimizer: "{kind: adam, learning_rate: 0.001}"). Variables that
-  // exist already keep their values.
+  // training.optimizer: "{kind: adam, learning_rate: 0.001}"; no
+  // learning-rate decay unless it says so). Variables that exist already
+  // keep their values.
   void Create(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values,
               const std::string& optimizer_yaml = "{kind: sgd, learning_rate: 0.01}");
   // Waits until every named variable exists (another client creates them).
