@@ -16,6 +16,7 @@ packages=(
   dataset-fashion-mnist
   python3-torch  # PyTorch for /usr/bin/python3: the examples (examples/pytorch/) and the benchmarks' peers
   python3-dev python3-pybind11 python3-pytest  # the Python package (python/) and its tests
+  libucx-dev ucx-utils  # the data plane (transport/ucx/) and its ceiling in the benchmarks (ucx_perftest)
   iproute2  # the network-partition test (ip netns)
   libblas3  # Netlib's reference BLAS, only for the test of the slow-BLAS warning (OpenBLAS stays the system's)
 )

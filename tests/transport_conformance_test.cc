@@ -1,5 +1,6 @@
 // The same client/server behaviour over every transport: in-process,
-// in-process through the wire codec, and gRPC on loopback.
+// in-process through the wire codec, gRPC on loopback, and UCX (shared
+// memory between the threads of this process).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -8,11 +9,12 @@
 #include "shoal/client/client.h"
 #include "shoal/transport/grpc/grpc_transport.h"
 #include "shoal/transport/inproc/inproc_transport.h"
+#include "shoal/transport/ucx/ucx_transport.h"
 
 namespace shoal {
 namespace {
 
-enum class Kind { kInProc, kInProcSerialized, kGrpc };
+enum class Kind { kInProc, kInProcSerialized, kGrpc, kUcx };
 
 constexpr size_t kMaxMessageBytes = 4 << 20;
 
@@ -29,11 +31,18 @@ class TransportConformanceTest : public ::testing::TestWithParam<Kind> {
       case Kind::kGrpc:
         transport_ = std::make_unique<GrpcTransport>(GrpcOptions{kMaxMessageBytes, 2});
         break;
+      case Kind::kUcx: {
+        UcxOptions options;
+        options.max_message_bytes = kMaxMessageBytes;
+        transport_ = UcxTransport::Create(options).value();
+        break;
+      }
     }
     std::map<std::string, std::vector<std::string>> jobs;
     for (const TaskId& task : {TaskId{"ps", 0}, TaskId{"ps", 1}, TaskId{"worker", 0}}) {
       services_[task] = std::make_unique<VariableService>(VariableServiceOptions{task.ToString(), kMaxMessageBytes});
-      std::string address = GetParam() == Kind::kGrpc ? "127.0.0.1:0" : "inproc:" + task.ToString();
+      const bool sockets = GetParam() == Kind::kGrpc || GetParam() == Kind::kUcx;
+      std::string address = sockets ? "127.0.0.1:0" : "inproc:" + task.ToString();
       auto server = transport_->Serve(address, services_[task].get());
       ASSERT_TRUE(server.ok()) << server.status();
       jobs[task.job].push_back((*server)->address());
@@ -187,12 +196,13 @@ TEST_P(TransportConformanceTest, ShutdownRequestIsDelivered) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, TransportConformanceTest,
-                         ::testing::Values(Kind::kInProc, Kind::kInProcSerialized, Kind::kGrpc),
+                         ::testing::Values(Kind::kInProc, Kind::kInProcSerialized, Kind::kGrpc, Kind::kUcx),
                          [](const ::testing::TestParamInfo<Kind>& info) {
                            switch (info.param) {
                              case Kind::kInProc: return std::string("InProc");
                              case Kind::kInProcSerialized: return std::string("InProcSerialized");
                              case Kind::kGrpc: return std::string("GrpcLoopback");
+                             case Kind::kUcx: return std::string("Ucx");
                            }
                            return std::string("Unknown");
                          });

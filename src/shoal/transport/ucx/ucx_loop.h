@@ -1,0 +1,106 @@
+// UcxLoop: one UCX worker and the thread that drives it, asleep when idle.
+//
+// Every UCX call on the worker happens on the loop's thread (the worker is
+// single-threaded, so UCX takes no locks); other threads hand work over
+// with Post(). The thread sleeps in epoll_wait on the worker's event fd
+// (after ucp_worker_arm), on an eventfd that Post() writes, on the sockets
+// it was told to Watch(), and until the earliest timer (At()). It never
+// polls while nothing happens: an idle loop uses no CPU.
+//
+// Also the loop thread only: Watch/Unwatch, At/Cancel, worker().
+#ifndef SHOAL_TRANSPORT_UCX_UCX_LOOP_H_
+#define SHOAL_TRANSPORT_UCX_UCX_LOOP_H_
+
+#include <ucp/api/ucp.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace shoal {
+
+// A UCX context: the library's state for one transport (active messages,
+// wake-ups). Its loops' workers must be destroyed first.
+class UcxContext {
+ public:
+  static absl::StatusOr<std::shared_ptr<UcxContext>> Create();
+  ~UcxContext();
+  ucp_context_h get() const { return context_; }
+
+ private:
+  explicit UcxContext(ucp_context_h context) : context_(context) {}
+  ucp_context_h context_;
+};
+
+class UcxLoop {
+ public:
+  // Starts the thread. `name` appears in errors.
+  static absl::StatusOr<std::unique_ptr<UcxLoop>> Create(std::shared_ptr<UcxContext> context, std::string name);
+  // Runs `before_stop` on the loop thread (closing endpoints), then stops
+  // and joins the thread and destroys the worker. Not from the loop thread.
+  ~UcxLoop();
+  void Stop(std::function<void()> before_stop);
+
+  // Runs `task` on the loop thread soon. Thread-safe. After Stop, `task` is
+  // dropped and Post returns false.
+  bool Post(std::function<void()> task);
+  bool InLoopThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+  ucp_worker_h worker() const { return worker_; }
+  // This worker's address (bytes a peer's ucp_ep_create takes). Thread-safe.
+  const std::string& address() const { return address_; }
+
+  // Calls `on_ready(events)` when `fd` has any of `events` (EPOLLIN...).
+  void Watch(int fd, uint32_t events, std::function<void(uint32_t)> on_ready);
+  void Unwatch(int fd);
+  // Calls `fn` at `when` (or soon after); Cancel(id) before that stops it.
+  uint64_t At(absl::Time when, std::function<void()> fn);
+  void Cancel(uint64_t id);
+
+  // Progresses the worker until it has nothing to do, or `deadline` (used
+  // while closing endpoints).
+  void ProgressUntil(const std::function<bool()>& done, absl::Time deadline);
+
+ private:
+  UcxLoop(std::shared_ptr<UcxContext> context, ucp_worker_h worker, std::string name);
+  void Run();
+  bool RunPosted();  // whether there was any
+  void RunDueTimers();
+  int MillisecondsToNextTimer() const;
+
+  std::shared_ptr<UcxContext> context_;
+  ucp_worker_h worker_;
+  std::string name_;
+  std::string address_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd: Post() wakes the thread
+  int worker_fd_ = -1;
+
+  absl::Mutex mu_;
+  std::vector<std::function<void()>> posted_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Loop thread only.
+  std::map<int, std::function<void(uint32_t)>> watched_;
+  std::map<std::pair<absl::Time, uint64_t>, std::function<void()>> timers_;
+  std::map<uint64_t, absl::Time> timer_times_;
+  uint64_t next_timer_ = 1;
+  bool stop_now_ = false;
+
+  std::thread thread_;
+};
+
+// A UCX status as text, for errors.
+std::string UcxError(ucs_status_t status);
+
+}  // namespace shoal
+
+#endif  // SHOAL_TRANSPORT_UCX_UCX_LOOP_H_

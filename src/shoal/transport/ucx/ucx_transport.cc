@@ -1,0 +1,936 @@
+#include "shoal/transport/ucx/ucx_transport.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "shoal/core/codec.h"
+#include "shoal/core/status.h"
+#include "shoal/transport/ucx/handshake.h"
+#include "shoal/transport/ucx/ucx_loop.h"
+
+namespace shoal {
+namespace {
+
+constexpr unsigned kRequestAm = 11;
+constexpr unsigned kResponseAm = 12;
+constexpr size_t kHeaderSlack = 16 << 20;  // room for headers beyond the tensor payload
+// Tensor bytes start at this alignment after the codec's header frame, so
+// that the receiver can decode every tensor in place.
+constexpr size_t kBodyAlignment = 8;
+constexpr int kMaxPendingHandshakes = 64;
+constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
+// How long closing endpoints may take when a loop stops.
+constexpr absl::Duration kCloseTimeout = absl::Seconds(1);
+
+struct RequestAmHeader {
+  uint64_t connection_id;
+  ConnectionSecret secret;
+  uint64_t call_id;
+  uint64_t frame_bytes;  // the codec's header frame; tensor bytes follow at the next alignment
+};
+struct ResponseAmHeader {
+  uint64_t call_id;
+  uint64_t frame_bytes;
+};
+
+size_t AlignUp(size_t n) { return (n + kBodyAlignment - 1) / kBodyAlignment * kBodyAlignment; }
+
+std::shared_ptr<char> AllocateAligned(size_t bytes) {
+  const size_t size = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  return std::shared_ptr<char>(static_cast<char*>(std::aligned_alloc(64, size)), &std::free);
+}
+
+// A message on its way out: UCX reads the header and the I/O vector (the
+// codec's header frame, padding, then the tensors' own memory) until the
+// send completes, so all of it lives here until then.
+struct Outgoing {
+  std::string am_header;
+  EncodedMessage encoded;
+  std::vector<ucp_dt_iov_t> iov;
+};
+
+const char kPadding[kBodyAlignment] = {};
+
+std::unique_ptr<Outgoing> MakeOutgoing(EncodedMessage encoded, const void* header, size_t header_bytes) {
+  auto out = std::make_unique<Outgoing>();
+  out->am_header.assign(static_cast<const char*>(header), header_bytes);
+  out->encoded = std::move(encoded);
+  const std::string& frame = out->encoded.header_frame;
+  out->iov.push_back({const_cast<char*>(frame.data()), frame.size()});
+  if (AlignUp(frame.size()) != frame.size()) {
+    out->iov.push_back({const_cast<char*>(kPadding), AlignUp(frame.size()) - frame.size()});
+  }
+  for (torch::Tensor& body : out->encoded.bodies) {
+    if (body.nbytes() > 0) out->iov.push_back({body.data_ptr(), body.nbytes()});
+  }
+  return out;
+}
+
+// Hands `out` to UCX. Returns the failure if UCX refused it at once.
+ucs_status_t SendAm(ucp_ep_h ep, unsigned id, std::unique_ptr<Outgoing> out) {
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+  param.datatype = ucp_dt_make_iov();
+  param.cb.send = [](void* request, ucs_status_t, void* user_data) {
+    delete static_cast<Outgoing*>(user_data);
+    ucp_request_free(request);
+  };
+  param.user_data = out.get();
+  ucs_status_ptr_t sent = ucp_am_send_nbx(ep, id, out->am_header.data(), out->am_header.size(), out->iov.data(),
+                                          out->iov.size(), &param);
+  if (sent == nullptr) return UCS_OK;  // done already; `out` goes now
+  if (UCS_PTR_IS_ERR(sent)) return UCS_PTR_STATUS(sent);
+  out.release();  // the callback deletes it
+  return UCS_OK;
+}
+
+// An active message's data, fetched into a fresh aligned buffer; `deliver`
+// runs on the loop (after the worker's progress) once all of it is there.
+// Rendezvous data is fetched by UCX straight into the buffer (one copy, by
+// shared memory or the network); eager data is copied out of UCX's buffer.
+struct Incoming {
+  std::shared_ptr<char> buffer;
+  size_t length;
+  std::function<void(std::shared_ptr<char>, size_t)> deliver;
+  UcxLoop* loop;
+};
+
+void Receive(UcxLoop* loop, void* data, size_t length, const ucp_am_recv_param_t* param,
+             std::function<void(std::shared_ptr<char>, size_t)> deliver) {
+  auto* in = new Incoming{AllocateAligned(length), length, std::move(deliver), loop};
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
+    std::memcpy(in->buffer.get(), data, length);
+    loop->Post([in] {
+      in->deliver(std::move(in->buffer), in->length);
+      delete in;
+    });
+    return;
+  }
+  ucp_request_param_t receive{};
+  receive.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  receive.user_data = in;
+  receive.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
+    auto* in = static_cast<Incoming*>(user_data);
+    if (status == UCS_OK) {
+      in->loop->Post([in] {
+        in->deliver(std::move(in->buffer), in->length);
+        delete in;
+      });
+    } else {
+      delete in;  // the peer went away; its socket tells the rest
+    }
+    ucp_request_free(request);
+  };
+  ucs_status_ptr_t started = ucp_am_recv_data_nbx(loop->worker(), data, in->buffer.get(), length, &receive);
+  if (started == nullptr) {
+    loop->Post([in] {
+      in->deliver(std::move(in->buffer), in->length);
+      delete in;
+    });
+  } else if (UCS_PTR_IS_ERR(started)) {
+    delete in;
+  }
+}
+
+// Drops an active message's data without fetching it.
+void Drop(UcxLoop* loop, void* data, const ucp_am_recv_param_t* param) {
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ucp_am_data_release(loop->worker(), data);
+}
+
+// The frame and the tensor bytes of a received message, as the codec's chunks.
+absl::Status SplitReceived(const std::shared_ptr<char>& buffer, size_t length, uint64_t frame_bytes,
+                           std::vector<absl::string_view>* views, std::vector<ChunkOwner>* owners) {
+  if (frame_bytes > length || (length > frame_bytes && AlignUp(frame_bytes) > length)) {
+    return absl::DataLossError(absl::StrCat("garbled message: a header frame of ", frame_bytes, " bytes in ", length));
+  }
+  views->emplace_back(buffer.get(), frame_bytes);
+  if (length > frame_bytes) views->emplace_back(buffer.get() + AlignUp(frame_bytes), length - AlignUp(frame_bytes));
+  owners->assign(views->size(), buffer);
+  return absl::OkStatus();
+}
+
+ucs_status_ptr_t CloseEndpoint(ucp_ep_h ep, bool peer_is_gone) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  // Forcing is only safe when the peer cannot receive anything any more;
+  // otherwise the endpoint flushes what is in flight first.
+  param.flags = peer_is_gone ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  return ucp_ep_close_nbx(ep, &param);
+}
+
+// Closes endpoints and waits (at most kCloseTimeout) for them to finish.
+void CloseAll(UcxLoop* loop, const std::vector<std::pair<ucp_ep_h, bool>>& endpoints) {
+  std::vector<void*> closing;
+  for (auto [ep, gone] : endpoints) {
+    ucs_status_ptr_t request = CloseEndpoint(ep, gone);
+    if (UCS_PTR_IS_PTR(request)) closing.push_back(request);
+  }
+  loop->ProgressUntil(
+      [&] {
+        for (void* r : closing) {
+          if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+        }
+        return true;
+      },
+      absl::Now() + kCloseTimeout);
+  for (void* r : closing) ucp_request_free(r);
+}
+
+// Closes one endpoint in the background.
+void CloseSoon(ucp_ep_h ep, bool peer_is_gone) {
+  ucs_status_ptr_t request = CloseEndpoint(ep, peer_is_gone);
+  if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);  // it completes on its own
+}
+
+// An endpoint to a peer's worker. Peers on this host and network namespace
+// get every transport (shared memory among them); others need UCX's
+// peer-failure handling, which its shared-memory transports lack.
+absl::StatusOr<ucp_ep_h> CreateEndpoint(UcxLoop* loop, const std::string& address, bool same_host,
+                                        ucp_err_handler_cb_t on_error, void* error_arg) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.err_mode = same_host ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+  if (!same_host) {
+    params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.err_handler.cb = on_error;
+    params.err_handler.arg = error_arg;
+  }
+  ucp_ep_h ep = nullptr;
+  ucs_status_t status = ucp_ep_create(loop->worker(), &params, &ep);
+  if (status != UCS_OK) return absl::UnavailableError("cannot reach its UCX worker: " + UcxError(status));
+  return ep;
+}
+
+ConnectionSecret DrawSecret() {
+  ConnectionSecret secret{};
+  size_t got = 0;
+  while (got < sizeof(secret)) {
+    ssize_t n = getrandom(reinterpret_cast<char*>(secret.data()) + got, sizeof(secret) - got, 0);
+    if (n > 0) got += n;
+  }
+  return secret;
+}
+
+bool SecretsEqual(const ConnectionSecret& a, const ConnectionSecret& b) {
+  return ConstantTimeEquals(absl::string_view(reinterpret_cast<const char*>(a.data()), sizeof(a)),
+                            absl::string_view(reinterpret_cast<const char*>(b.data()), sizeof(b)));
+}
+
+std::string PeerName(int fd) {
+  sockaddr_storage peer{};
+  socklen_t length = sizeof(peer);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) return "ucx:unknown";
+  char host[INET6_ADDRSTRLEN] = {};
+  int port = 0;
+  if (peer.ss_family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&peer);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    port = ntohs(in->sin_port);
+    return absl::StrCat("ucx:ipv4:", host, ":", port);
+  }
+  auto* in6 = reinterpret_cast<sockaddr_in6*>(&peer);
+  inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+  return absl::StrCat("ucx:ipv6:[", host, "]:", ntohs(in6->sin6_port));
+}
+
+// ---------------------------------------------------------------- server
+
+class UcxServer final : public ServerHandle {
+ public:
+  UcxServer(std::unique_ptr<UcxLoop> loop, int listen_fd, std::string address, VariableService* service,
+            const UcxOptions& options)
+      : loop_(std::move(loop)), listen_fd_(listen_fd), address_(std::move(address)), service_(service),
+        options_(options), host_id_(HostId()) {
+    executor_ = options.executor ? options.executor : BlockingExecutor::Shared();
+  }
+
+  void PostForStart(std::function<void()> start) { loop_->Post(std::move(start)); }
+
+  // On the loop: listen, and take requests.
+  void Start() {
+    ucp_am_handler_param_t handler{};
+    handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    handler.id = kRequestAm;
+    handler.arg = this;
+    handler.cb = [](void* arg, const void* header, size_t header_length, void* data, size_t length,
+                    const ucp_am_recv_param_t* param) {
+      static_cast<UcxServer*>(arg)->OnRequest(header, header_length, data, length, param);
+      return UCS_OK;
+    };
+    ucp_worker_set_am_recv_handler(loop_->worker(), &handler);
+    loop_->Watch(listen_fd_, EPOLLIN, [this](uint32_t) { Accept(); });
+  }
+
+  ~UcxServer() override {
+    // Stop taking connections and requests, let the waiting requests (long
+    // polls) finish and answer, then close every connection.
+    loop_->Post([this] {
+      loop_->Unwatch(listen_fd_);
+      close(listen_fd_);
+      closing_ = true;
+    });
+    {
+      absl::MutexLock lock(&waiting_mu_);
+      waiting_mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &waiting_));
+    }
+    loop_->Stop([this] {
+      std::vector<std::pair<ucp_ep_h, bool>> endpoints;
+      for (auto& [id, connection] : connections_) {
+        loop_->Unwatch(connection.fd);
+        close(connection.fd);
+        endpoints.emplace_back(connection.ep, false);
+      }
+      connections_.clear();
+      for (auto& [fd, handshake] : handshakes_) {
+        loop_->Unwatch(fd);
+        close(fd);
+      }
+      handshakes_.clear();
+      CloseAll(loop_.get(), endpoints);
+    });
+  }
+
+  std::string address() const override { return address_; }
+
+ private:
+  struct Connection {
+    int fd;
+    ucp_ep_h ep;
+    ConnectionSecret secret;
+    std::string peer;
+  };
+  struct Handshake {
+    std::string bytes;
+    uint64_t timer;
+  };
+
+  void Accept() {
+    while (true) {
+      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) return;
+      if (closing_ || static_cast<int>(handshakes_.size()) >= kMaxPendingHandshakes) {
+        close(fd);
+        continue;
+      }
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      const uint64_t timer = loop_->At(absl::Now() + kHandshakeTimeout, [this, fd] { DropHandshake(fd); });
+      handshakes_[fd] = Handshake{std::string(), timer};
+      loop_->Watch(fd, EPOLLIN | EPOLLRDHUP, [this, fd](uint32_t) { ReadHandshake(fd); });
+    }
+  }
+
+  void DropHandshake(int fd) {
+    auto it = handshakes_.find(fd);
+    if (it == handshakes_.end()) return;
+    loop_->Cancel(it->second.timer);
+    handshakes_.erase(it);
+    loop_->Unwatch(fd);
+    close(fd);
+  }
+
+  void ReadHandshake(int fd) {
+    auto it = handshakes_.find(fd);
+    if (it == handshakes_.end()) return;
+    std::string& bytes = it->second.bytes;
+    char chunk[4096];
+    const size_t room = kMaxHelloBytes - bytes.size();
+    ssize_t n = recv(fd, chunk, std::min(sizeof(chunk), std::max<size_t>(room, 1)), 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      DropHandshake(fd);
+      return;
+    }
+    if (n < 0) return;
+    bytes.append(chunk, n);
+    Hello hello;
+    bool complete = false;
+    absl::Status parsed = ParseHello(bytes, &hello, &complete);
+    if (!parsed.ok() || bytes.size() > kMaxHelloBytes) {
+      DropHandshake(fd);
+      return;
+    }
+    if (!complete) return;
+    loop_->Cancel(it->second.timer);
+    handshakes_.erase(it);
+    loop_->Unwatch(fd);
+    Welcome welcome = Greet(fd, hello);
+    const std::string answer = EncodeWelcome(welcome);
+    const bool sent = send(fd, answer.data(), answer.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(answer.size());
+    if (!welcome.status.ok() || !sent) {
+      auto refused = connections_.find(welcome.connection_id);
+      if (refused != connections_.end()) {
+        CloseSoon(refused->second.ep, true);
+        connections_.erase(refused);
+      }
+      close(fd);
+      return;
+    }
+    const uint64_t id = welcome.connection_id;
+    loop_->Watch(fd, EPOLLIN | EPOLLRDHUP, [this, id](uint32_t) { CheckAlive(id); });
+  }
+
+  // Checks the token (in constant time) before anything is made for the
+  // client, then makes its connection.
+  Welcome Greet(int fd, const Hello& hello) {
+    Welcome welcome;
+    if (!options_.token.empty() && (hello.token.empty() || !ConstantTimeEquals(hello.token, options_.token))) {
+      welcome.status = absl::UnauthenticatedError(absl::StrCat(service_->options().task_name, " refused a connection with ",
+                                                               hello.token.empty() ? "no token" : "a wrong token"));
+      return welcome;
+    }
+    const bool same_host = hello.host_id == host_id_;
+    auto ep = CreateEndpoint(loop_.get(), hello.worker_address, same_host, &UcxServer::OnEndpointError, this);
+    if (!ep.ok()) {
+      welcome.status = Annotate(ep.status(), service_->options().task_name);
+      return welcome;
+    }
+    welcome.connection_id = next_connection_++;
+    welcome.secret = DrawSecret();
+    welcome.host_id = host_id_;
+    welcome.worker_address = loop_->address();
+    connections_[welcome.connection_id] = Connection{fd, *ep, welcome.secret, PeerName(fd)};
+    return welcome;
+  }
+
+  // The handshake socket of a connection became readable: the client went
+  // away (or broke the protocol). Either way the connection ends.
+  void CheckAlive(uint64_t id) {
+    auto it = connections_.find(id);
+    if (it == connections_.end()) return;
+    char byte;
+    ssize_t n = recv(it->second.fd, &byte, 1, MSG_PEEK);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    CloseConnection(id, /*peer_is_gone=*/n <= 0);
+  }
+
+  void CloseConnection(uint64_t id, bool peer_is_gone) {
+    auto it = connections_.find(id);
+    if (it == connections_.end()) return;
+    loop_->Unwatch(it->second.fd);
+    close(it->second.fd);
+    CloseSoon(it->second.ep, peer_is_gone);
+    connections_.erase(it);
+  }
+
+  static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t) {
+    auto* server = static_cast<UcxServer*>(arg);
+    for (auto& [id, connection] : server->connections_) {
+      if (connection.ep == ep) {
+        const uint64_t dead = id;
+        server->loop_->Post([server, dead] { server->CloseConnection(dead, true); });
+        return;
+      }
+    }
+  }
+
+  void OnRequest(const void* header, size_t header_length, void* data, size_t length,
+                 const ucp_am_recv_param_t* param) {
+    RequestAmHeader h;
+    if (header_length != sizeof(h) || closing_) {
+      Drop(loop_.get(), data, param);
+      return;
+    }
+    std::memcpy(&h, header, sizeof(h));
+    auto it = connections_.find(h.connection_id);
+    if (it == connections_.end() || !SecretsEqual(it->second.secret, h.secret)) {
+      Drop(loop_.get(), data, param);  // not a client that passed the handshake: nothing is read
+      return;
+    }
+    if (length > options_.max_message_bytes + kHeaderSlack) {
+      Drop(loop_.get(), data, param);
+      Response refusal;
+      SetErrorStatus(absl::ResourceExhaustedError(absl::StrCat("message of ", length, " bytes to ",
+                                                                service_->options().task_name,
+                                                                " exceeds the limit of ", options_.max_message_bytes,
+                                                                " bytes")),
+                     &refusal);
+      Answer(h.connection_id, h.call_id, std::move(refusal));
+      return;
+    }
+    const uint64_t connection_id = h.connection_id, call_id = h.call_id, frame_bytes = h.frame_bytes;
+    Receive(loop_.get(), data, length, param,
+            [this, connection_id, call_id, frame_bytes](std::shared_ptr<char> buffer, size_t length) {
+              Serve(connection_id, call_id, std::move(buffer), length, frame_bytes);
+            });
+  }
+
+  void SetErrorStatus(absl::Status status, Response* response) {
+    response->header.set_status_code(static_cast<int>(status.code()));
+    response->header.set_status_message(std::string(status.message()));
+  }
+
+  void Serve(uint64_t connection_id, uint64_t call_id, std::shared_ptr<char> buffer, size_t length,
+             uint64_t frame_bytes) {
+    auto connection = connections_.find(connection_id);
+    if (connection == connections_.end()) return;
+    auto request = std::make_shared<Request>();
+    request->peer = connection->second.peer;
+    std::vector<absl::string_view> views;
+    std::vector<ChunkOwner> owners;
+    absl::Status decoded = SplitReceived(buffer, length, frame_bytes, &views, &owners);
+    if (decoded.ok()) decoded = DecodeRequest(views, options_.max_message_bytes + kHeaderSlack, request.get(), owners);
+    Response response;
+    if (!decoded.ok()) {
+      // A garbled or refused request is answered, and the server goes on serving.
+      SetErrorStatus(Annotate(decoded, absl::StrCat("request to ", service_->options().task_name)), &response);
+    } else if (VariableService::MayWait(*request)) {
+      // A long poll must not hold the loop, which serves the very calls
+      // that end its wait.
+      {
+        absl::MutexLock lock(&waiting_mu_);
+        ++waiting_;
+      }
+      const bool queued = executor_->TrySubmit([this, request, connection_id, call_id] {
+        auto answer = std::make_shared<Response>();
+        service_->Handle(*request, answer.get());
+        loop_->Post([this, answer, connection_id, call_id] { Answer(connection_id, call_id, std::move(*answer)); });
+        absl::MutexLock lock(&waiting_mu_);
+        --waiting_;
+      });
+      if (queued) return;
+      {
+        absl::MutexLock lock(&waiting_mu_);
+        --waiting_;
+      }
+      SetErrorStatus(absl::ResourceExhaustedError(absl::StrCat(
+                         service_->options().task_name, " is already serving ", executor_->max_pending(),
+                         " waiting calls (the most at once); try again")),
+                     &response);
+    } else {
+      service_->Handle(*request, &response);
+    }
+    Answer(connection_id, call_id, std::move(response));
+  }
+
+  void Answer(uint64_t connection_id, uint64_t call_id, Response response) {
+    auto connection = connections_.find(connection_id);
+    if (connection == connections_.end()) return;  // the client went away
+    auto encoded = EncodeResponse(response);
+    if (!encoded.ok()) {
+      Response failure;
+      SetErrorStatus(Annotate(encoded.status(), service_->options().task_name), &failure);
+      encoded = EncodeResponse(failure);
+      if (!encoded.ok()) return;
+    }
+    ResponseAmHeader h{call_id, encoded->header_frame.size()};
+    SendAm(connection->second.ep, kResponseAm, MakeOutgoing(*std::move(encoded), &h, sizeof(h)));
+  }
+
+  std::unique_ptr<UcxLoop> loop_;
+  int listen_fd_;
+  std::string address_;
+  VariableService* service_;
+  UcxOptions options_;
+  std::string host_id_;
+  std::shared_ptr<BlockingExecutor> executor_;
+
+  // Loop thread only.
+  std::map<uint64_t, Connection> connections_;
+  std::map<int, Handshake> handshakes_;
+  uint64_t next_connection_ = 1;
+  bool closing_ = false;
+
+  absl::Mutex waiting_mu_;
+  int waiting_ ABSL_GUARDED_BY(waiting_mu_) = 0;  // requests on the executor
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------- client
+
+// The client side of a transport: one loop for all its channels.
+class UcxClientSide {
+ public:
+  struct ChannelState {
+    TaskId task;
+    std::string address;
+    std::string where;
+    enum { kIdle, kConnecting, kConnected } state = kIdle;
+    int fd = -1;
+    ucp_ep_h ep = nullptr;
+    uint64_t connection_id = 0;
+    ConnectionSecret secret{};
+    std::vector<uint64_t> waiting;  // calls to send once connected
+    std::set<uint64_t> in_flight;
+    bool closed = false;
+  };
+
+  UcxClientSide(std::shared_ptr<UcxLoop> loop, const UcxOptions& options)
+      : loop_(std::move(loop)), options_(options), host_id_(HostId()) {}
+
+  void PostForStart(std::function<void()> start) { loop_->Post(std::move(start)); }
+
+  // On the loop: take answers.
+  void Start() {
+    ucp_am_handler_param_t handler{};
+    handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    handler.id = kResponseAm;
+    handler.arg = this;
+    handler.cb = [](void* arg, const void* header, size_t header_length, void* data, size_t length,
+                    const ucp_am_recv_param_t* param) {
+      static_cast<UcxClientSide*>(arg)->OnResponse(header, header_length, data, length, param);
+      return UCS_OK;
+    };
+    ucp_worker_set_am_recv_handler(loop_->worker(), &handler);
+  }
+
+  // Fails every call and closes every connection; the loop stops.
+  void Shutdown() {
+    loop_->Stop([this] {
+      std::vector<std::pair<ucp_ep_h, bool>> endpoints;
+      for (auto& channel : channels_) {
+        if (channel->ep != nullptr) endpoints.emplace_back(channel->ep, false);
+        channel->ep = nullptr;
+        Disconnect(channel.get(), absl::UnavailableError(channel->where + " is unavailable: the transport closed"));
+      }
+      CloseAll(loop_.get(), endpoints);
+    });
+  }
+
+  std::shared_ptr<ChannelState> NewChannel(const TaskId& task, const std::string& address) {
+    auto channel = std::make_shared<ChannelState>();
+    channel->task = task;
+    channel->address = address;
+    channel->where = absl::StrCat(task.ToString(), " at ", address);
+    loop_->Post([this, channel] { channels_.insert(channel); });
+    return channel;
+  }
+
+  void CloseChannel(std::shared_ptr<ChannelState> channel) {
+    loop_->Post([this, channel] {
+      channel->closed = true;
+      Disconnect(channel.get(), absl::UnavailableError(channel->where + " is unavailable: the channel closed"));
+      channels_.erase(channel);
+    });
+  }
+
+  void Call(std::shared_ptr<ChannelState> channel, const Request& request, Response* response, absl::Time deadline,
+            std::function<void(absl::Status)> done) {
+    auto encoded = EncodeRequest(request);
+    if (!encoded.ok()) {
+      done(Annotate(encoded.status(), absl::StrCat("sending to ", channel->where)));
+      return;
+    }
+    if (encoded->total_bytes > options_.max_message_bytes + kHeaderSlack ||
+        TensorBytes(request.tensors) > options_.max_message_bytes) {
+      done(absl::ResourceExhaustedError(absl::StrCat("message of ", encoded->total_bytes, " bytes to ", channel->where,
+                                                     " exceeds the limit of ", options_.max_message_bytes, " bytes")));
+      return;
+    }
+    RequestAmHeader header{};
+    header.frame_bytes = encoded->header_frame.size();
+    auto call = std::make_shared<PendingCall>();
+    call->channel = std::move(channel);
+    call->response = response;
+    call->done = std::move(done);
+    call->outgoing = MakeOutgoing(*std::move(encoded), &header, sizeof(header));
+    call->deadline = deadline;
+    loop_->Post([this, call] { Start(call); });
+  }
+
+ private:
+  struct PendingCall {
+    std::shared_ptr<ChannelState> channel;
+    Response* response;
+    std::function<void(absl::Status)> done;
+    std::unique_ptr<Outgoing> outgoing;  // until sent
+    absl::Time deadline;
+    uint64_t timer = 0;
+  };
+
+  void Start(std::shared_ptr<PendingCall> call) {
+    const uint64_t id = next_call_++;
+    ChannelState* channel = call->channel.get();
+    call->timer = loop_->At(call->deadline, [this, id] {
+      auto it = calls_.find(id);
+      if (it == calls_.end()) return;
+      Finish(id, absl::DeadlineExceededError(absl::StrCat(it->second->channel->where,
+                                                          " did not answer before the deadline")));
+    });
+    calls_[id] = call;
+    if (channel->closed) {
+      Finish(id, absl::UnavailableError(channel->where + " is unavailable: the channel closed"));
+      return;
+    }
+    if (channel->state == ChannelState::kConnected) {
+      Send(id);
+      return;
+    }
+    channel->waiting.push_back(id);
+    if (channel->state == ChannelState::kIdle) StartConnecting(call->channel);
+  }
+
+  // Connects on a thread of its own (a blocking connect and handshake,
+  // bounded by the connect timeout), then hands the socket to the loop.
+  void StartConnecting(std::shared_ptr<ChannelState> channel) {
+    channel->state = ChannelState::kConnecting;
+    Hello hello{options_.token, host_id_, loop_->address()};
+    const absl::Time deadline = absl::Now() + options_.connect_timeout;
+    std::thread([this, loop = loop_, channel, hello, deadline] {
+      auto welcome = std::make_shared<Welcome>();
+      absl::StatusOr<int> fd = ConnectAndGreet(channel->address, hello, deadline, welcome.get());
+      const bool handed_over = loop->Post([this, channel, fd, welcome] { OnConnected(channel, fd, *welcome); });
+      if (!handed_over && fd.ok()) close(*fd);  // the transport closed meanwhile
+    }).detach();
+  }
+
+  void OnConnected(std::shared_ptr<ChannelState> channel, absl::StatusOr<int> fd, const Welcome& welcome) {
+    if (channel->closed) {
+      if (fd.ok()) close(*fd);
+      return;
+    }
+    absl::StatusOr<ucp_ep_h> ep = absl::UnknownError("not connected");
+    if (fd.ok()) {
+      ep = CreateEndpoint(loop_.get(), welcome.worker_address, welcome.host_id == host_id_,
+                          &UcxClientSide::OnEndpointError, this);
+      if (!ep.ok()) close(*fd);
+    } else {
+      ep = fd.status();
+    }
+    if (!ep.ok()) {
+      channel->state = ChannelState::kIdle;
+      const absl::Status& s = ep.status();
+      const absl::Status failure =
+          absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)
+              ? absl::Status(s.code(), absl::StrCat(channel->task.ToString(), " at ", s.message()))
+              : Annotate(s, channel->where);
+      std::vector<uint64_t> waiting;
+      waiting.swap(channel->waiting);
+      for (uint64_t id : waiting) Finish(id, failure);
+      return;
+    }
+    channel->state = ChannelState::kConnected;
+    channel->fd = *fd;
+    channel->ep = *ep;
+    channel->connection_id = welcome.connection_id;
+    channel->secret = welcome.secret;
+    loop_->Watch(channel->fd, EPOLLIN | EPOLLRDHUP, [this, channel](uint32_t) { CheckAlive(channel); });
+    std::vector<uint64_t> waiting;
+    waiting.swap(channel->waiting);
+    for (uint64_t id : waiting) Send(id);
+  }
+
+  void CheckAlive(const std::shared_ptr<ChannelState>& channel) {
+    char byte;
+    ssize_t n = recv(channel->fd, &byte, 1, MSG_PEEK);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    Disconnect(channel.get(),
+               absl::UnavailableError(channel->where + " is unavailable: the connection closed (the task ended?)"),
+               /*peer_is_gone=*/true);
+  }
+
+  static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    auto* self = static_cast<UcxClientSide*>(arg);
+    for (const auto& channel : self->channels_) {
+      if (channel->ep == ep) {
+        self->loop_->Post([self, channel, status] {
+          self->Disconnect(channel.get(),
+                           absl::UnavailableError(absl::StrCat(channel->where, " is unavailable: ", UcxError(status))),
+                           true);
+        });
+        return;
+      }
+    }
+  }
+
+  // Ends the connection (if any) and fails every call on it with `status`.
+  void Disconnect(ChannelState* channel, const absl::Status& status, bool peer_is_gone = false) {
+    if (channel->fd >= 0) {
+      loop_->Unwatch(channel->fd);
+      close(channel->fd);
+      channel->fd = -1;
+    }
+    if (channel->ep != nullptr) CloseSoon(channel->ep, peer_is_gone);
+    channel->ep = nullptr;
+    if (channel->state != ChannelState::kConnecting) channel->state = ChannelState::kIdle;
+    std::set<uint64_t> in_flight;
+    in_flight.swap(channel->in_flight);
+    for (uint64_t id : in_flight) Finish(id, status);
+    if (channel->state != ChannelState::kConnecting) {
+      std::vector<uint64_t> waiting;
+      waiting.swap(channel->waiting);
+      for (uint64_t id : waiting) Finish(id, status);
+    }
+  }
+
+  void Send(uint64_t id) {
+    auto it = calls_.find(id);
+    if (it == calls_.end()) return;
+    PendingCall& call = *it->second;
+    ChannelState* channel = call.channel.get();
+    RequestAmHeader header;
+    std::memcpy(&header, call.outgoing->am_header.data(), sizeof(header));
+    header.connection_id = channel->connection_id;
+    header.secret = channel->secret;
+    header.call_id = id;
+    std::memcpy(call.outgoing->am_header.data(), &header, sizeof(header));
+    channel->in_flight.insert(id);
+    ucs_status_t status = SendAm(channel->ep, kRequestAm, std::move(call.outgoing));
+    if (status != UCS_OK) {
+      Finish(id, absl::UnavailableError(absl::StrCat(channel->where, " is unavailable: ", UcxError(status))));
+    }
+  }
+
+  void OnResponse(const void* header, size_t header_length, void* data, size_t length,
+                  const ucp_am_recv_param_t* param) {
+    ResponseAmHeader h;
+    if (header_length != sizeof(h)) {
+      Drop(loop_.get(), data, param);
+      return;
+    }
+    std::memcpy(&h, header, sizeof(h));
+    auto it = calls_.find(h.call_id);
+    if (it == calls_.end()) {
+      Drop(loop_.get(), data, param);  // late (its deadline passed) or unknown
+      return;
+    }
+    if (length > options_.max_message_bytes + kHeaderSlack) {
+      Drop(loop_.get(), data, param);
+      Finish(h.call_id, absl::ResourceExhaustedError(absl::StrCat("answer of ", length, " bytes from ",
+                                                                  it->second->channel->where, " exceeds the limit")));
+      return;
+    }
+    const uint64_t id = h.call_id, frame_bytes = h.frame_bytes;
+    Receive(loop_.get(), data, length, param, [this, id, frame_bytes](std::shared_ptr<char> buffer, size_t length) {
+      Complete(id, std::move(buffer), length, frame_bytes);
+    });
+  }
+
+  void Complete(uint64_t id, std::shared_ptr<char> buffer, size_t length, uint64_t frame_bytes) {
+    auto it = calls_.find(id);
+    if (it == calls_.end()) return;
+    PendingCall& call = *it->second;
+    std::vector<absl::string_view> views;
+    std::vector<ChunkOwner> owners;
+    absl::Status status = SplitReceived(buffer, length, frame_bytes, &views, &owners);
+    if (status.ok()) status = DecodeResponse(views, SIZE_MAX, call.response, owners);
+    status = status.ok() ? ResponseStatus(call.response->header)
+                         : Annotate(status, absl::StrCat("answer from ", call.channel->where));
+    Finish(id, status);
+  }
+
+  void Finish(uint64_t id, absl::Status status) {
+    auto it = calls_.find(id);
+    if (it == calls_.end()) return;
+    std::shared_ptr<PendingCall> call = std::move(it->second);
+    calls_.erase(it);
+    loop_->Cancel(call->timer);
+    call->channel->in_flight.erase(id);
+    auto done = std::move(call->done);
+    call.reset();
+    done(std::move(status));
+  }
+
+  std::shared_ptr<UcxLoop> loop_;
+  UcxOptions options_;
+  std::string host_id_;
+  // Loop thread only.
+  std::set<std::shared_ptr<ChannelState>> channels_;
+  std::map<uint64_t, std::shared_ptr<PendingCall>> calls_;
+  uint64_t next_call_ = 1;
+};
+
+namespace {
+
+class UcxChannel final : public Channel {
+ public:
+  UcxChannel(TaskId task, UcxClientSide* client, std::shared_ptr<UcxClientSide::ChannelState> state)
+      : Channel(std::move(task)), client_(client), state_(std::move(state)) {}
+  ~UcxChannel() override { client_->CloseChannel(state_); }
+
+  void Call(const Request& request, Response* response, absl::Time deadline,
+            std::function<void(absl::Status)> done) override {
+    client_->Call(state_, request, response, deadline, std::move(done));
+  }
+
+ private:
+  UcxClientSide* client_;
+  std::shared_ptr<UcxClientSide::ChannelState> state_;
+};
+
+}  // namespace
+
+struct UcxTransport::State {
+  UcxOptions options;
+  std::shared_ptr<UcxContext> context;
+  std::unique_ptr<UcxClientSide> client;  // made on the first Connect
+  absl::Mutex mu;
+};
+
+absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(UcxOptions options) {
+  auto state = std::make_unique<State>();
+  SHOAL_ASSIGN_OR_RETURN(state->context, UcxContext::Create());
+  if (!options.executor) options.executor = BlockingExecutor::Shared();
+  state->options = std::move(options);
+  return std::unique_ptr<UcxTransport>(new UcxTransport(std::move(state)));
+}
+
+UcxTransport::UcxTransport(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+UcxTransport::~UcxTransport() {
+  if (state_->client) state_->client->Shutdown();
+}
+
+absl::StatusOr<std::unique_ptr<ServerHandle>> UcxTransport::Serve(const std::string& address,
+                                                                  VariableService* service) {
+  int port = 0;
+  absl::StatusOr<int> fd = ListenTcp(address, &port);
+  if (!fd.ok()) return Annotate(fd.status(), absl::StrCat("cannot serve ", service->options().task_name));
+  auto loop = UcxLoop::Create(state_->context, service->options().task_name);
+  if (!loop.ok()) {
+    close(*fd);
+    return loop.status();
+  }
+  std::string host;
+  int unused = 0;
+  SHOAL_RETURN_IF_ERROR(SplitHostPort(address, &host, &unused));
+  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
+  auto server = std::make_unique<UcxServer>(*std::move(loop), *fd, absl::StrCat(host, ":", port), service,
+                                            state_->options);
+  absl::Notification started;
+  UcxServer* raw = server.get();
+  // Start on the loop's thread: every UCX call on a worker happens there.
+  server->PostForStart([raw, &started] {
+    raw->Start();
+    started.Notify();
+  });
+  started.WaitForNotification();
+  return std::unique_ptr<ServerHandle>(std::move(server));
+}
+
+absl::StatusOr<std::shared_ptr<Channel>> UcxTransport::Connect(const TaskId& task, const std::string& address) {
+  std::string host;
+  int port = 0;
+  SHOAL_RETURN_IF_ERROR(SplitHostPort(address, &host, &port));
+  absl::MutexLock lock(&state_->mu);
+  if (!state_->client) {
+    SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<UcxLoop> loop, UcxLoop::Create(state_->context, "UCX client"));
+    auto client = std::make_unique<UcxClientSide>(std::shared_ptr<UcxLoop>(std::move(loop)), state_->options);
+    absl::Notification started;
+    client->PostForStart([raw = client.get(), &started] {
+      raw->Start();
+      started.Notify();
+    });
+    started.WaitForNotification();
+    state_->client = std::move(client);
+  }
+  return std::shared_ptr<Channel>(new UcxChannel(task, state_->client.get(), state_->client->NewChannel(task, address)));
+}
+
+}  // namespace shoal
