@@ -40,6 +40,7 @@
 #include "shoal/transport/grpc/grpc_transport.h"
 #include "shoal/transport/grpc/grpc_tuning.h"
 #include "shoal/transport/inproc/inproc_transport.h"
+#include "shoal/transport/ucx/ucx_transport.h"
 
 namespace shoal {
 namespace {
@@ -123,8 +124,10 @@ class BareClient {
 // --- servers in a child process ------------------------------------------
 
 struct ServerAddresses {
-  std::string shoal;  // a ps task
-  std::string bare;   // the bare gRPC service
+  std::string shoal;    // a ps task
+  std::string bare;     // the bare gRPC service
+  std::string ucx;      // a ps task over UCX (shared memory to this process)
+  std::string ucx_tcp;  // a ps task over UCX limited to TCP
 };
 
 std::string ReadLine(int fd) {
@@ -157,16 +160,30 @@ const ServerAddresses& ForkGrpcServers() {
       ConfigureServer(builder, /*message_limit=*/-1);
       builder.RegisterCallbackGenericService(&bare);
       std::unique_ptr<grpc::Server> bare_server = builder.BuildAndStart();
+      VariableService ucx_service(VariableServiceOptions{"/job:ps/task:0"});
+      VariableService ucx_tcp_service(VariableServiceOptions{"/job:ps/task:0"});
+      UcxOptions tcp_only;
+      tcp_only.ucx_transports = "tcp";
+      auto ucx = UcxTransport::Create();
+      auto ucx_tcp = UcxTransport::Create(tcp_only);
+      auto ucx_server = ucx.ok() ? (*ucx)->Serve("127.0.0.1:0", &ucx_service) : ucx.status();
+      auto ucx_tcp_server = ucx_tcp.ok() ? (*ucx_tcp)->Serve("127.0.0.1:0", &ucx_tcp_service) : ucx_tcp.status();
       std::string lines = absl::StrCat(server.ok() ? (*server)->address() : "", "\n",
-                                       bare_port > 0 ? absl::StrCat("127.0.0.1:", bare_port) : "", "\n");
+                                       bare_port > 0 ? absl::StrCat("127.0.0.1:", bare_port) : "", "\n",
+                                       ucx_server.ok() ? (*ucx_server)->address() : "", "\n",
+                                       ucx_tcp_server.ok() ? (*ucx_tcp_server)->address() : "", "\n");
       if (::write(fds[1], lines.data(), lines.size()) < 0) _exit(1);
       service.shutdown_requested().WaitForNotification();
       _exit(0);
     }
     close(fds[1]);
-    auto* result = new ServerAddresses{ReadLine(fds[0]), ReadLine(fds[0])};
+    auto* result = new ServerAddresses;
+    result->shoal = ReadLine(fds[0]);
+    result->bare = ReadLine(fds[0]);
+    result->ucx = ReadLine(fds[0]);
+    result->ucx_tcp = ReadLine(fds[0]);
     close(fds[0]);
-    if (result->shoal.empty() || result->bare.empty()) std::abort();
+    if (result->shoal.empty() || result->bare.empty() || result->ucx.empty() || result->ucx_tcp.empty()) std::abort();
     return result;
   }();
   return *addresses;
@@ -181,13 +198,19 @@ struct Setup {
   std::unique_ptr<Client> client;
   std::map<int64_t, torch::Tensor> payloads;
 
-  explicit Setup(bool grpc) {
+  enum Kind { kInProc, kGrpc, kUcx, kUcxTcp };
+  explicit Setup(Kind kind) {
     std::string address;
-    if (grpc) {
+    if (kind == kGrpc) {
       // The ps runs in its own process, as in a real job: in one process the
       // client's and the server's gRPC threads would share one pool.
       address = ForkGrpcServers().shoal;
       transport = std::make_unique<GrpcTransport>();
+    } else if (kind == kUcx || kind == kUcxTcp) {
+      UcxOptions options;
+      if (kind == kUcxTcp) options.ucx_transports = "tcp";
+      address = kind == kUcx ? ForkGrpcServers().ucx : ForkGrpcServers().ucx_tcp;
+      transport = UcxTransport::Create(options).value();
     } else {
       transport = std::make_unique<InProcTransport>(&network);
       service = std::make_unique<VariableService>(VariableServiceOptions{"/job:ps/task:0"});
@@ -209,11 +232,19 @@ struct Setup {
 };
 
 Setup& InProcSetup() {
-  static auto* setup = new Setup(false);
+  static auto* setup = new Setup(Setup::kInProc);
   return *setup;
 }
 Setup& GrpcSetup() {
-  static auto* setup = new Setup(true);
+  static auto* setup = new Setup(Setup::kGrpc);
+  return *setup;
+}
+Setup& UcxSetup() {
+  static auto* setup = new Setup(Setup::kUcx);
+  return *setup;
+}
+Setup& UcxTcpSetup() {
+  static auto* setup = new Setup(Setup::kUcxTcp);
   return *setup;
 }
 
@@ -232,6 +263,8 @@ void PushPull(benchmark::State& state, Setup& setup) {
 
 void BM_InProcPushPull(benchmark::State& state) { PushPull(state, InProcSetup()); }
 void BM_GrpcPushPull(benchmark::State& state) { PushPull(state, GrpcSetup()); }
+void BM_UcxShmPushPull(benchmark::State& state) { PushPull(state, UcxSetup()); }
+void BM_UcxTcpPushPull(benchmark::State& state) { PushPull(state, UcxTcpSetup()); }
 
 void BM_BareGrpcPushPull(benchmark::State& state) {
   const int64_t bytes = state.range(0);
@@ -397,6 +430,8 @@ BENCHMARK(BM_RawTcpPushPull)->Apply(InFlight);
 BENCHMARK(BM_InProcPushPull)->Apply(Sizes);
 BENCHMARK(BM_BareGrpcPushPull)->Apply(InFlight);
 BENCHMARK(BM_GrpcPushPull)->Apply(InFlight);
+BENCHMARK(BM_UcxShmPushPull)->Apply(InFlight);
+BENCHMARK(BM_UcxTcpPushPull)->Apply(InFlight);
 
 // Diagnostics, outside bench/run.sh: each direction alone.
 void BM_GrpcPullOnly(benchmark::State& state) {

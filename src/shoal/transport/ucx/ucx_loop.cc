@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -13,10 +14,14 @@ namespace shoal {
 
 std::string UcxError(ucs_status_t status) { return ucs_status_string(status); }
 
-absl::StatusOr<std::shared_ptr<UcxContext>> UcxContext::Create() {
+absl::StatusOr<std::shared_ptr<UcxContext>> UcxContext::Create(const std::string& transports) {
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) return absl::InternalError("UCX: cannot read its configuration: " + UcxError(status));
+  if (!transports.empty() && (status = ucp_config_modify(config, "TLS", transports.c_str())) != UCS_OK) {
+    ucp_config_release(config);
+    return absl::InvalidArgumentError(absl::StrCat("UCX transports '", transports, "': ", UcxError(status)));
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   // Active messages carry requests and answers; WAKEUP gives the workers
@@ -31,7 +36,8 @@ absl::StatusOr<std::shared_ptr<UcxContext>> UcxContext::Create() {
 
 UcxContext::~UcxContext() { ucp_cleanup(context_); }
 
-absl::StatusOr<std::unique_ptr<UcxLoop>> UcxLoop::Create(std::shared_ptr<UcxContext> context, std::string name) {
+absl::StatusOr<std::unique_ptr<UcxLoop>> UcxLoop::Create(std::shared_ptr<UcxContext> context, std::string name,
+                                                          absl::Duration stay_awake) {
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   params.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the loop's thread touches it
@@ -41,6 +47,7 @@ absl::StatusOr<std::unique_ptr<UcxLoop>> UcxLoop::Create(std::shared_ptr<UcxCont
     return absl::InternalError(absl::StrCat(name, ": cannot create a UCX worker: ", UcxError(status)));
   }
   std::unique_ptr<UcxLoop> loop(new UcxLoop(std::move(context), worker, std::move(name)));
+  loop->stay_awake_ = stay_awake;
   if (loop->epoll_fd_ < 0 || loop->wake_fd_ < 0 || loop->worker_fd_ < 0 || loop->address_.empty()) {
     return absl::InternalError(absl::StrCat(loop->name_, ": cannot set up the UCX worker's wake-ups"));
   }
@@ -84,6 +91,7 @@ void UcxLoop::Stop(std::function<void()> before_stop) {
         if (before_stop) before_stop();
         stop_now_ = true;
       });
+      has_posted_.store(true, std::memory_order_release);
       stopping_ = true;
     }
   }
@@ -97,6 +105,7 @@ bool UcxLoop::Post(std::function<void()> task) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return false;
     posted_.push_back(std::move(task));
+    has_posted_.store(true, std::memory_order_release);
   }
   uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
@@ -129,10 +138,12 @@ void UcxLoop::Cancel(uint64_t id) {
 }
 
 bool UcxLoop::RunPosted() {
+  if (!has_posted_.load(std::memory_order_acquire)) return false;
   std::vector<std::function<void()>> tasks;
   {
     absl::MutexLock lock(&mu_);
     tasks.swap(posted_);
+    has_posted_.store(false, std::memory_order_relaxed);
   }
   for (auto& task : tasks) task();
   return !tasks.empty();
@@ -168,7 +179,15 @@ void UcxLoop::Run() {
     RunDueTimers();
     busy = RunPosted() || busy;  // what the progress's callbacks queued
     if (stop_now_) break;
-    if (busy) continue;  // progress what that work started before sleeping
+    const absl::Time now = absl::Now();
+    if (busy) {
+      last_busy_ = now;
+      continue;  // progress what that work started before sleeping
+    }
+    // Right after work an answer is likely within microseconds: staying
+    // awake that long saves the wake-ups (tens of microseconds each) that
+    // would otherwise dominate small calls. Idle, the loop sleeps.
+    if (now - last_busy_ < stay_awake_) continue;
     // Sleep only when the worker says nothing is pending (arm returns BUSY
     // when events arrived since the last progress).
     const ucs_status_t armed = ucp_worker_arm(worker_);

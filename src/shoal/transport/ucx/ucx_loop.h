@@ -4,8 +4,9 @@
 // single-threaded, so UCX takes no locks); other threads hand work over
 // with Post(). The thread sleeps in epoll_wait on the worker's event fd
 // (after ucp_worker_arm), on an eventfd that Post() writes, on the sockets
-// it was told to Watch(), and until the earliest timer (At()). It never
-// polls while nothing happens: an idle loop uses no CPU.
+// it was told to Watch(), and until the earliest timer (At()). It polls
+// only for a moment (`stay_awake`, microseconds) after it has worked, when
+// an answer is likely: an idle loop uses no CPU.
 //
 // Also the loop thread only: Watch/Unwatch, At/Cancel, worker().
 #ifndef SHOAL_TRANSPORT_UCX_UCX_LOOP_H_
@@ -13,6 +14,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -31,7 +33,8 @@ namespace shoal {
 // wake-ups). Its loops' workers must be destroyed first.
 class UcxContext {
  public:
-  static absl::StatusOr<std::shared_ptr<UcxContext>> Create();
+  // `transports`: UCX's transport list (UCX_TLS), empty for UCX's choice.
+  static absl::StatusOr<std::shared_ptr<UcxContext>> Create(const std::string& transports);
   ~UcxContext();
   ucp_context_h get() const { return context_; }
 
@@ -42,8 +45,10 @@ class UcxContext {
 
 class UcxLoop {
  public:
-  // Starts the thread. `name` appears in errors.
-  static absl::StatusOr<std::unique_ptr<UcxLoop>> Create(std::shared_ptr<UcxContext> context, std::string name);
+  // Starts the thread. `name` appears in errors. After any work the thread
+  // keeps progressing for `stay_awake` before it sleeps (0: sleeps at once).
+  static absl::StatusOr<std::unique_ptr<UcxLoop>> Create(std::shared_ptr<UcxContext> context, std::string name,
+                                                         absl::Duration stay_awake);
   // Runs `before_stop` on the loop thread (closing endpoints), then stops
   // and joins the thread and destroys the worker. Not from the loop thread.
   ~UcxLoop();
@@ -94,6 +99,9 @@ class UcxLoop {
   std::map<uint64_t, absl::Time> timer_times_;
   uint64_t next_timer_ = 1;
   bool stop_now_ = false;
+  absl::Time last_busy_;
+  absl::Duration stay_awake_;
+  std::atomic<bool> has_posted_{false};
 
   std::thread thread_;
 };
