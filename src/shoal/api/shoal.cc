@@ -370,7 +370,7 @@ ClusterClient::ClusterClient(const std::string& cluster_json, const std::vector<
   config.security.mutual_tls = !options.tls_cert_file.empty();
   if (!(options.rpc_timeout_s > 0)) throw Error("INVALID_ARGUMENT", "rpc_timeout_s must be positive");
   state_->transport = std::make_unique<LocalFirstTransport>(
-      &ProcessNetwork(), std::make_unique<GrpcTransport>(ValueOrThrow(GrpcOptionsFor(config))));
+      &ProcessNetwork(), ValueOrThrow(MakeTransport(config)));
   for (const TaskId& task : cluster.Tasks("ps")) {
     if (state_->transport->IsLocal(ValueOrThrow(cluster.AddressOf(task)))) state_->copy_reads = true;
   }

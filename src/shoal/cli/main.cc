@@ -45,11 +45,12 @@ usage:
   shoal train  [--config FILE] [--mode MODE] [--processes] [--ps N] [--workers N]
                [--epochs N] [--batch_size N] [--max_steps N] [--data_dir DIR]
                [--metrics_dir DIR] [--checkpoint_dir DIR] [--max_restarts N]
-               [--threads_per_task N]
+               [--threads_per_task N] [--transport auto|grpc|ucx]
                [--result_file FILE] [--quiet]
       Runs a job on a local cluster (default: 2 ps, 2 workers, async, the
       784-256-128-10 MLP on Fashion-MNIST for 5 epochs). --processes runs each
-      task as its own process talking gRPC on loopback. MODE: async, sync,
+      task as its own process: gRPC on loopback reaches each task, tensors go
+      over UCX's shared memory (--transport grpc: all over gRPC). MODE: async, sync,
       ssp, downpour, model_average, easgd, population, gated. With
       --checkpoint_dir the chief saves checkpoints there and resumes from the
       newest when the job starts again.
@@ -184,6 +185,7 @@ absl::StatusOr<JobConfig> ConfigFromFlags(Flags& flags) {
   SHOAL_RETURN_IF_ERROR(override_int("train_examples", &config.data.train_examples));
   if (flags.Has("processes")) config.cluster.processes = flags.Get("processes") != "false";
   if (flags.Has("data_dir")) config.data.dir = flags.Get("data_dir");
+  if (flags.Has("transport")) config.transport.kind = flags.Get("transport");
   SHOAL_RETURN_IF_ERROR(ValidateJobConfig(config));
   return config;
 }
@@ -295,6 +297,13 @@ absl::Status WriteResult(const std::string& path, const TrainReport& report) {
   return absl::OkStatus();
 }
 
+// How the processes of a local job talk, as MakeTransport decides.
+std::string ProcessesTransportSummary(const JobConfig& config) {
+  const bool tls = !config.security.tls_ca_file.empty() || !config.security.tls_cert_file.empty();
+  if (config.transport.kind == "grpc" || (config.transport.kind == "auto" && tls)) return "separate processes over gRPC";
+  return "separate processes, tensors over UCX";
+}
+
 absl::Status Train(Flags& flags) {
   SHOAL_ASSIGN_OR_RETURN(JobConfig config, ConfigFromFlags(flags));
   const bool quiet = flags.Has("quiet");
@@ -302,7 +311,7 @@ absl::Status Train(Flags& flags) {
   SHOAL_RETURN_IF_ERROR(flags.CheckAllUsed());
   absl::PrintF("shoal train: %d ps, %d workers, %s, %s, %s, %d epochs, batch %d, %s\n", config.cluster.ps,
                config.cluster.workers, config.training.mode,
-               config.cluster.processes ? "separate processes over gRPC" : "in-process", JobModelSummary(config),
+               config.cluster.processes ? ProcessesTransportSummary(config) : "in-process", JobModelSummary(config),
                config.training.epochs, config.training.batch_size, config.training.optimizer.kind());
   std::fflush(stdout);
   TrainReport report;

@@ -349,6 +349,7 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
 
   Section transport = top.Child("transport");
   SHOAL_RETURN_IF_ERROR(transport.Check());
+  SHOAL_RETURN_IF_ERROR(transport.Get("kind", &c->transport.kind));
   SHOAL_RETURN_IF_ERROR(transport.Get("rpc_timeout_s", &c->transport.rpc_timeout_s));
   SHOAL_RETURN_IF_ERROR(transport.Get("startup_timeout_s", &c->transport.startup_timeout_s));
   SHOAL_RETURN_IF_ERROR(transport.Get("max_message_mb", &c->transport.max_message_mb));
@@ -488,6 +489,15 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   SHOAL_RETURN_IF_ERROR(Positive("checkpoint.keep", c.checkpoint.keep));
   SHOAL_RETURN_IF_ERROR(OneOf("checkpoint.restore", c.checkpoint.restore, {"if_lost", "always"}));
   SHOAL_RETURN_IF_ERROR(OneOf("placement.strategy", c.placement.strategy, {"round_robin", "greedy"}));
+  if (c.transport.kind != "auto" && c.transport.kind != "grpc" && c.transport.kind != "ucx") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transport.kind '", c.transport.kind, "' is not one of auto, grpc, ucx"));
+  }
+  if (c.transport.kind == "ucx" && (!c.security.tls_ca_file.empty() || !c.security.tls_cert_file.empty())) {
+    return absl::InvalidArgumentError(
+        "transport.kind ucx does not encrypt, and TLS is configured: use auto (gRPC carries everything under TLS) "
+        "or grpc");
+  }
   SHOAL_RETURN_IF_ERROR(Positive("transport.rpc_timeout_s", c.transport.rpc_timeout_s));
   SHOAL_RETURN_IF_ERROR(Positive("transport.startup_timeout_s", c.transport.startup_timeout_s));
   SHOAL_RETURN_IF_ERROR(Positive("transport.max_message_mb", static_cast<double>(c.transport.max_message_mb)));
@@ -675,7 +685,8 @@ std::string JobConfigToYaml(const JobConfig& c) {
       << c.placement.strategy << YAML::Key << "min_partition_bytes" << YAML::Value << c.placement.min_partition_bytes
       << YAML::Key << "max_partitions" << YAML::Value << c.placement.max_partitions << YAML::Key << "scope_rules"
       << YAML::Value << YAML::Flow << rules << YAML::EndMap;
-  out << YAML::Key << "transport" << YAML::Value << YAML::BeginMap << YAML::Key << "rpc_timeout_s" << YAML::Value
+  out << YAML::Key << "transport" << YAML::Value << YAML::BeginMap << YAML::Key << "kind" << YAML::Value
+      << c.transport.kind << YAML::Key << "rpc_timeout_s" << YAML::Value
       << c.transport.rpc_timeout_s << YAML::Key << "startup_timeout_s" << YAML::Value << c.transport.startup_timeout_s
       << YAML::Key << "max_message_mb" << YAML::Value << c.transport.max_message_mb << YAML::Key
       << "connections_per_peer" << YAML::Value << c.transport.connections_per_peer << YAML::EndMap;

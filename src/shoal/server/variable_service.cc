@@ -69,6 +69,7 @@ bool VariableService::Changes(const Request& request) {
     case wire::RequestHeader::kRead:
     case wire::RequestHeader::kLookup:
     case wire::RequestHeader::kReadSlots:
+    case wire::RequestHeader::kEndpoints:
     case wire::RequestHeader::OP_NOT_SET:
       return false;
     case wire::RequestHeader::kCounter:
@@ -106,6 +107,12 @@ void VariableService::Conclude(const absl::Status& status, Response* response) c
   response->header.set_status_code(static_cast<int>(status.code()));
   response->header.set_status_message(std::string(status.message()));
   response->header.set_incarnation(incarnation_);
+}
+
+void VariableService::AdvertiseFastEndpoint(const std::string& kind, int port) {
+  absl::MutexLock lock(&endpoint_mu_);
+  fast_kind_ = kind;
+  fast_port_ = port;
 }
 
 uint64_t VariableService::DrawIncarnation() {
@@ -299,6 +306,12 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       response->header.mutable_shutdown();
       std::call_once(shutdown_once_, [this] { shutdown_requested_.Notify(); });
       return absl::OkStatus();
+    case wire::RequestHeader::kEndpoints: {
+      absl::MutexLock lock(&endpoint_mu_);
+      response->header.mutable_endpoints()->set_fast_kind(fast_kind_);
+      response->header.mutable_endpoints()->set_fast_port(fast_port_);
+      return absl::OkStatus();
+    }
     case wire::RequestHeader::OP_NOT_SET:
       break;
   }

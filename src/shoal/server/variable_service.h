@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "shoal/core/message.h"
 #include "shoal/server/request_ledger.h"
@@ -58,6 +59,9 @@ class VariableService {
   const VariableServiceOptions& options() const { return options_; }
   // This server's incarnation, in every response header.
   uint64_t incarnation() const { return incarnation_; }
+  // Says, in answer to an `endpoints` request, that this task also serves
+  // over transport `kind` at `port` (on the host of its address).
+  void AdvertiseFastEndpoint(const std::string& kind, int port);
 
  private:
   absl::Status Dispatch(const Request& request, Response* response);
@@ -69,6 +73,9 @@ class VariableService {
   VariableStore store_;
   RequestLedger ledger_;
   const uint64_t incarnation_;
+  absl::Mutex endpoint_mu_;
+  std::string fast_kind_ ABSL_GUARDED_BY(endpoint_mu_);
+  int fast_port_ ABSL_GUARDED_BY(endpoint_mu_) = 0;
   std::once_flag shutdown_once_;
   absl::Notification shutdown_requested_;
 };

@@ -14,7 +14,9 @@
 #include "shoal/session/evaluator.h"
 #include "shoal/session/progress.h"
 #include "shoal/strategy/training_mode.h"
+#include "shoal/transport/fast_path_transport.h"
 #include "shoal/transport/grpc/grpc_transport.h"
+#include "shoal/transport/ucx/ucx_transport.h"
 
 namespace shoal {
 
@@ -34,6 +36,29 @@ absl::StatusOr<GrpcOptions> GrpcOptionsFor(const JobConfig& config) {
   options.tls = GrpcTlsOptions{security.tls_ca_file, security.tls_cert_file, security.tls_key_file,
                                security.mutual_tls};
   return options;
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const JobConfig& config) {
+  SHOAL_ASSIGN_OR_RETURN(GrpcOptions grpc_options, GrpcOptionsFor(config));
+  auto grpc = std::make_unique<GrpcTransport>(grpc_options);
+  const std::string& kind = config.transport.kind;
+  // UCX has no encryption: under TLS, `auto` keeps everything on gRPC (the
+  // config check refuses `ucx` with TLS).
+  if (kind == "grpc" || (kind == "auto" && grpc_options.tls.enabled())) return std::unique_ptr<Transport>(std::move(grpc));
+  UcxOptions ucx_options;
+  ucx_options.max_message_bytes = grpc_options.max_message_bytes;
+  ucx_options.token = grpc_options.token;
+  ucx_options.connect_timeout = absl::Seconds(std::min(10.0, config.transport.rpc_timeout_s));
+  absl::StatusOr<std::unique_ptr<UcxTransport>> ucx = UcxTransport::Create(ucx_options);
+  if (!ucx.ok()) {
+    if (kind == "ucx") return ucx.status();
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      absl::FPrintF(stderr, "shoal: UCX cannot start (%s); tensors go over gRPC\n", ucx.status().ToString());
+    });
+    return std::unique_ptr<Transport>(std::move(grpc));
+  }
+  return std::unique_ptr<Transport>(std::make_unique<FastPathTransport>(std::move(grpc), *std::move(ucx), "ucx"));
 }
 
 namespace {
@@ -122,7 +147,7 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
   SetUpComputeThreads(config, /*training_task=*/false, cluster.TrainingTasksOnHostOf(task));
   SHOAL_ASSIGN_OR_RETURN(DataSplits data, LoadData(config));
   SHOAL_ASSIGN_OR_RETURN(GrpcOptions grpc_options, GrpcOptionsFor(config));
-  GrpcTransport transport(grpc_options);
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport, MakeTransport(config));
   std::unique_ptr<VariableService> service;  // holds nothing; the chief ends the job through it
   std::unique_ptr<ServerHandle> server;
   // An evaluator the cluster does not list (the training operator's) has no
@@ -131,7 +156,7 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
   const bool listed = cluster.AddressOf(task).ok();
   if (listed) {
     SHOAL_RETURN_IF_ERROR(
-        Serve(config, cluster, task, options, transport, &service, &server, !grpc_options.token.empty()));
+        Serve(config, cluster, task, options, *transport, &service, &server, !grpc_options.token.empty()));
   }
   const int64_t last_step = MaxSteps(config, data.train.size(), static_cast<int>(cluster.TrainingTasks().size()));
   std::ofstream metrics;
@@ -176,7 +201,7 @@ absl::StatusOr<TaskServer> ServeTask(const JobConfig& config, const ClusterSpec&
                                      const TaskOptions& options) {
   SHOAL_ASSIGN_OR_RETURN(GrpcOptions grpc_options, GrpcOptionsFor(config));
   TaskServer served;
-  served.transport = std::make_unique<GrpcTransport>(grpc_options);
+  SHOAL_ASSIGN_OR_RETURN(served.transport, MakeTransport(config));
   SHOAL_RETURN_IF_ERROR(Serve(config, cluster, task, options, *served.transport, &served.service, &served.server,
                               !grpc_options.token.empty()));
   return served;
@@ -206,13 +231,13 @@ absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, 
   const ComputeThreads threads = SetUpComputeThreads(config, /*training_task=*/true, cluster.TrainingTasksOnHostOf(task));
   SHOAL_ASSIGN_OR_RETURN(DataSplits data, LoadData(config));
   SHOAL_ASSIGN_OR_RETURN(GrpcOptions grpc_options, GrpcOptionsFor(config));
-  GrpcTransport transport(grpc_options);
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport, MakeTransport(config));
   std::unique_ptr<VariableService> service;
   std::unique_ptr<ServerHandle> server;
   SHOAL_RETURN_IF_ERROR(
-      Serve(config, cluster, task, options, transport, &service, &server, !grpc_options.token.empty()));
+      Serve(config, cluster, task, options, *transport, &service, &server, !grpc_options.token.empty()));
   SHOAL_ASSIGN_OR_RETURN(auto placement, MakePlacement(config, cluster));
-  SHOAL_ASSIGN_OR_RETURN(auto client, Client::Create(cluster, &transport, placement,
+  SHOAL_ASSIGN_OR_RETURN(auto client, Client::Create(cluster, transport.get(), placement,
                                                      ClientOptions{absl::Seconds(config.transport.rpc_timeout_s)}));
   const int64_t max_steps = MaxSteps(config, data.train.size(), static_cast<int>(cluster.TrainingTasks().size()));
   WorkerContext context = MakeWorkerContext(config, cluster, task, client.get(), data.train, max_steps);

@@ -52,11 +52,17 @@ struct TaskOptions {
 // token (read from security.token_file if need be), TLS.
 absl::StatusOr<GrpcOptions> GrpcOptionsFor(const JobConfig& config);
 
-// A task's server over gRPC in this process; it serves until destroyed.
+// The transport `config` asks for (transport.kind): gRPC, or gRPC beside
+// UCX for the tensors (FastPathTransport). `auto` falls back to gRPC under
+// TLS, or when UCX cannot start (with a warning).
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const JobConfig& config);
+
+// A task's server in this process (gRPC, and UCX beside it as
+// transport.kind says); it serves until destroyed.
 // Without a token it refuses an address beyond loopback (unless
 // security.insecure) and takes shutdowns from the job's hosts only.
 struct TaskServer {
-  std::unique_ptr<GrpcTransport> transport;
+  std::unique_ptr<Transport> transport;
   std::unique_ptr<VariableService> service;
   std::unique_ptr<ServerHandle> server;  // declared last: stops first
 };

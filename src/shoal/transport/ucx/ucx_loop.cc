@@ -1,5 +1,6 @@
 #include "shoal/transport/ucx/ucx_loop.h"
 
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -105,10 +106,14 @@ bool UcxLoop::Post(std::function<void()> task) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return false;
     posted_.push_back(std::move(task));
-    has_posted_.store(true, std::memory_order_release);
+    has_posted_.store(true, std::memory_order_seq_cst);
   }
-  uint64_t one = 1;
-  (void)!write(wake_fd_, &one, sizeof(one));
+  // An awake loop finds the task without being woken (a syscall saved per
+  // message); one about to sleep re-checks has_posted_ after saying so.
+  if (sleeping_.load(std::memory_order_seq_cst)) {
+    uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+  }
   return true;
 }
 
@@ -187,12 +192,22 @@ void UcxLoop::Run() {
     // Right after work an answer is likely within microseconds: staying
     // awake that long saves the wake-ups (tens of microseconds each) that
     // would otherwise dominate small calls. Idle, the loop sleeps.
-    if (now - last_busy_ < stay_awake_) continue;
+    if (now - last_busy_ < stay_awake_) {
+      // Let a thread that has work (a worker's compute) have the core.
+      sched_yield();
+      continue;
+    }
     // Sleep only when the worker says nothing is pending (arm returns BUSY
     // when events arrived since the last progress).
     const ucs_status_t armed = ucp_worker_arm(worker_);
     if (armed == UCS_ERR_BUSY) continue;
+    sleeping_.store(true, std::memory_order_seq_cst);
+    if (has_posted_.load(std::memory_order_seq_cst)) {
+      sleeping_.store(false, std::memory_order_relaxed);
+      continue;
+    }
     const int n = epoll_wait(epoll_fd_, events, 32, MillisecondsToNextTimer());
+    sleeping_.store(false, std::memory_order_relaxed);
     for (int i = 0; i < n; ++i) {
       const int fd = events[i].data.fd;
       if (fd == wake_fd_) {

@@ -102,6 +102,7 @@ class UcxLoop {
   absl::Time last_busy_;
   absl::Duration stay_awake_;
   std::atomic<bool> has_posted_{false};
+  std::atomic<bool> sleeping_{false};  // in (or about to enter) epoll_wait
 
   std::thread thread_;
 };

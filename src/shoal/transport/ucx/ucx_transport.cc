@@ -274,18 +274,19 @@ bool SecretsEqual(const ConnectionSecret& a, const ConnectionSecret& b) {
 std::string PeerName(int fd) {
   sockaddr_storage peer{};
   socklen_t length = sizeof(peer);
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) return "ucx:unknown";
+  // As gRPC names peers ("ipv4:127.0.0.1:5000"), which IsPeerOfJob reads.
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) return "unknown";
   char host[INET6_ADDRSTRLEN] = {};
   int port = 0;
   if (peer.ss_family == AF_INET) {
     auto* in = reinterpret_cast<sockaddr_in*>(&peer);
     inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
     port = ntohs(in->sin_port);
-    return absl::StrCat("ucx:ipv4:", host, ":", port);
+    return absl::StrCat("ipv4:", host, ":", port);
   }
   auto* in6 = reinterpret_cast<sockaddr_in6*>(&peer);
   inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-  return absl::StrCat("ucx:ipv6:[", host, "]:", ntohs(in6->sin6_port));
+  return absl::StrCat("ipv6:[", host, "]:", ntohs(in6->sin6_port));
 }
 
 // ---------------------------------------------------------------- server

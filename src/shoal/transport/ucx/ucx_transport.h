@@ -41,9 +41,11 @@ struct UcxOptions {
   absl::Duration connect_timeout = absl::Seconds(10);
   // Requests that may wait; null: BlockingExecutor::Shared().
   std::shared_ptr<BlockingExecutor> executor;
-  // How long a loop keeps polling after it has worked before it sleeps:
-  // answers that come sooner cost no wake-up. Idle loops use no CPU.
-  absl::Duration stay_awake = absl::Microseconds(20);
+  // How long a loop keeps polling after it has worked before it sleeps,
+  // yielding its core to any thread that wants it (a worker's compute):
+  // answers that come sooner cost no wake-up (tens of microseconds on a
+  // busy host). Idle loops sleep and use no CPU.
+  absl::Duration stay_awake = absl::Microseconds(500);
   // UCX's own transport list (its UCX_TLS: "tcp", "posix,cma,tcp"...);
   // empty: UCX picks (or the UCX_TLS environment variable does).
   std::string ucx_transports;

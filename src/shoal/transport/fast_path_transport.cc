@@ -1,0 +1,167 @@
+#include "shoal/transport/fast_path_transport.h"
+
+#include <deque>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "shoal/core/status.h"
+
+namespace shoal {
+namespace {
+
+// "host:port" -> "host" (brackets of an IPv6 host kept).
+std::string HostPart(const std::string& address) { return address.substr(0, address.rfind(':')); }
+
+// Both servers; the fast one stops first.
+class FastPathServer final : public ServerHandle {
+ public:
+  FastPathServer(std::unique_ptr<ServerHandle> control, std::unique_ptr<ServerHandle> fast)
+      : control_(std::move(control)), fast_(std::move(fast)) {}
+  ~FastPathServer() override { fast_.reset(); }
+  std::string address() const override { return control_->address(); }
+
+ private:
+  std::unique_ptr<ServerHandle> control_;
+  std::unique_ptr<ServerHandle> fast_;
+};
+
+class FastPathChannel final : public Channel, public std::enable_shared_from_this<FastPathChannel> {
+ public:
+  FastPathChannel(TaskId task, std::string address, std::shared_ptr<Channel> control, Transport* fast,
+                  std::string fast_kind)
+      : Channel(std::move(task)), host_(HostPart(address)), control_(std::move(control)), fast_(fast),
+        fast_kind_(std::move(fast_kind)) {}
+
+  void Call(const Request& request, Response* response, absl::Time deadline,
+            std::function<void(absl::Status)> done) override {
+    std::shared_ptr<Channel> route;
+    bool ask = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (route_ != nullptr) {
+        route = route_;
+      } else {
+        // Wait for the task to say where it serves; the request's tensors
+        // are kept by reference, as a transport's Call may.
+        waiting_.push_back(Waiting{request, response, deadline, std::move(done)});
+        ask = !asking_;
+        asking_ = true;
+      }
+    }
+    if (route != nullptr) {
+      Send(route, request, response, deadline, std::move(done));
+    } else if (ask) {
+      Ask(deadline);
+    }
+  }
+
+ private:
+  struct Waiting {
+    Request request;
+    Response* response;
+    absl::Time deadline;
+    std::function<void(absl::Status)> done;
+  };
+
+  void Send(const std::shared_ptr<Channel>& route, const Request& request, Response* response, absl::Time deadline,
+            std::function<void(absl::Status)> done) {
+    if (route == control_) {
+      route->Call(request, response, deadline, std::move(done));
+      return;
+    }
+    // A lost fast connection: ask again next time (the task may be back elsewhere).
+    std::weak_ptr<FastPathChannel> self = weak_from_this();
+    route->Call(request, response, deadline, [self, route, done = std::move(done)](absl::Status status) {
+      if (absl::IsUnavailable(status)) {
+        if (auto channel = self.lock()) channel->Forget(route);
+      }
+      done(std::move(status));
+    });
+  }
+
+  void Forget(const std::shared_ptr<Channel>& route) {
+    absl::MutexLock lock(&mu_);
+    if (route_ == route) route_ = nullptr;
+  }
+
+  // Asks the task over gRPC where it serves the fast transport.
+  void Ask(absl::Time deadline) {
+    auto request = std::make_shared<Request>();
+    request->header.mutable_endpoints();
+    auto response = std::make_shared<Response>();
+    std::shared_ptr<FastPathChannel> self = shared_from_this();
+    control_->Call(*request, response.get(), deadline, [self, request, response](absl::Status status) {
+      self->Answered(status, *response);
+    });
+  }
+
+  void Answered(const absl::Status& status, const Response& response) {
+    std::shared_ptr<Channel> route;
+    absl::Status failure;
+    if (status.ok() && response.header.endpoints().fast_kind() == fast_kind_ &&
+        response.header.endpoints().fast_port() > 0) {
+      auto fast = fast_->Connect(task(), absl::StrCat(host_, ":", response.header.endpoints().fast_port()));
+      if (fast.ok()) {
+        route = *std::move(fast);
+      } else {
+        failure = fast.status();
+      }
+    } else if (status.ok() || (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status))) {
+      route = control_;  // the task serves gRPC only (or cannot say): use it
+    } else {
+      failure = status;  // the task is not reachable yet
+    }
+    std::deque<Waiting> waiting;
+    {
+      absl::MutexLock lock(&mu_);
+      asking_ = false;
+      route_ = route;
+      waiting.swap(waiting_);
+    }
+    for (Waiting& w : waiting) {
+      if (route == nullptr) {
+        w.done(failure);
+      } else {
+        Send(route, w.request, w.response, w.deadline, std::move(w.done));
+      }
+    }
+  }
+
+  const std::string host_;
+  const std::shared_ptr<Channel> control_;
+  Transport* const fast_;
+  const std::string fast_kind_;
+  absl::Mutex mu_;
+  std::shared_ptr<Channel> route_ ABSL_GUARDED_BY(mu_);  // null until the task has said
+  bool asking_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+FastPathTransport::FastPathTransport(std::unique_ptr<Transport> control, std::unique_ptr<Transport> fast,
+                                     std::string fast_kind)
+    : control_(std::move(control)), fast_(std::move(fast)), fast_kind_(std::move(fast_kind)) {}
+
+absl::StatusOr<std::unique_ptr<ServerHandle>> FastPathTransport::Serve(const std::string& address,
+                                                                      VariableService* service) {
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<ServerHandle> control, control_->Serve(address, service));
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<ServerHandle> fast, fast_->Serve(HostPart(address) + ":0", service));
+  const std::string fast_address = fast->address();
+  int port = 0;
+  if (!absl::SimpleAtoi(fast_address.substr(fast_address.rfind(':') + 1), &port) || port <= 0) {
+    return absl::InternalError(absl::StrCat(service->options().task_name, ": the fast transport serves at '",
+                                            fast_address, "', which has no port"));
+  }
+  service->AdvertiseFastEndpoint(fast_kind_, port);
+  return std::unique_ptr<ServerHandle>(new FastPathServer(std::move(control), std::move(fast)));
+}
+
+absl::StatusOr<std::shared_ptr<Channel>> FastPathTransport::Connect(const TaskId& task, const std::string& address) {
+  SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<Channel> control, control_->Connect(task, address));
+  return std::shared_ptr<Channel>(
+      std::make_shared<FastPathChannel>(task, address, std::move(control), fast_.get(), fast_kind_));
+}
+
+}  // namespace shoal
