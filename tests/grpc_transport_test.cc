@@ -237,7 +237,7 @@ namespace {
 // of its own. Waiting calls are bounded; the excess is refused at once.
 TEST(GrpcTransportTest, AFloodOfLongPollsIsBoundedAndTheRestIsRefusedAtOnce) {
   GrpcOptions options;
-  options.max_waiting_calls = 4;
+  options.executor = std::make_shared<BlockingExecutor>(4, 4);
   GrpcTransport transport(options);
   VariableService service(VariableServiceOptions{"/job:ps/task:0"});
   auto server = transport.Serve("127.0.0.1:0", &service).value();

@@ -1,7 +1,10 @@
 // Transient failures never end a job: a ps that answers late, and a link
 // to it cut for half a second mid-job, without checkpoints to fall back on.
 // The ps sits behind a TCP proxy (tcp_proxy.h) at the address the cluster
-// names; it really listens on a spare port (--bind).
+// names; it really listens on a spare port (--bind). The proxy sees only
+// that address, so these jobs keep every call on gRPC (transport.kind:
+// grpc); over UCX the tensors would go around it, to the port the ps
+// advertises. The partition test cuts a link for both transports.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -13,9 +16,14 @@
 namespace shoal {
 namespace {
 
+JobConfig OverGrpc(JobConfig config) {
+  config.transport.kind = "grpc";
+  return config;
+}
+
 struct ProxiedPsJob {
   ProxiedPsJob(const std::string& name, JobConfig config, absl::Duration reply_delay)
-      : cluster(name, 1, 2, config, /*spare_ports=*/1),
+      : cluster(name, 1, 2, OverGrpc(config), /*spare_ports=*/1),
         proxy(cluster.PortOf({"ps", 0}), cluster.spare_port(0), reply_delay) {}
 
   void Start() {

@@ -78,28 +78,12 @@ absl::Status Chunks(const grpc::ByteBuffer& buffer, ReceivedChunks* out) {
   return absl::OkStatus();
 }
 
-// How many calls a server has waiting on threads of their own, against its
-// limit. Shared with those threads, which may outlive the server's handle.
-struct WaitingCalls {
-  explicit WaitingCalls(int limit) : limit(limit) {}
-  // Takes a place, or says no when all `limit` are taken.
-  bool TryEnter() {
-    int now = count.load();
-    while (now < limit) {
-      if (count.compare_exchange_weak(now, now + 1)) return true;
-    }
-    return false;
-  }
-  void Leave() { count.fetch_sub(1); }
-  const int limit;
-  std::atomic<int> count{0};
-};
-
 // Serves one call: decode, hand to the service, encode the answer.
 class CallReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  CallReactor(VariableService* service, size_t max_bytes, std::shared_ptr<WaitingCalls> waiting, std::string peer)
-      : service_(service), max_bytes_(max_bytes), waiting_(std::move(waiting)), peer_(std::move(peer)) {
+  CallReactor(VariableService* service, size_t max_bytes, std::shared_ptr<BlockingExecutor> executor,
+              std::string peer)
+      : service_(service), max_bytes_(max_bytes), executor_(std::move(executor)), peer_(std::move(peer)) {
     StartRead(&request_buffer_);
   }
 
@@ -116,18 +100,16 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
     if (status.ok() && VariableService::MayWait(*request)) {
       // gRPC's callback threads are few (about one per core): a long poll
       // holding one could starve the very call that ends its wait.
-      if (!waiting_->TryEnter()) {
-        Answer(absl::ResourceExhaustedError(absl::StrCat(
-                   "already serving ", waiting_->limit, " waiting calls (the most at once); try again")),
-               *request);
-        return;
-      }
-      std::thread([this, request, waiting = waiting_] {
+      const bool queued = executor_->TrySubmit([this, request] {
         Response response;
         service_->Handle(*request, &response);
-        waiting->Leave();  // before the call ends: the server's handle waits for that
         Send(std::move(response));
-      }).detach();
+      });
+      if (!queued) {
+        Answer(absl::ResourceExhaustedError(absl::StrCat(
+                   "already serving ", executor_->max_pending(), " waiting calls (the most at once); try again")),
+               *request);
+      }
       return;
     }
     Answer(status, *request);
@@ -164,7 +146,7 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
 
   VariableService* service_;
   size_t max_bytes_;
-  std::shared_ptr<WaitingCalls> waiting_;
+  std::shared_ptr<BlockingExecutor> executor_;
   const std::string peer_;
   grpc::ByteBuffer request_buffer_, response_buffer_;
 };
@@ -193,11 +175,12 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
 
 class GenericService final : public grpc::CallbackGenericService {
  public:
-  GenericService(VariableService* service, size_t max_bytes, std::string token, int max_waiting_calls)
+  GenericService(VariableService* service, size_t max_bytes, std::string token,
+                 std::shared_ptr<BlockingExecutor> executor)
       : service_(service),
         max_bytes_(max_bytes),
         token_(std::move(token)),
-        waiting_(std::make_shared<WaitingCalls>(std::max(1, max_waiting_calls))) {}
+        executor_(executor ? std::move(executor) : BlockingExecutor::Shared()) {}
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override {
     if (!token_.empty()) {
       const auto& metadata = context->client_metadata();
@@ -214,14 +197,14 @@ class GenericService final : public grpc::CallbackGenericService {
     if (context->method() != kMethod) {
       return new RefusingReactor(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "unknown method " + context->method()));
     }
-    return new CallReactor(service_, max_bytes_, waiting_, context->peer());
+    return new CallReactor(service_, max_bytes_, executor_, context->peer());
   }
 
  private:
   VariableService* service_;
   size_t max_bytes_;
   std::string token_;
-  std::shared_ptr<WaitingCalls> waiting_;
+  std::shared_ptr<BlockingExecutor> executor_;
 };
 
 // Reads a PEM file named in the TLS options.
@@ -408,7 +391,7 @@ void KeepLargeAllocationsMapped() {
 absl::StatusOr<std::unique_ptr<ServerHandle>> GrpcTransport::Serve(const std::string& address,
                                                                    VariableService* service) {
   auto generic = std::make_unique<GenericService>(service, options_.max_message_bytes, options_.token,
-                                                  options_.max_waiting_calls);
+                                                  options_.executor);
   auto credentials = ServerCredentials(options_.tls);
   if (!credentials.ok()) return Annotate(credentials.status(), service->options().task_name);
   grpc::ServerBuilder builder;

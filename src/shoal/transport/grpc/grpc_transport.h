@@ -13,6 +13,7 @@
 #ifndef SHOAL_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
 #define SHOAL_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
 
+#include "shoal/transport/blocking_executor.h"
 #include "shoal/transport/transport.h"
 
 namespace shoal {
@@ -32,10 +33,11 @@ struct GrpcOptions {
   size_t max_message_bytes = 512ull << 20;  // tensor payload; larger is ResourceExhausted
   int connections_per_peer = 2;
   int server_threads = 0;  // 0: gRPC's default callback executor
-  // Calls that may wait (long polls) run on threads of their own, at most
-  // this many at once per server; more are answered RESOURCE_EXHAUSTED at
-  // once, so that a flood of polls cannot exhaust the process's threads.
-  int max_waiting_calls = 256;
+  // Calls that may wait (long polls) run on this executor (null: the
+  // process's shared one), never on gRPC's few callback threads; beyond its
+  // bound they are answered RESOURCE_EXHAUSTED at once, so that a flood of
+  // polls cannot exhaust the process's threads.
+  std::shared_ptr<BlockingExecutor> executor;
   // A shared secret: clients send it with every call, servers refuse a call
   // without it (UNAUTHENTICATED, before any handler runs). Empty: none.
   std::string token;

@@ -1,0 +1,307 @@
+// UCX-specific behaviour beyond the conformance suite: the handshake (token,
+// strangers, silent peers), a peer that dies mid-call, long polls on the
+// bounded executor, restarts, idle CPU, and the fast path beside gRPC.
+#include "shoal/transport/ucx/ucx_transport.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "shoal/client/client.h"
+#include "shoal/transport/fast_path_transport.h"
+#include "shoal/transport/grpc/grpc_transport.h"
+#include "shoal/transport/ucx/handshake.h"
+
+namespace shoal {
+namespace {
+
+Request LookupRequest() {
+  Request request;
+  request.header.mutable_lookup()->add_names("x");
+  return request;
+}
+
+std::unique_ptr<UcxTransport> MakeUcx(UcxOptions options = {}) { return UcxTransport::Create(options).value(); }
+
+// A loopback socket that listens (the kernel completes TCP's handshake) but
+// whose owner never reads or answers.
+struct SilentListener {
+  SilentListener() {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    listen(fd, 4);
+    address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  }
+  ~SilentListener() { close(fd); }
+  int fd;
+  std::string address;
+};
+
+TEST(UcxTransportTest, UnreachableAddressIsUnavailableNamingTheTask) {
+  auto transport = MakeUcx();
+  auto channel = transport->Connect({"ps", 3}, "127.0.0.1:1").value();
+  Response response;
+  const absl::Time start = absl::Now();
+  absl::Status status = CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(2));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+  EXPECT_NE(status.message().find("/job:ps/task:3 at 127.0.0.1:1"), std::string::npos) << status;
+}
+
+TEST(UcxTransportTest, APeerThatNeverAnswersTheHandshakeIsDeadlineExceededNamingTheTask) {
+  SilentListener silent;
+  auto transport = MakeUcx();
+  auto channel = transport->Connect({"ps", 1}, silent.address).value();
+  Response response;
+  const absl::Time start = absl::Now();
+  absl::Status status = CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(1));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(status)) << status;
+  EXPECT_NE(status.message().find("/job:ps/task:1"), std::string::npos) << status;
+}
+
+TEST(UcxSecurityTest, AConnectionWithoutTheRightTokenIsUnauthenticatedAndChangesNothing) {
+  UcxOptions server_options;
+  server_options.token = "s3cret-token";
+  auto server_transport = MakeUcx(server_options);
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = server_transport->Serve("127.0.0.1:0", &service).value();
+  Request create;
+  wire::VariableDef* def = create.header.mutable_create_variables()->add_variables();
+  def->set_name("x");
+  def->add_shape(2);
+  def->mutable_optimizer()->set_kind("sgd");
+  create.tensors = {torch::zeros({2})};
+  for (const std::string token : {"", "wrong-token!", "s3cret-tokeX"}) {
+    UcxOptions options;
+    options.token = token;
+    auto client_transport = MakeUcx(options);
+    auto channel = client_transport->Connect({"ps", 0}, server->address()).value();
+    Response response;
+    absl::Status status = CallAndWait(*channel, create, &response, absl::Now() + absl::Seconds(5));
+    EXPECT_TRUE(absl::IsUnauthenticated(status)) << status;
+    EXPECT_NE(status.message().find(token.empty() ? "no token" : "a wrong token"), std::string::npos) << status;
+    EXPECT_NE(status.message().find("/job:ps/task:0"), std::string::npos) << status;
+  }
+  EXPECT_FALSE(service.store().Lookup({"x"})[0].present);
+  auto channel = server_transport->Connect({"ps", 0}, server->address()).value();
+  Response response;
+  EXPECT_TRUE(CallAndWait(*channel, create, &response, absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_TRUE(service.store().Lookup({"x"})[0].present);
+}
+
+// Bytes that are no handshake, a handshake cut short, and one announcing a
+// huge token: each connection is dropped, and the server keeps serving.
+TEST(UcxSecurityTest, GarbledOrOversizedHandshakesAreDroppedAndTheServerKeepsServing) {
+  auto transport = MakeUcx();
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport->Serve("127.0.0.1:0", &service).value();
+  const int port = std::stoi(server->address().substr(server->address().rfind(':') + 1));
+  std::string huge_token = EncodeHello(Hello{"t", "h", "address"});
+  huge_token[12] = '\xff';  // token length 0xff...: over the limit
+  huge_token[13] = '\xff';
+  for (const std::string bytes : {std::string("GET / HTTP/1.1\r\n\r\n"), EncodeHello(Hello{"", "h", "addr"}).substr(0, 10),
+                                  huge_token}) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(port);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    ASSERT_EQ(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    if (bytes.size() != 10) {  // the cut-short one waits for more; the others are dropped at once
+      char reply;
+      timeval timeout{5, 0};
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+      EXPECT_EQ(recv(fd, &reply, 1, 0), 0) << "the server should close the connection";
+    }
+    close(fd);
+  }
+  auto channel = transport->Connect({"ps", 0}, server->address()).value();
+  Response response;
+  EXPECT_EQ(CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(5)).code(),
+            absl::StatusCode::kOk);
+}
+
+// A server process killed while a call waits in it: the call fails
+// UNAVAILABLE naming the task at once (the handshake socket closes), not at
+// its deadline.
+TEST(UcxTransportTest, AServerKilledMidCallFailsTheCallAtOnceNamingTheTask) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    auto transport = UcxTransport::Create();
+    VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+    auto server = transport.ok() ? (*transport)->Serve("127.0.0.1:0", &service) : transport.status();
+    const std::string line = server.ok() ? (*server)->address() + "\n" : "\n";
+    if (write(fds[1], line.data(), line.size()) < 0) _exit(1);
+    pause();
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string address;
+  char c;
+  while (read(fds[0], &c, 1) == 1 && c != '\n') address.push_back(c);
+  close(fds[0]);
+  ASSERT_FALSE(address.empty());
+  auto transport = MakeUcx();
+  auto channel = transport->Connect({"ps", 0}, address).value();
+  Response response;
+  ASSERT_TRUE(CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(5)).ok());
+  Request poll;  // waits for a counter that never gets there
+  poll.header.mutable_counter()->mutable_counter()->set_name("never");
+  poll.header.mutable_counter()->set_wait_until_at_least(1);
+  poll.header.mutable_counter()->set_wait_ms(200);
+  std::thread killer([pid] {
+    absl::SleepFor(absl::Milliseconds(50));
+    kill(pid, SIGKILL);
+  });
+  absl::Status status;
+  const absl::Time start = absl::Now();
+  while (status.ok() && absl::Now() - start < absl::Seconds(10)) {
+    status = CallAndWait(*channel, poll, &response, absl::Now() + absl::Seconds(30));
+  }
+  killer.join();
+  waitpid(pid, nullptr, 0);
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+  EXPECT_NE(status.message().find("/job:ps/task:0"), std::string::npos) << status;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(UcxTransportTest, AServerRestartedAtTheSameAddressIsReachedAgain) {
+  auto transport = MakeUcx();
+  VariableService first(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport->Serve("127.0.0.1:0", &first).value();
+  const std::string address = server->address();
+  auto channel = MakeUcx();
+  auto to_ps = channel->Connect({"ps", 0}, address).value();
+  Response response;
+  ASSERT_TRUE(CallAndWait(*to_ps, LookupRequest(), &response, absl::Now() + absl::Seconds(5)).ok());
+  const uint64_t before = response.header.incarnation();
+  server.reset();
+  VariableService second(VariableServiceOptions{"/job:ps/task:0"});
+  server = transport->Serve(address, &second).value();
+  absl::Status status = absl::UnavailableError("not called");
+  for (int attempt = 0; attempt < 20 && !status.ok(); ++attempt) {  // the first may see the old connection close
+    status = CallAndWait(*to_ps, LookupRequest(), &response, absl::Now() + absl::Seconds(5));
+    if (!status.ok()) absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_NE(response.header.incarnation(), before);
+}
+
+TEST(UcxTransportTest, AFloodOfLongPollsIsBoundedAndCallsThatDoNotWaitAreStillServed) {
+  UcxOptions options;
+  options.executor = std::make_shared<BlockingExecutor>(4, 4);
+  auto transport = MakeUcx(options);
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport->Serve("127.0.0.1:0", &service).value();
+  auto channel = transport->Connect({"ps", 0}, server->address()).value();
+  Request poll;
+  poll.header.mutable_counter()->mutable_counter()->set_name("never");
+  poll.header.mutable_counter()->set_wait_until_at_least(1);
+  poll.header.mutable_counter()->set_wait_ms(200);
+  std::atomic<int> served{0}, refused{0}, other{0};
+  std::vector<std::thread> flood;
+  const absl::Time until = absl::Now() + absl::Seconds(1);
+  for (int i = 0; i < 16; ++i) {
+    flood.emplace_back([&] {
+      while (absl::Now() < until) {
+        Response response;
+        absl::Status status = CallAndWait(*channel, poll, &response, absl::Now() + absl::Seconds(10));
+        if (status.ok()) {
+          ++served;
+        } else if (absl::IsResourceExhausted(status) &&
+                   status.message().find("already serving 4 waiting calls") != std::string::npos) {
+          ++refused;
+        } else {
+          ++other;
+        }
+      }
+    });
+  }
+  Response lookup;
+  EXPECT_TRUE(CallAndWait(*channel, LookupRequest(), &lookup, absl::Now() + absl::Seconds(5)).ok());
+  for (auto& t : flood) t.join();
+  EXPECT_GT(served.load(), 0);
+  EXPECT_GT(refused.load(), 0);
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_LE(served.load(), 4 * (1000 / 200 + 2));
+}
+
+double CpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec + 1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
+// No spinning: a server and a client that have talked, then wait, use no CPU.
+TEST(UcxTransportTest, IdleLoopsUseNoCpu) {
+  auto transport = MakeUcx();
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport->Serve("127.0.0.1:0", &service).value();
+  auto channel = transport->Connect({"ps", 0}, server->address()).value();
+  Response response;
+  ASSERT_TRUE(CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(5)).ok());
+  absl::SleepFor(absl::Milliseconds(100));  // past the loops' stay-awake moment
+  const double before = CpuSeconds();
+  absl::SleepFor(absl::Seconds(2));
+  const double used = CpuSeconds() - before;
+  EXPECT_LT(used, 0.02) << "the idle loops used " << used << " s of CPU in 2 s";
+}
+
+TEST(FastPathTransportTest, CallsGoOverUcxToThePortTheTaskAdvertises) {
+  auto transport = std::make_unique<FastPathTransport>(std::make_unique<GrpcTransport>(), MakeUcx(), "ucx");
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport->Serve("127.0.0.1:0", &service).value();
+  auto channel = transport->Connect({"ps", 0}, server->address()).value();
+  Request ask;
+  ask.header.mutable_endpoints();
+  Response endpoints;
+  ASSERT_TRUE(CallAndWait(*channel, ask, &endpoints, absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(endpoints.header.endpoints().fast_kind(), "ucx");
+  const int port = endpoints.header.endpoints().fast_port();
+  EXPECT_GT(port, 0);
+  EXPECT_NE(absl::StrCat("127.0.0.1:", port), server->address());
+  // A request that arrives over UCX names its peer as gRPC does.
+  Request create;
+  wire::VariableDef* def = create.header.mutable_create_variables()->add_variables();
+  def->set_name("v");
+  def->add_shape(3);
+  def->mutable_optimizer()->set_kind("sgd");
+  create.tensors = {torch::ones({3})};
+  Response created;
+  ASSERT_TRUE(CallAndWait(*channel, create, &created, absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_TRUE(service.store().Lookup({"v"})[0].present);
+}
+
+TEST(FastPathTransportTest, ATaskServingOnlyGrpcIsCalledOverGrpc) {
+  GrpcTransport grpc_only;
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = grpc_only.Serve("127.0.0.1:0", &service).value();
+  FastPathTransport transport(std::make_unique<GrpcTransport>(), MakeUcx(), "ucx");
+  auto channel = transport.Connect({"ps", 0}, server->address()).value();
+  Response response;
+  EXPECT_TRUE(CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(5)).ok());
+}
+
+}  // namespace
+}  // namespace shoal
