@@ -176,8 +176,29 @@ void UcxLoop::ProgressUntil(const std::function<bool()>& done, absl::Time deadli
   }
 }
 
-void UcxLoop::Run() {
+void UcxLoop::WaitForEvents(int timeout_ms) {
   epoll_event events[32];
+  const int n = epoll_wait(epoll_fd_, events, 32, timeout_ms);
+  for (int i = 0; i < n; ++i) {
+    const int fd = events[i].data.fd;
+    if (fd == wake_fd_) {
+      uint64_t count;
+      (void)!read(wake_fd_, &count, sizeof(count));
+    } else if (fd != worker_fd_) {
+      auto it = watched_.find(fd);
+      if (it != watched_.end()) {
+        auto on_ready = it->second;  // it may unwatch itself
+        on_ready(events[i].events);
+      }
+    }
+  }
+}
+
+void UcxLoop::Run() {
+  // While awake the loop still looks at its sockets (new connections,
+  // handshakes, peers gone) this often, however busy the worker keeps it.
+  constexpr absl::Duration kLookAtSocketsEvery = absl::Microseconds(200);
+  absl::Time sockets_seen;
   while (!stop_now_) {
     bool busy = RunPosted();
     while (!stop_now_ && ucp_worker_progress(worker_) != 0) busy = true;
@@ -185,16 +206,17 @@ void UcxLoop::Run() {
     busy = RunPosted() || busy;  // what the progress's callbacks queued
     if (stop_now_) break;
     const absl::Time now = absl::Now();
-    if (busy) {
-      last_busy_ = now;
-      continue;  // progress what that work started before sleeping
-    }
+    if (busy) last_busy_ = now;
     // Right after work an answer is likely within microseconds: staying
     // awake that long saves the wake-ups (tens of microseconds each) that
     // would otherwise dominate small calls. Idle, the loop sleeps.
-    if (now - last_busy_ < stay_awake_) {
+    if (busy || now - last_busy_ < stay_awake_) {
+      if (now - sockets_seen >= kLookAtSocketsEvery) {
+        sockets_seen = now;
+        WaitForEvents(0);
+      }
       // Let a thread that has work (a worker's compute) have the core.
-      sched_yield();
+      if (!busy) sched_yield();
       continue;
     }
     // Sleep only when the worker says nothing is pending (arm returns BUSY
@@ -206,21 +228,9 @@ void UcxLoop::Run() {
       sleeping_.store(false, std::memory_order_relaxed);
       continue;
     }
-    const int n = epoll_wait(epoll_fd_, events, 32, MillisecondsToNextTimer());
+    WaitForEvents(MillisecondsToNextTimer());
     sleeping_.store(false, std::memory_order_relaxed);
-    for (int i = 0; i < n; ++i) {
-      const int fd = events[i].data.fd;
-      if (fd == wake_fd_) {
-        uint64_t count;
-        (void)!read(wake_fd_, &count, sizeof(count));
-      } else if (fd != worker_fd_) {
-        auto it = watched_.find(fd);
-        if (it != watched_.end()) {
-          auto on_ready = it->second;  // it may unwatch itself
-          on_ready(events[i].events);
-        }
-      }
-    }
+    sockets_seen = absl::Now();
   }
 }
 

@@ -77,6 +77,8 @@ class UcxLoop {
  private:
   UcxLoop(std::shared_ptr<UcxContext> context, ucp_worker_h worker, std::string name);
   void Run();
+  // Waits up to `timeout_ms` (0: not at all) for fds, and serves them.
+  void WaitForEvents(int timeout_ms);
   bool RunPosted();  // whether there was any
   void RunDueTimers();
   int MillisecondsToNextTimer() const;
