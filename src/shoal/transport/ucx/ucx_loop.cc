@@ -10,12 +10,17 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include <ucs/config/global_opts.h>
 
 namespace shoal {
 
 std::string UcxError(ucs_status_t status) { return ucs_status_string(status); }
 
 absl::StatusOr<std::shared_ptr<UcxContext>> UcxContext::Create(const std::string& transports) {
+  // UCX warns, as a process ends, about requests still in flight to a peer
+  // that died; shoal has already reported that peer (UNAVAILABLE). Errors
+  // still show; UCX_LOG_LEVEL, when set, decides.
+  if (std::getenv("UCX_LOG_LEVEL") == nullptr) ucs_global_opts_set_value("LOG_LEVEL", "error");
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) return absl::InternalError("UCX: cannot read its configuration: " + UcxError(status));
