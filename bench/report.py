@@ -39,6 +39,13 @@ def transport():
             "bare_grpc_best_vs_raw_tcp_push_pull_best": round(bare / raw, 3),
             "raw_tcp_push_pull_best_vs_tcp_stream": round(raw / row["RawTcpStream"], 3),
             "inproc_vs_tcp_stream": round(row["InProcPushPull"] / row["RawTcpStream"], 3),
+            "ucx_shm_best_vs_grpc_best": round(best("UcxShmPushPull") / grpc, 3),
+            "ucx_tcp_best_vs_grpc_best": round(best("UcxTcpPushPull") / grpc, 3),
+            "ucx_shm_best_gb_per_s": round(best("UcxShmPushPull"), 3),
+            "ucx_tcp_best_gb_per_s": round(best("UcxTcpPushPull"), 3),
+            # push+pull per second, one call in flight
+            "push_pulls_per_s_t1": {k: round(row[f"{k}_t1"] * GB / size) for k in
+                                    ("GrpcPushPull", "UcxShmPushPull", "UcxTcpPushPull")},
         }
     return sizes
 
@@ -48,6 +55,35 @@ def target(value, goal):
 
 
 a = transport()
+ceiling_ucx = json.loads((out / "ucx_ceiling.json").read_text())
+scaling = [json.loads(l) for l in (out / "scaling.jsonl").read_text().split("\n") if l]
+idle = json.loads((out / "idle.json").read_text())
+main_runs = [json.loads(l) for l in (out / "main_job.jsonl").read_text().split("\n") if l]
+
+
+def main_rate(how):
+    return statistics.median(r["result"]["steady_examples_per_second"] for r in main_runs if r["how"] == how)
+
+
+mib = a["1024KiB"]
+kib = a["1KiB"]
+ucx = {
+    "ucx_perftest_ceilings": ceiling_ucx,
+    "tcp_1MiB_push_pull_best_vs_ucx_tcp_ping_pong_sleep": round(
+        mib["ucx_tcp_best_gb_per_s"] / ceiling_ucx["tcp_sleep_1048576"]["gb_per_s_per_direction"], 3),
+    "tcp_1MiB_push_pull_best_vs_ucx_tcp_ping_pong_busy": round(
+        mib["ucx_tcp_best_gb_per_s"] / ceiling_ucx["tcp_busy_1048576"]["gb_per_s_per_direction"], 3),
+    "shm_1MiB_push_pull_best_vs_ucx_shm_ping_pong_sleep": round(
+        mib["ucx_shm_best_gb_per_s"] / ceiling_ucx["shm_sleep_1048576"]["gb_per_s_per_direction"], 3),
+    "shm_1MiB_push_pull_best_vs_ucx_shm_ping_pong_busy": round(
+        mib["ucx_shm_best_gb_per_s"] / ceiling_ucx["shm_busy_1048576"]["gb_per_s_per_direction"], 3),
+    "1KiB_push_pulls_per_s_one_in_flight": kib["push_pulls_per_s_t1"],
+    "scaling_gb_per_s_per_ps": scaling,
+    "idle": idle,
+    "main_job_examples_per_second": {how: round(main_rate(how), 1) for how in ("inproc", "ucx", "grpc")},
+    "main_job_ucx_processes_vs_inproc": round(main_rate("ucx") / main_rate("inproc"), 3),
+    "main_job_grpc_processes_vs_inproc": round(main_rate("grpc") / main_rate("inproc"), 3),
+}
 b = json.loads((out / "train.json").read_text())
 # shoal's steady rate leaves out the first 50 global steps, as the DDP peer
 # leaves out 50 warm-up steps.
@@ -56,7 +92,10 @@ ddp = [json.loads(l)["examples_per_second"] for l in (out / "ddp.jsonl").read_te
 ceiling = b["ceiling_examples_per_second"]
 ceiling_info = {k: b[k] for k in ("cores", "blas", "single_core_gemm_gflops", "flops_per_example",
                                   "ceiling_examples_per_second")}
+shoal_ucx = [json.loads(l)["steady_examples_per_second"] for l in (out / "shoal_ucx.jsonl").read_text().split("\n") if l]
 c = {
+    "shoal_2_workers_1_ps_ucx_examples_per_second": [round(x, 1) for x in shoal_ucx],
+    "ucx_ratio_medians": round(statistics.median(shoal_ucx) / statistics.median(ddp), 3),
     "shoal_2_workers_1_ps_grpc_examples_per_second": [round(x, 1) for x in shoal],
     "pytorch_ddp_gloo_2_workers_examples_per_second": [round(x, 1) for x in ddp],
     "ratio_medians": round(statistics.median(shoal) / statistics.median(ddp), 3),
@@ -64,7 +103,10 @@ c = {
     "ddp_vs_ceiling": round(statistics.median(ddp) / ceiling, 3),
 }
 sync = [json.loads(l)["steady_examples_per_second"] for l in (out / "shoal_sync_grpc.jsonl").read_text().split("\n") if l]
+sync_ucx = [json.loads(l)["steady_examples_per_second"] for l in (out / "shoal_sync_ucx.jsonl").read_text().split("\n") if l]
 d = {
+    "shoal_sync_2_workers_1_ps_ucx_examples_per_second": [round(x, 1) for x in sync_ucx],
+    "ucx_ratio_medians": round(statistics.median(sync_ucx) / statistics.median(ddp), 3),
     "shoal_sync_2_workers_1_ps_grpc_examples_per_second": [round(x, 1) for x in sync],
     "pytorch_ddp_gloo_2_workers_examples_per_second": [round(x, 1) for x in ddp],
     "ratio_medians": round(statistics.median(sync) / statistics.median(ddp), 3),
@@ -74,6 +116,7 @@ d = {
 print(json.dumps({
     "compute_ceiling": ceiling_info,
     "a_transport": a,
+    "a_ucx_data_plane": ucx,
     "b_train_one_worker": b,
     "c_two_workers_vs_ddp": c,
     "d_sync_two_workers_vs_ddp": d,
@@ -84,5 +127,17 @@ print(json.dumps({
         "main_job_2_workers_inproc_vs_ceiling": target(b["main_job_vs_ceiling"], 0.7),
         "c_shoal_grpc_vs_ddp": target(c["ratio_medians"], 1.0),
         "d_shoal_sync_grpc_vs_ddp": target(d["ratio_medians"], 1.0),
+        "ucx_tcp_1MiB_vs_ucx_tcp_ceiling_sleep": target(ucx["tcp_1MiB_push_pull_best_vs_ucx_tcp_ping_pong_sleep"], 0.7),
+        "ucx_tcp_1MiB_vs_grpc": target(mib["ucx_tcp_best_vs_grpc_best"], 3.0),
+        "ucx_shm_1MiB_gb_per_s": target(mib["ucx_shm_best_gb_per_s"], 5.0),
+        "ucx_shm_1MiB_vs_ucx_shm_ceiling_sleep": target(ucx["shm_1MiB_push_pull_best_vs_ucx_shm_ping_pong_sleep"], 0.5),
+        "ucx_1KiB_push_pulls_vs_grpc": target(kib["push_pulls_per_s_t1"]["UcxShmPushPull"] /
+                                              kib["push_pulls_per_s_t1"]["GrpcPushPull"], 5.0),
+        "ucx_1KiB_push_pulls_vs_ps_lite_4800": target(kib["push_pulls_per_s_t1"]["UcxShmPushPull"] / 4800, 2.0),
+        "idle_ps_cpu_under_1_percent": {"value": idle["idle_ps_cpu_fraction_of_a_core"], "target": "< 0.01",
+                                        "met": 0 <= idle["idle_ps_cpu_fraction_of_a_core"] < 0.01},
+        "main_job_ucx_processes_vs_inproc": target(ucx["main_job_ucx_processes_vs_inproc"], 0.8),
+        "c_shoal_ucx_vs_ddp": target(c["ucx_ratio_medians"], 1.5),
+        "d_shoal_sync_ucx_vs_ddp": target(d["ucx_ratio_medians"], 1.5),
     },
 }, indent=2))

@@ -6,36 +6,60 @@
 # per example). shoal sets its own compute threads; the DDP peer gets one
 # BLAS and one libtorch thread per process, as shoal's workers do.
 #
-#   bench/run.sh            # about 6 minutes on 2 cores
+#   bench/run.sh            # about 12 minutes on 2 cores
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh  # python3-torch included, for the DDP peer
 out=bench/out
 mkdir -p "$out"
 
-echo "(a) transport push+pull vs raw loopback TCP" >&2
+echo "(a) transport push+pull (gRPC, UCX over shared memory and TCP) vs raw loopback TCP; UCX's own ceiling" >&2
 build/bench/transport_bench --benchmark_filter='RawTcp|PushPull' \
   --benchmark_out="$out/transport.json" --benchmark_out_format=json >&2
+bench/ucx_ceiling.sh > "$out/ucx_ceiling.json"
+
+echo "(a) scaling: 1-8 client processes pushing and pulling a 4 MiB model to 1 and 2 ps processes" >&2
+build/bench/scaling_bench --seconds 3 > "$out/scaling.jsonl"
+/usr/bin/python3 bench/scaling_plot.py "$out/scaling.jsonl" "$out/scaling.svg"
+echo "(a) an idle ps with a connected client, over UCX: CPU over 10 s" >&2
+build/bench/scaling_bench --idle_s 10 --transport ucx > "$out/idle.json"
+
+echo "(e) the main job: in-process, and as processes over UCX and over gRPC, alternating, 3 rounds" >&2
+: > "$out/main_job.jsonl"
+for round in 1 2 3; do
+  for how in inproc ucx grpc; do
+    flags=(--max_steps 4000 --quiet --result_file "$out/main_$how.json")
+    [ "$how" != inproc ] && flags+=(--processes --transport "$how")
+    build/shoal train "${flags[@]}" >&2
+    printf '{"how": "%s", "result": %s}\n' "$how" "$(tr -d '\n' < "$out/main_$how.json")" >> "$out/main_job.jsonl"
+  done
+done
 
 echo "(b) one worker through shoal vs a plain libtorch loop; the compute ceiling; the main job" >&2
 build/bench/train_bench --steps 600 --repeats 3 > "$out/train.json"
 
-echo "(c) 2 workers + 1 ps over gRPC vs PyTorch DDP (gloo), alternating, 2 rounds" >&2
+echo "(c) 2 workers + 1 ps over gRPC and over UCX vs PyTorch DDP (gloo), alternating, 2 rounds" >&2
 : > "$out/shoal_grpc.jsonl"
+: > "$out/shoal_ucx.jsonl"
 : > "$out/ddp.jsonl"
 for round in 1 2; do
-  build/shoal train --processes --ps 1 --workers 2 --max_steps 1300 \
-    --quiet --result_file "$out/shoal_grpc_$round.json" >&2
-  tr -d '\n' < "$out/shoal_grpc_$round.json" >> "$out/shoal_grpc.jsonl"; echo >> "$out/shoal_grpc.jsonl"
+  for t in grpc ucx; do
+    build/shoal train --processes --transport $t --ps 1 --workers 2 --max_steps 1300 \
+      --quiet --result_file "$out/shoal_${t}_$round.json" >&2
+    tr -d '\n' < "$out/shoal_${t}_$round.json" >> "$out/shoal_$t.jsonl"; echo >> "$out/shoal_$t.jsonl"
+  done
   OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/ddp_peer.py --workers 2 --batch_size 64 --steps 600 >> "$out/ddp.jsonl"
 done
 
-echo "(d) synchronous training, 2 workers + 1 ps over gRPC vs PyTorch DDP (gloo), 2 rounds" >&2
+echo "(d) synchronous training, 2 workers + 1 ps over gRPC and over UCX vs PyTorch DDP (gloo), 2 rounds" >&2
 : > "$out/shoal_sync_grpc.jsonl"
+: > "$out/shoal_sync_ucx.jsonl"
 for round in 1 2; do
-  build/shoal train --config configs/sync.yaml --processes --ps 1 --workers 2 \
-    --max_steps 650 --quiet --result_file "$out/shoal_sync_$round.json" >&2
-  tr -d '\n' < "$out/shoal_sync_$round.json" >> "$out/shoal_sync_grpc.jsonl"; echo >> "$out/shoal_sync_grpc.jsonl"
+  for t in grpc ucx; do
+    build/shoal train --config configs/sync.yaml --processes --transport $t --ps 1 --workers 2 \
+      --max_steps 650 --quiet --result_file "$out/shoal_sync_${t}_$round.json" >&2
+    tr -d '\n' < "$out/shoal_sync_${t}_$round.json" >> "$out/shoal_sync_$t.jsonl"; echo >> "$out/shoal_sync_$t.jsonl"
+  done
   OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/ddp_peer.py --workers 2 --batch_size 64 --steps 600 >> "$out/ddp.jsonl"
 done
 

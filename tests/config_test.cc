@@ -171,6 +171,18 @@ TEST(ConfigTest, BadLocalAndHookValuesNameTheKey) {
   ExpectEachRefusedNamingItsKey(cases);
 }
 
+TEST(ConfigTest, TheTransportKindIsCheckedAndUcxRefusesTls) {
+  EXPECT_EQ(ParseJobConfig("").value().transport.kind, "auto");
+  EXPECT_EQ(ParseJobConfig("transport: {kind: grpc}").value().transport.kind, "grpc");
+  const std::pair<const char*, const char*> cases[] = {
+      {"transport: {kind: rdma}", "transport.kind"},
+      {"transport: {kind: ucx}\nsecurity: {tls_ca_file: ca.pem}", "transport.kind ucx does not encrypt"},
+  };
+  ExpectEachRefusedNamingItsKey(cases);
+  // auto under TLS is fine: gRPC carries everything.
+  EXPECT_TRUE(ParseJobConfig("security: {tls_ca_file: ca.pem}").ok());
+}
+
 TEST(ConfigTest, BadGatedValuesNameTheKey) {
   const std::pair<const char*, const char*> cases[] = {
       {"training: {mode: gated}\ngated: {networks: [[64], [32], [16]]}", "gated.networks"},  // 3 networks, 2 workers
