@@ -257,9 +257,12 @@ int main(int argc, char** argv) {
                 transport.c_str(), idle_s, shoal::MeasureIdle(binary, transport, idle_s));
     return 0;
   }
-  for (const std::string& kind : absl::StrSplit(Flag(argc, argv, "transports", "grpc,ucx"), ',')) {
-    for (const std::string& ps_text : absl::StrSplit(Flag(argc, argv, "ps", "1,2"), ',')) {
-      for (const std::string& clients_text : absl::StrSplit(Flag(argc, argv, "clients", "1,2,4,8"), ',')) {
+  const std::vector<std::string> kinds = absl::StrSplit(Flag(argc, argv, "transports", "grpc,ucx"), ',');
+  const std::vector<std::string> ps_counts = absl::StrSplit(Flag(argc, argv, "ps", "1,2"), ',');
+  const std::vector<std::string> client_counts = absl::StrSplit(Flag(argc, argv, "clients", "1,2,4,8"), ',');
+  for (const std::string& kind : kinds) {
+    for (const std::string& ps_text : ps_counts) {
+      for (const std::string& clients_text : client_counts) {
         int ps = 1, clients = 1;
         (void)absl::SimpleAtoi(ps_text, &ps);
         (void)absl::SimpleAtoi(clients_text, &clients);
