@@ -13,6 +13,7 @@
 // process uses over idle_s seconds, as a fraction of one core.
 //
 // The same binary plays the ps (--role ps) and the clients (--role client).
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -110,8 +111,10 @@ int RunClient(const std::string& transport_kind, const std::string& ps_list, int
 
 // A child running this binary with `args`; its stdout comes back through `out`.
 pid_t Spawn(const std::string& self, const std::vector<std::string>& args, int* out, int* in = nullptr) {
+  // Close-on-exec: no other child may hold a ps's stdin open (it serves
+  // until that closes).
   int out_pipe[2], in_pipe[2];
-  if (pipe(out_pipe) != 0 || pipe(in_pipe) != 0) std::abort();
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(in_pipe, O_CLOEXEC) != 0) std::abort();
   const pid_t pid = fork();
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);

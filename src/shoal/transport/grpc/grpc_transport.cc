@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "shoal/core/codec.h"
+#include "shoal/core/constant_time.h"
 #include "shoal/core/status.h"
 #include "shoal/transport/grpc/grpc_tuning.h"
 
@@ -160,18 +161,6 @@ class RefusingReactor final : public grpc::ServerGenericBidiReactor {
 
 // The token's metadata key (lower case, as HTTP/2 requires).
 constexpr char kTokenKey[] = "shoal-token";
-
-// Equal strings, in time that depends only on their lengths, so that timing
-// the answers tells a stranger nothing about the token.
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  unsigned char differ = a.size() == b.size() ? 0 : 1;
-  const size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? a[i] : 0, y = i < b.size() ? b[i] : 0;
-    differ |= x ^ y;
-  }
-  return differ == 0;
-}
 
 class GenericService final : public grpc::CallbackGenericService {
  public:

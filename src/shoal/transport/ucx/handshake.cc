@@ -90,16 +90,6 @@ std::string HostId() {
   return absl::StrCat(boot_id, "/", n > 0 ? std::string(netns, n) : std::string("?"));
 }
 
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  unsigned char differ = a.size() == b.size() ? 0 : 1;
-  const size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? a[i] : 0, y = i < b.size() ? b[i] : 0;
-    differ |= x ^ y;
-  }
-  return differ == 0;
-}
-
 std::string EncodeHello(const Hello& hello) {
   std::string out(kMagic, sizeof(kMagic));
   PutU32(&out, kVersion);

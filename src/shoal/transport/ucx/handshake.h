@@ -74,9 +74,6 @@ absl::StatusOr<int> ConnectAndGreet(const std::string& address, const Hello& hel
 // two processes that can share memory and see the same network.
 std::string HostId();
 
-// Equal strings, in time that depends only on their lengths.
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
-
 }  // namespace shoal
 
 #endif  // SHOAL_TRANSPORT_UCX_HANDSHAKE_H_

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "shoal/core/codec.h"
+#include "shoal/core/constant_time.h"
 #include "shoal/core/status.h"
 #include "shoal/transport/ucx/handshake.h"
 #include "shoal/transport/ucx/ucx_loop.h"
@@ -289,6 +290,23 @@ std::string PeerName(int fd) {
   return absl::StrCat("ipv6:[", host, "]:", ntohs(in6->sin6_port));
 }
 
+// Routes active messages `id` on the loop's worker to `on_message` (whose
+// header, data and length UCX hands over; data is valid only during the
+// call unless fetched, see Receive).
+template <typename Owner, void (Owner::*on_message)(const void*, size_t, void*, size_t, const ucp_am_recv_param_t*)>
+void SetMessageHandler(UcxLoop* loop, unsigned id, Owner* owner) {
+  ucp_am_handler_param_t handler{};
+  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  handler.id = id;
+  handler.arg = owner;
+  handler.cb = [](void* arg, const void* header, size_t header_length, void* data, size_t length,
+                  const ucp_am_recv_param_t* param) {
+    (static_cast<Owner*>(arg)->*on_message)(header, header_length, data, length, param);
+    return UCS_OK;
+  };
+  ucp_worker_set_am_recv_handler(loop->worker(), &handler);
+}
+
 // ---------------------------------------------------------------- server
 
 class UcxServer final : public ServerHandle {
@@ -304,16 +322,7 @@ class UcxServer final : public ServerHandle {
 
   // On the loop: listen, and take requests.
   void Start() {
-    ucp_am_handler_param_t handler{};
-    handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-    handler.id = kRequestAm;
-    handler.arg = this;
-    handler.cb = [](void* arg, const void* header, size_t header_length, void* data, size_t length,
-                    const ucp_am_recv_param_t* param) {
-      static_cast<UcxServer*>(arg)->OnRequest(header, header_length, data, length, param);
-      return UCS_OK;
-    };
-    ucp_worker_set_am_recv_handler(loop_->worker(), &handler);
+    SetMessageHandler<UcxServer, &UcxServer::OnRequest>(loop_.get(), kRequestAm, this);
     loop_->Watch(listen_fd_, EPOLLIN, [this](uint32_t) { Accept(); });
   }
 
@@ -623,18 +632,7 @@ class UcxClientSide {
   void PostForStart(std::function<void()> start) { loop_->Post(std::move(start)); }
 
   // On the loop: take answers.
-  void Start() {
-    ucp_am_handler_param_t handler{};
-    handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-    handler.id = kResponseAm;
-    handler.arg = this;
-    handler.cb = [](void* arg, const void* header, size_t header_length, void* data, size_t length,
-                    const ucp_am_recv_param_t* param) {
-      static_cast<UcxClientSide*>(arg)->OnResponse(header, header_length, data, length, param);
-      return UCS_OK;
-    };
-    ucp_worker_set_am_recv_handler(loop_->worker(), &handler);
-  }
+  void Start() { SetMessageHandler<UcxClientSide, &UcxClientSide::OnResponse>(loop_.get(), kResponseAm, this); }
 
   // Fails every call and closes every connection; the loop stops.
   void Shutdown() {
