@@ -148,7 +148,11 @@ TEST(UcxTransportTest, AServerKilledMidCallFailsTheCallAtOnceNamingTheTask) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     close(fds[0]);
-    auto transport = UcxTransport::Create();
+    // Nothing of the parent's threads is used here (a lock one of them held
+    // at the fork would stay held): an executor of the child's own.
+    UcxOptions options;
+    options.executor = std::make_shared<BlockingExecutor>(4, 16);
+    auto transport = UcxTransport::Create(options);
     VariableService service(VariableServiceOptions{"/job:ps/task:0"});
     auto server = transport.ok() ? (*transport)->Serve("127.0.0.1:0", &service) : transport.status();
     const std::string line = server.ok() ? (*server)->address() + "\n" : "\n";
