@@ -33,6 +33,8 @@ constexpr size_t kHeaderSlack = 16 << 20;  // room for headers beyond the tensor
 // that the receiver can decode every tensor in place.
 constexpr size_t kBodyAlignment = 8;
 constexpr int kMaxPendingHandshakes = 64;
+// A server fetches at most this many largest messages' worth of requests at once.
+constexpr size_t kReceiveBudgetMessages = 2;
 constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
 // How long closing endpoints may take when a loop stops.
 constexpr absl::Duration kCloseTimeout = absl::Seconds(1);
@@ -50,9 +52,12 @@ struct ResponseAmHeader {
 
 size_t AlignUp(size_t n) { return (n + kBodyAlignment - 1) / kBodyAlignment * kBodyAlignment; }
 
+// Null when there is no memory for it.
 std::shared_ptr<char> AllocateAligned(size_t bytes) {
   const size_t size = std::max<size_t>(64, (bytes + 63) / 64 * 64);
-  return std::shared_ptr<char>(static_cast<char*>(std::aligned_alloc(64, size)), &std::free);
+  char* memory = static_cast<char*>(std::aligned_alloc(64, size));
+  if (memory == nullptr) return nullptr;
+  return std::shared_ptr<char>(memory, &std::free);
 }
 
 // A message on its way out: UCX reads the header and the I/O vector (the
@@ -91,6 +96,7 @@ void Flatten(Outgoing* out) {
   size_t total = 0;
   for (const ucp_dt_iov_t& piece : out->iov) total += piece.length;
   out->flat = AllocateAligned(total);
+  if (out->flat == nullptr) return;  // no memory for the copy: the vector goes as it is
   size_t offset = 0;
   for (const ucp_dt_iov_t& piece : out->iov) {
     std::memcpy(out->flat.get() + offset, piece.buffer, piece.length);
@@ -128,7 +134,8 @@ ucs_status_t SendAm(ucp_ep_h ep, unsigned id, std::unique_ptr<Outgoing> out, boo
 }
 
 // An active message's data, fetched into a fresh aligned buffer; `deliver`
-// runs on the loop (after the worker's progress) once all of it is there.
+// runs on the loop (after the worker's progress) once all of it is there,
+// or with a null buffer when it could not be (no memory, the peer gone).
 // Rendezvous data is fetched by UCX straight into the buffer (one copy, by
 // shared memory or the network); eager data is copied out of UCX's buffer.
 struct Incoming {
@@ -136,42 +143,43 @@ struct Incoming {
   size_t length;
   std::function<void(std::shared_ptr<char>, size_t)> deliver;
   UcxLoop* loop;
+
+  // Hands the buffer (null: nothing) to `deliver` on the loop; deletes this.
+  void Finish(bool received) {
+    if (!received) buffer.reset();
+    loop->Post([this] {
+      deliver(std::move(buffer), length);
+      delete this;
+    });
+  }
 };
 
 void Receive(UcxLoop* loop, void* data, size_t length, const ucp_am_recv_param_t* param,
              std::function<void(std::shared_ptr<char>, size_t)> deliver) {
   auto* in = new Incoming{AllocateAligned(length), length, std::move(deliver), loop};
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
+  const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  if (in->buffer == nullptr) {
+    if (rendezvous) ucp_am_data_release(loop->worker(), data);
+    in->Finish(false);
+    return;
+  }
+  if (!rendezvous) {
     std::memcpy(in->buffer.get(), data, length);
-    loop->Post([in] {
-      in->deliver(std::move(in->buffer), in->length);
-      delete in;
-    });
+    in->Finish(true);
     return;
   }
   ucp_request_param_t receive{};
   receive.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   receive.user_data = in;
   receive.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
-    auto* in = static_cast<Incoming*>(user_data);
-    if (status == UCS_OK) {
-      in->loop->Post([in] {
-        in->deliver(std::move(in->buffer), in->length);
-        delete in;
-      });
-    } else {
-      delete in;  // the peer went away; its socket tells the rest
-    }
+    static_cast<Incoming*>(user_data)->Finish(status == UCS_OK);  // not OK: the peer went away
     ucp_request_free(request);
   };
   ucs_status_ptr_t started = ucp_am_recv_data_nbx(loop->worker(), data, in->buffer.get(), length, &receive);
   if (started == nullptr) {
-    loop->Post([in] {
-      in->deliver(std::move(in->buffer), in->length);
-      delete in;
-    });
+    in->Finish(true);
   } else if (UCS_PTR_IS_ERR(started)) {
-    delete in;
+    in->Finish(false);
   }
 }
 
@@ -329,11 +337,16 @@ class UcxServer final : public ServerHandle {
   ~UcxServer() override {
     // Stop taking connections and requests, let the waiting requests (long
     // polls) finish and answer, then close every connection.
-    loop_->Post([this] {
+    // Once `closing_` is set (on the loop) no request is served, so no new
+    // waiting request starts on the executor.
+    absl::Notification closed;
+    loop_->Post([this, &closed] {
       loop_->Unwatch(listen_fd_);
       close(listen_fd_);
       closing_ = true;
+      closed.Notify();
     });
+    closed.WaitForNotification();
     {
       absl::MutexLock lock(&waiting_mu_);
       waiting_mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &waiting_));
@@ -514,9 +527,23 @@ class UcxServer final : public ServerHandle {
       Answer(h.connection_id, h.call_id, std::move(refusal));
       return;
     }
+    // What all requests being received may hold at once: a flood of large
+    // messages is refused, not buffered.
+    if (receiving_bytes_ + length > kReceiveBudgetMessages * (options_.max_message_bytes + kHeaderSlack)) {
+      Drop(loop_.get(), data, param);
+      Response refusal;
+      SetErrorStatus(absl::ResourceExhaustedError(absl::StrCat(service_->options().task_name, " is receiving ",
+                                                                receiving_bytes_, " bytes already; try again")),
+                     &refusal);
+      Answer(h.connection_id, h.call_id, std::move(refusal));
+      return;
+    }
+    receiving_bytes_ += length;
     const uint64_t connection_id = h.connection_id, call_id = h.call_id, frame_bytes = h.frame_bytes;
     Receive(loop_.get(), data, length, param,
             [this, connection_id, call_id, frame_bytes](std::shared_ptr<char> buffer, size_t length) {
+              receiving_bytes_ -= length;
+              if (buffer == nullptr) return;  // the client went away (or no memory): nothing to answer
               Serve(connection_id, call_id, std::move(buffer), length, frame_bytes);
             });
   }
@@ -529,7 +556,7 @@ class UcxServer final : public ServerHandle {
   void Serve(uint64_t connection_id, uint64_t call_id, std::shared_ptr<char> buffer, size_t length,
              uint64_t frame_bytes) {
     auto connection = connections_.find(connection_id);
-    if (connection == connections_.end()) return;
+    if (connection == connections_.end() || closing_) return;  // closing: the client sees the connection end
     auto request = std::make_shared<Request>();
     request->peer = connection->second.peer;
     std::vector<absl::string_view> views;
@@ -598,6 +625,7 @@ class UcxServer final : public ServerHandle {
   std::map<int, Handshake> handshakes_;
   uint64_t next_connection_ = 1;
   bool closing_ = false;
+  size_t receiving_bytes_ = 0;  // of requests whose data is being fetched
 
   absl::Mutex waiting_mu_;
   int waiting_ ABSL_GUARDED_BY(waiting_mu_) = 0;  // requests on the executor
@@ -853,6 +881,10 @@ class UcxClientSide {
     }
     const uint64_t id = h.call_id, frame_bytes = h.frame_bytes;
     Receive(loop_.get(), data, length, param, [this, id, frame_bytes](std::shared_ptr<char> buffer, size_t length) {
+      if (buffer == nullptr) {
+        Finish(id, absl::ResourceExhaustedError(absl::StrCat("no memory for an answer of ", length, " bytes")));
+        return;
+      }
       Complete(id, std::move(buffer), length, frame_bytes);
     });
   }
