@@ -672,6 +672,11 @@ class UcxClientSide {
         Disconnect(channel.get(), absl::UnavailableError(channel->where + " is unavailable: the transport closed"));
       }
       CloseAll(loop_.get(), endpoints);
+      // Calls still waiting for a connection being made: every call ends.
+      while (!calls_.empty()) {
+        const auto& [id, call] = *calls_.begin();
+        Finish(id, absl::UnavailableError(call->channel->where + " is unavailable: the transport closed"));
+      }
     });
   }
 
@@ -713,7 +718,10 @@ class UcxClientSide {
     call->done = std::move(done);
     call->outgoing = MakeOutgoing(*std::move(encoded), &header, sizeof(header));
     call->deadline = deadline;
-    loop_->Post([this, call] { Start(call); });
+    if (!loop_->Post([this, call] { Start(call); })) {
+      auto done_now = std::move(call->done);
+      done_now(absl::UnavailableError(call->channel->where + " is unavailable: the transport closed"));
+    }
   }
 
  private:
