@@ -12,50 +12,51 @@ constexpr absl::Duration kIdleThreadLifetime = absl::Seconds(10);
 }  // namespace
 
 BlockingExecutor::BlockingExecutor(int max_threads, int max_pending)
-    : max_threads_(std::max(1, max_threads)), max_pending_(std::max(1, max_pending)) {}
+    : state_(std::make_shared<State>()), max_threads_(std::max(1, max_threads)), max_pending_(std::max(1, max_pending)) {}
 
 BlockingExecutor::~BlockingExecutor() {
-  absl::MutexLock lock(&mu_);
-  stopping_ = true;
-  mu_.Await(absl::Condition(
-      +[](int* threads) { return *threads == 0; }, &threads_));
+  absl::MutexLock lock(&state_->mu);
+  state_->stopping = true;
+  state_->mu.Await(absl::Condition(
+      +[](State* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->threads == 0; }, state_.get()));
 }
 
 bool BlockingExecutor::TrySubmit(std::function<void()> task) {
-  absl::MutexLock lock(&mu_);
-  if (stopping_ || pending_ >= max_pending_) return false;
-  ++pending_;
-  queue_.push_back(std::move(task));
-  if (static_cast<int>(queue_.size()) > idle_ && threads_ < max_threads_) {
-    ++threads_;
-    std::thread([this] { Work(); }).detach();
+  State& s = *state_;
+  absl::MutexLock lock(&s.mu);
+  if (s.stopping || s.pending >= max_pending_) return false;
+  ++s.pending;
+  s.queue.push_back(std::move(task));
+  if (static_cast<int>(s.queue.size()) > s.idle && s.threads < max_threads_) {
+    ++s.threads;
+    // The thread keeps the state alive: it may still be leaving its lock
+    // when the executor, which waited for it, is gone.
+    std::thread([state = state_] { Work(*state); }).detach();
   }
   return true;
 }
 
-void BlockingExecutor::Work() {
-  absl::MutexLock lock(&mu_);
+void BlockingExecutor::Work(State& s) {
+  absl::MutexLock lock(&s.mu);
   while (true) {
-    ++idle_;
-    const bool woke = mu_.AwaitWithTimeout(
-        absl::Condition(+[](BlockingExecutor* e) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return !e->queue_.empty() || e->stopping_;
-        }, this),
+    ++s.idle;
+    const bool woke = s.mu.AwaitWithTimeout(
+        absl::Condition(+[](State* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !s->queue.empty() || s->stopping; }, &s),
         kIdleThreadLifetime);
-    --idle_;
-    if (queue_.empty()) {
-      if (!woke || stopping_) break;
+    --s.idle;
+    if (s.queue.empty()) {
+      if (!woke || s.stopping) break;
       continue;
     }
-    std::function<void()> task = std::move(queue_.front());
-    queue_.pop_front();
-    mu_.Unlock();
+    std::function<void()> task = std::move(s.queue.front());
+    s.queue.pop_front();
+    s.mu.Unlock();
     task();
     task = nullptr;  // its captures go before the count says it is done
-    mu_.Lock();
-    --pending_;
+    s.mu.Lock();
+    --s.pending;
   }
-  --threads_;
+  --s.threads;
 }
 
 std::shared_ptr<BlockingExecutor> BlockingExecutor::Shared() {

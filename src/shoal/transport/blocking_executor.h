@@ -34,16 +34,19 @@ class BlockingExecutor {
   static std::shared_ptr<BlockingExecutor> Shared();
 
  private:
-  void Work();
+  struct State {
+    absl::Mutex mu;
+    std::deque<std::function<void()>> queue ABSL_GUARDED_BY(mu);
+    int threads ABSL_GUARDED_BY(mu) = 0;
+    int idle ABSL_GUARDED_BY(mu) = 0;
+    int pending ABSL_GUARDED_BY(mu) = 0;  // queued + running
+    bool stopping ABSL_GUARDED_BY(mu) = false;
+  };
+  static void Work(State& state);
 
+  std::shared_ptr<State> state_;
   const int max_threads_;
   const int max_pending_;
-  absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
-  int threads_ ABSL_GUARDED_BY(mu_) = 0;
-  int idle_ ABSL_GUARDED_BY(mu_) = 0;
-  int pending_ ABSL_GUARDED_BY(mu_) = 0;  // queued + running
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace shoal
