@@ -47,6 +47,17 @@ TEST(TrainingTest, TwoPsAndTwoWorkerProcessesOverGrpcLearn) {
   EXPECT_GT(report->test_accuracy, 0.75);
 }
 
+// The same job with tensors over UCX (shared memory between the processes),
+// gRPC only to find each task's UCX port; the launcher's token guards both.
+TEST(TrainingTest, TwoPsAndTwoWorkerProcessesOverUcxLearn) {
+  JobConfig config = QuickJob();
+  config.transport.kind = "auto";
+  auto report = TrainInLocalProcesses(config, SHOAL_BINARY, /*show_progress=*/false);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GE(report->global_step, 2 * 12000 / 64);
+  EXPECT_GT(report->test_accuracy, 0.75);
+}
+
 // Every process with the same token and mutual TLS: the whole job runs
 // secured, end to end.
 TEST(TrainingTest, ProcessesTrainOverMutualTlsWithAToken) {
