@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <memory>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
@@ -156,20 +157,31 @@ absl::Status SplitHostPort(const std::string& address, std::string* host, int* p
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> ListenTcp(const std::string& address, int* port) {
+// The addresses `address` ("host:port") resolves to, for listening
+// (`passive`: an empty host or "*" is every interface) or connecting.
+using AddressList = std::unique_ptr<addrinfo, decltype(&freeaddrinfo)>;
+absl::StatusOr<AddressList> Resolve(const std::string& address, bool passive) {
   std::string host;
-  int wanted_port = 0;
-  absl::Status split = SplitHostPort(address, &host, &wanted_port);
+  int port = 0;
+  absl::Status split = SplitHostPort(address, &host, &port);
   if (!split.ok()) return split;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
   addrinfo* found = nullptr;
-  const std::string service = std::to_string(wanted_port);
-  if (getaddrinfo(host.empty() || host == "*" ? nullptr : host.c_str(), service.c_str(), &hints, &found) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot resolve '", host, "' to listen on"));
+  const std::string service = std::to_string(port);
+  const bool any = passive && (host.empty() || host == "*");
+  if (getaddrinfo(any ? nullptr : host.c_str(), service.c_str(), &hints, &found) != 0) {
+    return absl::NotFoundError(absl::StrCat("cannot resolve '", host, "'"));
   }
+  return AddressList(found, &freeaddrinfo);
+}
+
+absl::StatusOr<int> ListenTcp(const std::string& address, int* port) {
+  absl::StatusOr<AddressList> resolved = Resolve(address, /*passive=*/true);
+  if (!resolved.ok()) return absl::InvalidArgumentError(absl::StrCat("cannot listen at '", address, "': ", resolved.status().message()));
+  addrinfo* found = resolved->get();
   std::string last_error = "no address";
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
@@ -182,31 +194,22 @@ absl::StatusOr<int> ListenTcp(const std::string& address, int* port) {
       getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length);
       *port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                                 : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-      freeaddrinfo(found);
       return fd;
     }
     last_error = Errno("bind");
     close(fd);
   }
-  freeaddrinfo(found);
   return absl::UnavailableError(absl::StrCat("cannot listen at '", address, "': ", last_error));
 }
 
 absl::StatusOr<int> ConnectAndGreet(const std::string& address, const Hello& hello, absl::Time deadline,
                                     Welcome* welcome) {
-  std::string host;
-  int port = 0;
-  absl::Status split = SplitHostPort(address, &host, &port);
-  if (!split.ok()) return split;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  if (getaddrinfo(host.c_str(), service.c_str(), &hints, &found) != 0) {
-    return absl::UnavailableError(absl::StrCat(address, " is unavailable: cannot resolve '", host, "'"));
+  absl::StatusOr<AddressList> resolved = Resolve(address, /*passive=*/false);
+  if (!resolved.ok()) {
+    if (absl::IsInvalidArgument(resolved.status())) return resolved.status();
+    return absl::UnavailableError(absl::StrCat(address, " is unavailable: ", resolved.status().message()));
   }
+  addrinfo* found = resolved->get();
   int fd = -1;
   std::string last_error = "no address";
   for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
@@ -231,7 +234,6 @@ absl::StatusOr<int> ConnectAndGreet(const std::string& address, const Hello& hel
       }
     }
   }
-  freeaddrinfo(found);
   if (fd < 0) return absl::UnavailableError(absl::StrCat(address, " is unavailable: ", last_error));
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
