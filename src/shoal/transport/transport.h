@@ -24,8 +24,8 @@ namespace shoal {
 
 // How tasks reach each other (config `transport:`).
 struct TransportConfig {
-  // grpc: gRPC only (the default, until a fault-test flake over UCX is
-  // understood: see README "The data plane"); auto: tensors over UCX
+  // grpc: gRPC only (the default, until a peer dying on shared memory no
+  // longer wedges UCX 1.13's worker: README "The data plane"); auto: tensors over UCX
   // (shared memory on a host, TCP between hosts), gRPC to reach each task,
   // and gRPC for everything when TLS is on (UCX does not encrypt); ucx: as
   // auto, refusing TLS.

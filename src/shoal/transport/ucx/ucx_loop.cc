@@ -214,28 +214,26 @@ void UcxLoop::Run() {
     if (busy) last_busy_ = now;
     // Right after work an answer is likely within microseconds: staying
     // awake that long saves the wake-ups (tens of microseconds each) that
-    // would otherwise dominate small calls. Idle, the loop sleeps.
-    if (busy || now - last_busy_ < stay_awake_) {
-      if (now - sockets_seen >= kLookAtSocketsEvery) {
-        sockets_seen = now;
-        WaitForEvents(0);
-      }
-      // Let a thread that has work (a worker's compute) have the core.
-      if (!busy) sched_yield();
-      continue;
-    }
-    // Sleep only when the worker says nothing is pending (arm returns BUSY
-    // when events arrived since the last progress).
-    const ucs_status_t armed = ucp_worker_arm(worker_);
-    if (armed == UCS_ERR_BUSY) continue;
-    sleeping_.store(true, std::memory_order_seq_cst);
-    if (has_posted_.load(std::memory_order_seq_cst)) {
+    // would otherwise dominate small calls. Idle, the loop sleeps, unless
+    // the worker will not arm: it says events are pending (UCS_ERR_BUSY).
+    // It also says so, with nothing to progress, once a peer on shared
+    // memory died with sends queued to it (UCX 1.13 cannot cancel those;
+    // README, "The data plane"). The loop then stays awake, and must still
+    // look at its sockets: the liveness socket is what reports that peer.
+    const bool awake = busy || now - last_busy_ < stay_awake_;
+    if (!awake && ucp_worker_arm(worker_) != UCS_ERR_BUSY) {
+      sleeping_.store(true, std::memory_order_seq_cst);
+      if (!has_posted_.load(std::memory_order_seq_cst)) WaitForEvents(MillisecondsToNextTimer());
       sleeping_.store(false, std::memory_order_relaxed);
+      sockets_seen = absl::Now();
       continue;
     }
-    WaitForEvents(MillisecondsToNextTimer());
-    sleeping_.store(false, std::memory_order_relaxed);
-    sockets_seen = absl::Now();
+    if (now - sockets_seen >= kLookAtSocketsEvery) {
+      sockets_seen = now;
+      WaitForEvents(0);
+    }
+    // Let a thread that has work (a worker's compute) have the core.
+    if (!busy) sched_yield();
   }
 }
 

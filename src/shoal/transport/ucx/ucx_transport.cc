@@ -200,20 +200,22 @@ absl::Status SplitReceived(const std::shared_ptr<char>& buffer, size_t length, u
   return absl::OkStatus();
 }
 
-ucs_status_ptr_t CloseEndpoint(ucp_ep_h ep, bool peer_is_gone) {
+// `force`: the peer is gone and the endpoint has UCX's peer-failure mode
+// (UCX refuses to force-close any other, and forcing is only safe when the
+// peer cannot receive anything any more); otherwise the endpoint flushes
+// what is in flight first.
+ucs_status_ptr_t CloseEndpoint(ucp_ep_h ep, bool force) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  // Forcing is only safe when the peer cannot receive anything any more;
-  // otherwise the endpoint flushes what is in flight first.
-  param.flags = peer_is_gone ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   return ucp_ep_close_nbx(ep, &param);
 }
 
 // Closes endpoints and waits (at most kCloseTimeout) for them to finish.
 void CloseAll(UcxLoop* loop, const std::vector<std::pair<ucp_ep_h, bool>>& endpoints) {
   std::vector<void*> closing;
-  for (auto [ep, gone] : endpoints) {
-    ucs_status_ptr_t request = CloseEndpoint(ep, gone);
+  for (auto [ep, force] : endpoints) {
+    ucs_status_ptr_t request = CloseEndpoint(ep, force);
     if (UCS_PTR_IS_PTR(request)) closing.push_back(request);
   }
   loop->ProgressUntil(
@@ -228,14 +230,15 @@ void CloseAll(UcxLoop* loop, const std::vector<std::pair<ucp_ep_h, bool>>& endpo
 }
 
 // Closes one endpoint in the background.
-void CloseSoon(ucp_ep_h ep, bool peer_is_gone) {
-  ucs_status_ptr_t request = CloseEndpoint(ep, peer_is_gone);
+void CloseSoon(ucp_ep_h ep, bool force) {
+  ucs_status_ptr_t request = CloseEndpoint(ep, force);
   if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);  // it completes on its own
 }
 
 // An endpoint to a peer's worker. Peers on this host and network namespace
 // get every transport (shared memory among them); others need UCX's
-// peer-failure handling, which its shared-memory transports lack.
+// peer-failure handling, which its shared-memory transports lack (so only
+// those endpoints can be force-closed: see CloseEndpoint).
 absl::StatusOr<ucp_ep_h> CreateEndpoint(UcxLoop* loop, const std::string& address, bool same_host,
                                         ucp_err_handler_cb_t on_error, void* error_arg) {
   ucp_ep_params_t params{};
@@ -377,6 +380,7 @@ class UcxServer final : public ServerHandle {
     ConnectionSecret secret;
     std::string peer;
     bool contiguous;  // no shared memory to this peer: send one buffer
+    bool peer_failure_mode;  // another host: UCX reports its failure, and may force-close
   };
   struct Handshake {
     std::string bytes;
@@ -438,7 +442,7 @@ class UcxServer final : public ServerHandle {
     if (!welcome.status.ok() || !sent) {
       auto refused = connections_.find(welcome.connection_id);
       if (refused != connections_.end()) {
-        CloseSoon(refused->second.ep, true);
+        CloseSoon(refused->second.ep, refused->second.peer_failure_mode);
         connections_.erase(refused);
       }
       close(fd);
@@ -468,7 +472,7 @@ class UcxServer final : public ServerHandle {
     welcome.secret = DrawSecret();
     welcome.host_id = host_id_;
     welcome.worker_address = loop_->address();
-    connections_[welcome.connection_id] = Connection{fd, *ep, welcome.secret, PeerName(fd), contiguous};
+    connections_[welcome.connection_id] = Connection{fd, *ep, welcome.secret, PeerName(fd), contiguous, !same_host};
     return welcome;
   }
 
@@ -488,7 +492,7 @@ class UcxServer final : public ServerHandle {
     if (it == connections_.end()) return;
     loop_->Unwatch(it->second.fd);
     close(it->second.fd);
-    CloseSoon(it->second.ep, peer_is_gone);
+    CloseSoon(it->second.ep, peer_is_gone && it->second.peer_failure_mode);
     connections_.erase(it);
   }
 
@@ -648,6 +652,7 @@ class UcxClientSide {
     uint64_t connection_id = 0;
     ConnectionSecret secret{};
     bool contiguous = true;  // no shared memory to this peer: send one buffer
+    bool peer_failure_mode = false;  // another host: UCX reports its failure, and may force-close
     std::vector<uint64_t> waiting;  // calls to send once connected
     std::set<uint64_t> in_flight;
     bool closed = false;
@@ -800,6 +805,7 @@ class UcxClientSide {
     channel->ep = *ep;
     channel->connection_id = welcome.connection_id;
     channel->contiguous = !(welcome.host_id == host_id_ && shared_memory_);
+    channel->peer_failure_mode = welcome.host_id != host_id_;
     channel->secret = welcome.secret;
     loop_->Watch(channel->fd, EPOLLIN | EPOLLRDHUP, [this, channel](uint32_t) { CheckAlive(channel); });
     std::vector<uint64_t> waiting;
@@ -837,7 +843,7 @@ class UcxClientSide {
       close(channel->fd);
       channel->fd = -1;
     }
-    if (channel->ep != nullptr) CloseSoon(channel->ep, peer_is_gone);
+    if (channel->ep != nullptr) CloseSoon(channel->ep, peer_is_gone && channel->peer_failure_mode);
     channel->ep = nullptr;
     if (channel->state != ChannelState::kConnecting) channel->state = ChannelState::kIdle;
     std::set<uint64_t> in_flight;
