@@ -59,6 +59,8 @@ ceiling_ucx = json.loads((out / "ucx_ceiling.json").read_text())
 scaling = [json.loads(l) for l in (out / "scaling.jsonl").read_text().split("\n") if l]
 idle = json.loads((out / "idle.json").read_text())
 main_runs = [json.loads(l) for l in (out / "main_job.jsonl").read_text().split("\n") if l]
+# Embedding tables: bytes per step against the table's size, 1M / 10M / 100M rows.
+embedding_bytes = [json.loads(l) for l in (out / "embedding_bytes.jsonl").read_text().split("\n") if l]
 
 
 def main_rate(how):
@@ -120,6 +122,7 @@ print(json.dumps({
     "b_train_one_worker": b,
     "c_two_workers_vs_ddp": c,
     "d_sync_two_workers_vs_ddp": d,
+    "f_embedding_bytes_per_step": embedding_bytes,
     "targets": {
         "a_grpc_1MiB_push_pull_vs_raw_tcp_stream": target(a["1024KiB"]["grpc_best_vs_tcp_stream"], 0.8),
         "a_grpc_64KiB_push_pull_vs_raw_tcp_echo": target(a["64KiB"]["grpc_best_vs_tcp_echo"], 1.0),

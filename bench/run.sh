@@ -63,5 +63,8 @@ for round in 1 2; do
   OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/ddp_peer.py --workers 2 --batch_size 64 --steps 600 >> "$out/ddp.jsonl"
 done
 
+echo "(f) embedding tables: bytes per step for 1M, 10M and 100M (dynamic) rows x 16" >&2
+build/bench/embedding_bench --steps 20 --batch 1024 > "$out/embedding_bytes.jsonl"
+
 /usr/bin/python3 bench/report.py "$out" > "$out/results.json"
 cat "$out/results.json"

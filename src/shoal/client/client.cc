@@ -1,5 +1,6 @@
 #include "shoal/client/client.h"
 
+#include <algorithm>
 #include <functional>
 #include <random>
 #include <thread>
@@ -612,6 +613,111 @@ absl::StatusOr<Client::SavedShard> Client::SaveShard(const TaskId& task, int64_t
 absl::Status Client::Shutdown(const TaskId& task) {
   TaskCalls calls;
   calls[task].request.header.mutable_shutdown();
+  return RunAll(calls);
+}
+
+std::vector<TaskId> Client::TableShards() const {
+  std::vector<TaskId> shards;
+  for (const auto& [task, channel] : channels_) {
+    if (task.job == "ps") shards.push_back(task);
+  }
+  std::sort(shards.begin(), shards.end(), [](const TaskId& a, const TaskId& b) { return a.index < b.index; });
+  return shards;
+}
+
+absl::Status Client::CreateTables(const std::vector<wire::TableDef>& tables) {
+  const std::vector<TaskId> shards = TableShards();
+  if (shards.empty()) return absl::FailedPreconditionError("the cluster has no ps task to hold embedding tables");
+  TaskCalls calls;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    auto* create = calls[shards[s]].request.header.mutable_create_tables();
+    for (const wire::TableDef& table : tables) {
+      wire::TableDef* def = create->add_tables();
+      *def = table;
+      def->set_shard(static_cast<int32_t>(s));
+      def->set_num_shards(static_cast<int32_t>(shards.size()));
+    }
+  }
+  return RunAll(calls);
+}
+
+namespace {
+
+// Checks that `ids` is a 1-D int64 tensor (and `gradients`, if given, has a
+// row per id); names the table.
+absl::Status CheckRowRequest(const std::string& table, const torch::Tensor& ids, const torch::Tensor* gradients) {
+  if (!ids.defined() || ids.scalar_type() != torch::kInt64 || ids.dim() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("ids for table '", table, "' must be a 1-D int64 tensor"));
+  }
+  if (gradients != nullptr && (!gradients->defined() || gradients->scalar_type() != torch::kFloat32 ||
+                                gradients->dim() != 2 || gradients->size(0) != ids.size(0))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradients for table '", table, "' must be float32 with one row per id (", ids.size(0), " ids), got ",
+        gradients->defined() ? absl::StrCat("[", absl::StrJoin(gradients->sizes(), ","), "]") : "nothing"));
+  }
+  return absl::OkStatus();
+}
+
+// For each of `shards`, the positions in `unique_ids` of the ids it holds
+// (id mod shards, wrapped for ids below zero).
+std::vector<torch::Tensor> PositionsByShard(const torch::Tensor& unique_ids, int64_t shards) {
+  const torch::Tensor shard_of = torch::remainder(unique_ids, shards);  // the divisor's sign: in [0, shards)
+  std::vector<torch::Tensor> positions(shards);
+  for (int64_t s = 0; s < shards; ++s) positions[s] = torch::nonzero(shard_of == s).flatten();
+  return positions;
+}
+
+}  // namespace
+
+absl::StatusOr<torch::Tensor> Client::PullRows(const std::string& table, const torch::Tensor& ids) {
+  SHOAL_RETURN_IF_ERROR(CheckRowRequest(table, ids, nullptr));
+  const std::vector<TaskId> shards = TableShards();
+  if (shards.empty()) return absl::FailedPreconditionError("the cluster has no ps task to hold embedding tables");
+  auto [unique_ids, inverse, counts] = torch::_unique2(ids, /*sorted=*/false, /*return_inverse=*/true);
+  const std::vector<torch::Tensor> positions = PositionsByShard(unique_ids, static_cast<int64_t>(shards.size()));
+  TaskCalls calls;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    if (positions[s].numel() == 0) continue;
+    TaskCall& call = calls[shards[s]];
+    call.request.header.mutable_pull_rows()->set_table(table);
+    call.request.tensors.push_back(unique_ids.index_select(0, positions[s]));
+    call.pieces.emplace_back(s, 0);
+  }
+  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  torch::Tensor unique_rows;
+  for (auto& [task, call] : calls) {
+    const size_t s = call.pieces[0].first;
+    if (call.response.tensors.size() != 1 || call.response.tensors[0].dim() != 2 ||
+        call.response.tensors[0].size(0) != positions[s].numel()) {
+      return absl::DataLossError(absl::StrCat(task.ToString(), " answered a pull of ", positions[s].numel(),
+                                              " rows of table '", table, "' with something else"));
+    }
+    const torch::Tensor& rows = call.response.tensors[0];
+    if (!unique_rows.defined()) unique_rows = torch::empty({unique_ids.size(0), rows.size(1)}, rows.options());
+    unique_rows.index_copy_(0, positions[s], rows);
+  }
+  if (!unique_rows.defined()) return torch::empty({0, 0}, torch::kFloat32);  // no ids
+  return unique_rows.index_select(0, inverse);
+}
+
+absl::Status Client::PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients) {
+  SHOAL_RETURN_IF_ERROR(CheckRowRequest(table, ids, &gradients));
+  const std::vector<TaskId> shards = TableShards();
+  if (shards.empty()) return absl::FailedPreconditionError("the cluster has no ps task to hold embedding tables");
+  if (ids.numel() == 0) return absl::OkStatus();
+  auto [unique_ids, inverse, counts] = torch::_unique2(ids, /*sorted=*/false, /*return_inverse=*/true);
+  // One gradient row per distinct id: the sum of its rows in the batch.
+  const torch::Tensor combined =
+      torch::zeros({unique_ids.size(0), gradients.size(1)}, gradients.options()).index_add_(0, inverse, gradients);
+  const std::vector<torch::Tensor> positions = PositionsByShard(unique_ids, static_cast<int64_t>(shards.size()));
+  TaskCalls calls;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    if (positions[s].numel() == 0) continue;
+    TaskCall& call = calls[shards[s]];
+    call.request.header.mutable_push_rows()->set_table(table);
+    call.request.tensors.push_back(unique_ids.index_select(0, positions[s]));
+    call.request.tensors.push_back(combined.index_select(0, positions[s]));
+  }
   return RunAll(calls);
 }
 

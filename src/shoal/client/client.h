@@ -171,6 +171,17 @@ class Client {
   // Asks `task`'s server to shut down.
   absl::Status Shutdown(const TaskId& task);
 
+  // Embedding tables (server/embedding_table.h), split by row over every ps
+  // task: row id mod the ps count. Creates each table's shard on every ps
+  // task (`shard` and `num_shards` are filled in here).
+  absl::Status CreateTables(const std::vector<wire::TableDef>& tables);
+  // The rows of `ids` (int64 [n]; repeats allowed): float32 [n, dim]. Each
+  // distinct id is pulled once, from its shard, all shards in parallel.
+  absl::StatusOr<torch::Tensor> PullRows(const std::string& table, const torch::Tensor& ids);
+  // Sums the gradient rows ([n, dim]) of repeated ids, then pushes each
+  // shard its distinct ids and their rows, in parallel.
+  absl::Status PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients);
+
   const Placement& placement() const { return *placement_; }
 
   // How many times a task answered with another incarnation than before:
@@ -214,6 +225,8 @@ class Client {
   // task was unreachable until the deadline; returns the first error.
   absl::Status RunAll(TaskCalls& calls);
   absl::StatusOr<Channel*> ChannelFor(const TaskId& task) const;
+  // The ps tasks in index order: a table's shards.
+  std::vector<TaskId> TableShards() const;
   // Reads every shard of the named variables, each request shaped by
   // `configure`, into `calls`; `placements` gets where each variable lives.
   absl::Status ReadShards(const std::vector<std::string>& names,

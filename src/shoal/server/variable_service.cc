@@ -70,6 +70,7 @@ bool VariableService::Changes(const Request& request) {
     case wire::RequestHeader::kLookup:
     case wire::RequestHeader::kReadSlots:
     case wire::RequestHeader::kEndpoints:
+    case wire::RequestHeader::kPullRows:
     case wire::RequestHeader::OP_NOT_SET:
       return false;
     case wire::RequestHeader::kCounter:
@@ -310,6 +311,35 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       absl::MutexLock lock(&endpoint_mu_);
       response->header.mutable_endpoints()->set_fast_kind(fast_kind_);
       response->header.mutable_endpoints()->set_fast_port(fast_port_);
+      return absl::OkStatus();
+    }
+    case wire::RequestHeader::kCreateTables: {
+      std::vector<wire::TableDef> defs(h.create_tables().tables().begin(), h.create_tables().tables().end());
+      SHOAL_ASSIGN_OR_RETURN(std::vector<bool> created, tables_.Create(defs));
+      for (bool c : created) response->header.mutable_create_tables()->add_created(c);
+      return absl::OkStatus();
+    }
+    case wire::RequestHeader::kPullRows: {
+      SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, tables_.Find(h.pull_rows().table()));
+      if (request.tensors.size() != 1) {
+        return absl::InvalidArgumentError(absl::StrCat("pull_rows of table '", h.pull_rows().table(), "' on ",
+                                                       options_.task_name, " carries ", request.tensors.size(),
+                                                       " tensors, not 1 (the ids)"));
+      }
+      SHOAL_ASSIGN_OR_RETURN(torch::Tensor rows, table->Pull(request.tensors[0]));
+      response->header.mutable_pull_rows();
+      response->tensors.push_back(std::move(rows));
+      return absl::OkStatus();
+    }
+    case wire::RequestHeader::kPushRows: {
+      SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, tables_.Find(h.push_rows().table()));
+      if (request.tensors.size() != 2) {
+        return absl::InvalidArgumentError(absl::StrCat("push_rows of table '", h.push_rows().table(), "' on ",
+                                                       options_.task_name, " carries ", request.tensors.size(),
+                                                       " tensors, not 2 (ids and gradients)"));
+      }
+      SHOAL_ASSIGN_OR_RETURN(int64_t pushes, table->Push(request.tensors[0], request.tensors[1]));
+      response->header.mutable_push_rows()->set_pushes(pushes);
       return absl::OkStatus();
     }
     case wire::RequestHeader::OP_NOT_SET:

@@ -19,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "shoal/core/message.h"
 #include "shoal/server/request_ledger.h"
+#include "shoal/server/embedding_table.h"
 #include "shoal/server/variable_store.h"
 
 namespace shoal {
@@ -38,6 +39,7 @@ class VariableService {
   explicit VariableService(VariableServiceOptions options)
       : options_(std::move(options)),
         store_(options_.task_name),
+        tables_(options_.task_name),
         ledger_(options_.task_name),
         incarnation_(DrawIncarnation()) {}
 
@@ -56,6 +58,7 @@ class VariableService {
   // Notified when a Shutdown request arrives.
   absl::Notification& shutdown_requested() { return shutdown_requested_; }
   VariableStore& store() { return store_; }
+  TableStore& tables() { return tables_; }
   const VariableServiceOptions& options() const { return options_; }
   // This server's incarnation, in every response header.
   uint64_t incarnation() const { return incarnation_; }
@@ -71,6 +74,7 @@ class VariableService {
 
   const VariableServiceOptions options_;
   VariableStore store_;
+  TableStore tables_;
   RequestLedger ledger_;
   const uint64_t incarnation_;
   absl::Mutex endpoint_mu_;

@@ -1,0 +1,121 @@
+// Bytes moved per step for embedding tables of 1M, 10M and 100M rows x 16
+// (the last a dynamic table): each step pulls the rows of a batch's ids and
+// pushes their gradients, over two in-process ps tasks. The ids are 26
+// categorical features per example drawn Zipf-like (exponent 1.05, the
+// shape of click logs) over the table's rows. What moves should grow with
+// the distinct ids per batch and not with the table; the pulled dense
+// alternative (the whole table each step) is printed beside it.
+//
+//   build/bench/embedding_bench [--steps 20] [--batch 1024] [--rows 1000000,10000000,100000000]
+//
+// Prints one JSON line per table: rows, dynamic, distinct ids per step,
+// bytes per step (sent + received, framing included), bytes the table
+// holds, the ratio of the two, and the ps tasks' rows held at the end.
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "shoal/client/client.h"
+#include "shoal/placement/placement.h"
+#include "shoal/server/variable_service.h"
+#include "shoal/transport/inproc/inproc_transport.h"
+
+namespace shoal {
+namespace {
+
+constexpr int64_t kDim = 16;
+constexpr int kFeatures = 26;
+
+std::string Flag(int argc, char** argv, const std::string& name, const std::string& fallback) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (argv[i] == "--" + name) return argv[i + 1];
+  }
+  return fallback;
+}
+
+// Zipf-like ranks in [1, n] by inverting the continuous power law's CDF,
+// scattered over [0, n) so that the hot ids are not the low ones.
+class ZipfIds {
+ public:
+  ZipfIds(int64_t n, double exponent, uint64_t seed) : n_(n), exponent_(exponent), random_(seed) {}
+  int64_t Next() {
+    const double u = uniform_(random_);
+    const double a = 1 - exponent_;
+    const double rank = std::pow((std::pow(static_cast<double>(n_), a) - 1) * u + 1, 1 / a);
+    const int64_t r = std::min<int64_t>(n_, std::max<int64_t>(1, static_cast<int64_t>(rank)));
+    return static_cast<int64_t>((static_cast<unsigned __int128>(r) * 2654435761ULL) % static_cast<uint64_t>(n_));
+  }
+
+ private:
+  int64_t n_;
+  double exponent_;
+  std::mt19937_64 random_;
+  std::uniform_real_distribution<double> uniform_{0.0, 1.0};
+};
+
+int Run(int argc, char** argv) {
+  int64_t steps = 20, batch = 1024;
+  (void)absl::SimpleAtoi(Flag(argc, argv, "steps", "20"), &steps);
+  (void)absl::SimpleAtoi(Flag(argc, argv, "batch", "1024"), &batch);
+  std::vector<int64_t> sizes;
+  for (absl::string_view s : absl::StrSplit(Flag(argc, argv, "rows", "1000000,10000000,100000000"), ',')) {
+    int64_t rows = 0;
+    if (absl::SimpleAtoi(s, &rows) && rows > 0) sizes.push_back(rows);
+  }
+  for (int64_t rows : sizes) {
+    const bool dynamic = rows >= 100'000'000;  // too big to hold whole here: rows made as touched
+    InProcNetwork network;
+    InProcTransport transport(&network);
+    const ClusterSpec cluster = ClusterSpec::Local(2, 1);
+    std::vector<std::unique_ptr<VariableService>> services;
+    std::vector<std::unique_ptr<ServerHandle>> servers;
+    for (const TaskId& task : cluster.Tasks("ps")) {
+      services.push_back(std::make_unique<VariableService>(VariableServiceOptions{task.ToString()}));
+      servers.push_back(transport.Serve(cluster.AddressOf(task).value(), services.back().get()).value());
+    }
+    auto placement = std::make_shared<const Placement>(Placement::Create({}, cluster, PlacementOptions{}).value());
+    auto client = Client::Create(cluster, &transport, placement).value();
+    wire::TableDef table;
+    table.set_name("emb");
+    table.set_rows(dynamic ? 0 : rows);
+    table.set_dim(kDim);
+    table.set_seed(1);
+    table.set_init_scale(0.05);
+    table.mutable_optimizer()->set_kind("adagrad");
+    if (!client->CreateTables({table}).ok()) return 1;
+    ZipfIds draw(rows, 1.05, 42);
+    int64_t distinct = 0;
+    const int64_t before = client->bytes_sent() + client->bytes_received();
+    for (int64_t step = 0; step < steps; ++step) {
+      torch::Tensor ids = torch::empty({batch * kFeatures}, torch::kInt64);
+      int64_t* id = ids.data_ptr<int64_t>();
+      for (int64_t i = 0; i < ids.numel(); ++i) id[i] = draw.Next();
+      distinct += std::get<0>(torch::_unique2(ids)).numel();
+      auto rows_pulled = client->PullRows("emb", ids);
+      if (!rows_pulled.ok()) return 1;
+      if (!client->PushRows("emb", ids, torch::full_like(*rows_pulled, 0.01f)).ok()) return 1;
+    }
+    const double bytes_per_step = static_cast<double>(client->bytes_sent() + client->bytes_received() - before) / steps;
+    const double table_bytes = static_cast<double>(rows) * kDim * 4;
+    int64_t held = 0;
+    for (auto& service : services) held += service->tables().Find("emb").value()->size();
+    std::printf(
+        "{\"rows\": %lld, \"dynamic\": %s, \"batch\": %lld, \"distinct_ids_per_step\": %.0f, "
+        "\"bytes_per_step\": %.0f, \"bytes_per_distinct_id\": %.1f, \"table_bytes\": %.0f, "
+        "\"table_bytes_over_step_bytes\": %.1f, \"rows_held\": %lld}\n",
+        static_cast<long long>(rows), dynamic ? "true" : "false", static_cast<long long>(batch),
+        static_cast<double>(distinct) / steps, bytes_per_step, bytes_per_step / (static_cast<double>(distinct) / steps),
+        table_bytes, table_bytes / bytes_per_step, static_cast<long long>(held));
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace shoal
+
+int main(int argc, char** argv) { return shoal::Run(argc, argv); }

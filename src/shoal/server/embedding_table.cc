@@ -1,0 +1,388 @@
+#include "shoal/server/embedding_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "shoal/core/status.h"
+
+namespace shoal {
+namespace {
+
+// SplitMix64: a counter-based generator, so that row `id`'s initial value
+// depends on (seed, id) only.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// The shard that holds `id` among `shards`.
+int64_t ShardOf(int64_t id, int64_t shards) { return ((id % shards) + shards) % shards; }
+
+}  // namespace
+
+void RowArena::Resize(int64_t rows) {
+  while (static_cast<int64_t>(chunks_.size()) * kChunkRows < rows) {
+    chunks_.emplace_back(new float[kChunkRows * dim_]);
+    std::fill_n(chunks_.back().get(), kChunkRows * dim_, fill_);
+  }
+  rows_ = rows;
+}
+
+void EmbeddingTable::InitialRow(const wire::TableDef& def, int64_t id, float* row) {
+  const uint64_t base = Mix(def.seed() ^ Mix(static_cast<uint64_t>(id)));
+  const double scale = def.init_scale();
+  for (int64_t j = 0; j < def.dim(); ++j) {
+    const uint64_t bits = Mix(base + static_cast<uint64_t>(j));
+    const double unit = static_cast<double>(bits >> 11) * 0x1.0p-53;  // [0, 1)
+    row[j] = static_cast<float>((2 * unit - 1) * scale);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wire::TableDef& def,
+                                                                       const std::string& task_name) {
+  const std::string where = absl::StrCat("table '", def.name(), "' on ", task_name);
+  if (def.name().empty()) return absl::InvalidArgumentError(absl::StrCat("a table on ", task_name, " has no name"));
+  if (def.dim() <= 0 || def.dim() > (1 << 16)) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": dim ", def.dim(), " is not in [1, 65536]"));
+  }
+  if (def.rows() < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": rows ", def.rows(), " is negative"));
+  if (def.num_shards() <= 0 || def.shard() < 0 || def.shard() >= def.num_shards()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": shard ", def.shard(), " of ", def.num_shards(), " is not a shard"));
+  }
+  if (!(def.init_scale() >= 0) || !std::isfinite(def.init_scale())) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": init_scale ", def.init_scale(), " is not >= 0"));
+  }
+  if (def.min_count() < 0 || def.steps_to_live() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": min_count and steps_to_live must be >= 0"));
+  }
+  if (def.rows() > 0 && (def.min_count() > 1 || def.steps_to_live() > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": min_count and steps_to_live are for dynamic tables (rows: 0)"));
+  }
+  wire::TableDef filled = def;
+  wire::OptimizerConfig& o = *filled.mutable_optimizer();
+  if (o.kind().empty()) o.set_kind("sgd");
+  const std::string& kind = o.kind();
+  if (kind != "sgd" && kind != "adagrad" && kind != "lazy_adam" && kind != "ftrl") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": optimizer '", kind, "' has no sparse form (sgd, adagrad, lazy_adam, ftrl)"));
+  }
+  for (double v : {o.learning_rate(), o.beta1(), o.beta2(), o.epsilon(), o.initial_accumulator_value(), o.l1(),
+                   o.l2(), o.learning_rate_power()}) {
+    if (!std::isfinite(v)) return absl::InvalidArgumentError(absl::StrCat(where, ": an optimizer field is not finite"));
+  }
+  if (o.learning_rate() < 0 || o.l1() < 0 || o.l2() < 0 || o.initial_accumulator_value() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": learning_rate, l1, l2 and initial_accumulator_value must be >= 0"));
+  }
+  if (o.beta1() < 0 || o.beta1() >= 1 || o.beta2() < 0 || o.beta2() >= 1) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": beta1 and beta2 must be in [0, 1)"));
+  }
+  if (o.learning_rate_power() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": learning_rate_power must be <= 0"));
+  }
+  if (o.learning_rate() == 0) o.set_learning_rate(kind == "lazy_adam" ? 0.001 : kind == "ftrl" ? 0.05 : 0.01);
+  if (o.initial_accumulator_value() == 0 && (kind == "adagrad" || kind == "ftrl")) {
+    o.set_initial_accumulator_value(0.1);
+  }
+  if (o.epsilon() == 0) o.set_epsilon(kind == "lazy_adam" ? 1e-8 : 1e-7);
+  if (o.beta1() == 0) o.set_beta1(0.9);
+  if (o.beta2() == 0) o.set_beta2(0.999);
+  if (o.learning_rate_power() == 0) o.set_learning_rate_power(-0.5);
+  auto table = std::make_unique<EmbeddingTable>(std::move(filled), task_name);
+  if (table->def_.rows() > 0) {
+    // This shard's rows: ids shard, shard + num_shards, ...
+    const int64_t local = (table->def_.rows() - table->def_.shard() + table->def_.num_shards() - 1) /
+                          table->def_.num_shards();
+    table->values_.Resize(local);
+    for (RowArena& slot : table->slots_) slot.Resize(local);
+    for (int64_t i = 0; i < local; ++i) {
+      InitialRow(table->def_, i * table->def_.num_shards() + table->def_.shard(), table->values_.Row(i));
+    }
+  }
+  return table;
+}
+
+EmbeddingTable::EmbeddingTable(wire::TableDef def, std::string task_name)
+    : def_(std::move(def)),
+      where_(absl::StrCat("table '", def_.name(), "' on ", task_name)),
+      dim_(def_.dim()),
+      values_(def_.dim()) {
+  const std::string& kind = def_.optimizer().kind();
+  const float initial_accumulator = static_cast<float>(def_.optimizer().initial_accumulator_value());
+  if (kind == "adagrad") slots_.emplace_back(dim_, initial_accumulator);
+  if (kind == "lazy_adam") {
+    slots_.emplace_back(dim_, 0.0f);
+    slots_.emplace_back(dim_, 0.0f);
+  }
+  if (kind == "ftrl") {
+    slots_.emplace_back(dim_, 0.0f);                  // z (TensorFlow's "linear")
+    slots_.emplace_back(dim_, initial_accumulator);  // n (the accumulator)
+  }
+}
+
+int64_t EmbeddingTable::Find(int64_t id) const {
+  if (def_.rows() > 0) return id / def_.num_shards();
+  auto it = index_.find(id);
+  return it == index_.end() ? -1 : it->second;
+}
+
+absl::Status EmbeddingTable::Check(const torch::Tensor& ids, const torch::Tensor* gradients, bool distinct) const {
+  if (!ids.defined() || ids.scalar_type() != torch::kInt64 || ids.dim() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(where_, ": ids must be a 1-D int64 tensor, got ",
+                                                   ids.defined() ? std::string(ids.toString()) : "nothing",
+                                                   ids.defined() ? absl::StrCat(" of ", ids.dim(), " dims") : ""));
+  }
+  const int64_t n = ids.size(0);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  std::unordered_set<int64_t> seen;
+  if (distinct) seen.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (def_.rows() > 0 && (id[i] < 0 || id[i] >= def_.rows())) {
+      return absl::OutOfRangeError(absl::StrCat(where_, ": id ", id[i], " is outside the table's ", def_.rows(),
+                                                " rows"));
+    }
+    if (ShardOf(id[i], def_.num_shards()) != def_.shard()) {
+      return absl::InvalidArgumentError(absl::StrCat(where_, ": id ", id[i], " belongs to shard ",
+                                                     ShardOf(id[i], def_.num_shards()), ", not ", def_.shard()));
+    }
+    if (distinct && !seen.insert(id[i]).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where_, ": id ", id[i], " appears twice (combine its gradients first)"));
+    }
+  }
+  if (gradients == nullptr) return absl::OkStatus();
+  const torch::Tensor& g = *gradients;
+  if (!g.defined() || g.scalar_type() != torch::kFloat32 || g.dim() != 2 || g.size(0) != n || g.size(1) != dim_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where_, ": gradients must be float32 [", n, ", ", dim_, "] for ", n, " ids, got ",
+        g.defined() ? absl::StrCat(std::string(g.toString()), " ", std::string(c10::str(g.sizes()))) : "nothing"));
+  }
+  const float* data = g.data_ptr<float>();
+  for (int64_t i = 0; i < n * dim_; ++i) {
+    if (!std::isfinite(data[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where_, ": the gradient of id ", id[i / dim_], " is not finite (", data[i], ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<torch::Tensor> EmbeddingTable::Pull(const torch::Tensor& ids) const {
+  torch::Tensor contiguous_ids = ids.defined() ? ids.contiguous() : ids;
+  absl::Status checked = Check(contiguous_ids, nullptr, /*distinct=*/false);
+  if (!checked.ok()) return checked;
+  const int64_t n = contiguous_ids.size(0);
+  const int64_t* id = contiguous_ids.data_ptr<int64_t>();
+  torch::Tensor rows = torch::empty({n, dim_}, torch::kFloat32);
+  float* out = rows.data_ptr<float>();
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t index = Find(id[i]);
+    if (index < 0) {
+      InitialRow(def_, id[i], out + i * dim_);
+    } else {
+      std::memcpy(out + i * dim_, values_.Row(index), dim_ * sizeof(float));
+    }
+  }
+  return rows;
+}
+
+int64_t EmbeddingTable::FindOrAdmit(int64_t id) {
+  auto it = index_.find(id);
+  if (it != index_.end()) {
+    last_push_[it->second] = pushes_;
+    return it->second;
+  }
+  if (def_.min_count() > 1) {
+    Sighting& s = sightings_[id];
+    s.last_push = pushes_;
+    if (++s.count < def_.min_count()) return -1;
+    sightings_.erase(id);
+  }
+  int64_t index;
+  if (!free_rows_.empty()) {
+    index = free_rows_.back();
+    free_rows_.pop_back();
+  } else {
+    index = values_.rows();
+    values_.Resize(index + 1);
+    for (RowArena& slot : slots_) slot.Resize(index + 1);
+    last_push_.push_back(0);
+  }
+  InitialRow(def_, id, values_.Row(index));
+  const std::string& kind = def_.optimizer().kind();
+  const float initial_accumulator = static_cast<float>(def_.optimizer().initial_accumulator_value());
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    const bool accumulator = kind == "adagrad" || (kind == "ftrl" && s == 1);
+    std::fill_n(slots_[s].Row(index), dim_, accumulator ? initial_accumulator : 0.0f);
+  }
+  index_[id] = index;
+  last_push_[index] = pushes_;
+  return index;
+}
+
+void EmbeddingTable::Evict() {
+  const int64_t ttl = def_.steps_to_live();
+  for (auto it = index_.begin(); it != index_.end();) {
+    if (pushes_ - last_push_[it->second] > ttl) {
+      free_rows_.push_back(it->second);
+      it = index_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = sightings_.begin(); it != sightings_.end();) {
+    it = pushes_ - it->second.last_push > ttl ? sightings_.erase(it) : std::next(it);
+  }
+}
+
+void EmbeddingTable::ApplyRow(int64_t index, const float* g) {
+  const wire::OptimizerConfig& o = def_.optimizer();
+  const float lr = static_cast<float>(o.learning_rate());
+  float* w = values_.Row(index);
+  const std::string& kind = o.kind();
+  if (kind == "sgd") {
+    for (int64_t j = 0; j < dim_; ++j) w[j] -= lr * g[j];
+  } else if (kind == "adagrad") {
+    float* a = slots_[0].Row(index);
+    const float eps = static_cast<float>(o.epsilon());
+    for (int64_t j = 0; j < dim_; ++j) {
+      a[j] += g[j] * g[j];
+      w[j] -= lr * g[j] / (std::sqrt(a[j]) + eps);
+    }
+  } else if (kind == "lazy_adam") {
+    float* m = slots_[0].Row(index);
+    float* v = slots_[1].Row(index);
+    const double b1 = o.beta1(), b2 = o.beta2();
+    const float step = static_cast<float>(o.learning_rate() * std::sqrt(1 - std::pow(b2, pushes_)) /
+                                          (1 - std::pow(b1, pushes_)));
+    const float eps = static_cast<float>(o.epsilon());
+    const float fb1 = static_cast<float>(b1), fb2 = static_cast<float>(b2);
+    for (int64_t j = 0; j < dim_; ++j) {
+      m[j] = fb1 * m[j] + (1 - fb1) * g[j];
+      v[j] = fb2 * v[j] + (1 - fb2) * g[j] * g[j];
+      w[j] -= step * m[j] / (std::sqrt(v[j]) + eps);
+    }
+  } else {  // ftrl
+    float* z = slots_[0].Row(index);
+    float* n = slots_[1].Row(index);
+    const float power = static_cast<float>(-o.learning_rate_power());  // 0.5: sqrt
+    const float l1 = static_cast<float>(o.l1()), l2 = static_cast<float>(o.l2());
+    for (int64_t j = 0; j < dim_; ++j) {
+      const float n_new = n[j] + g[j] * g[j];
+      const float root_new = power == 0.5f ? std::sqrt(n_new) : std::pow(n_new, power);
+      const float root_old = power == 0.5f ? std::sqrt(n[j]) : std::pow(n[j], power);
+      const float sigma = (root_new - root_old) / lr;
+      z[j] += g[j] - sigma * w[j];
+      n[j] = n_new;
+      const float quadratic = root_new / lr + 2 * l2;
+      w[j] = std::abs(z[j]) > l1 ? ((z[j] > 0 ? l1 : -l1) - z[j]) / quadratic : 0.0f;
+    }
+  }
+}
+
+absl::StatusOr<int64_t> EmbeddingTable::Push(const torch::Tensor& ids, const torch::Tensor& gradients) {
+  torch::Tensor contiguous_ids = ids.defined() ? ids.contiguous() : ids;
+  torch::Tensor contiguous_gradients = gradients.defined() ? gradients.contiguous() : gradients;
+  absl::Status checked = Check(contiguous_ids, &contiguous_gradients, /*distinct=*/true);
+  if (!checked.ok()) return checked;
+  const int64_t n = contiguous_ids.size(0);
+  const int64_t* id = contiguous_ids.data_ptr<int64_t>();
+  const float* g = contiguous_gradients.data_ptr<float>();
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  ++pushes_;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t index = def_.rows() > 0 ? Find(id[i]) : FindOrAdmit(id[i]);
+    if (index >= 0) ApplyRow(index, g + i * dim_);  // not admitted yet: its gradient is dropped
+  }
+  // Eviction sweeps the table: every steps_to_live / 4 pushes keeps its cost
+  // small per push and a row's life within 1.25 steps_to_live.
+  const int64_t ttl = def_.steps_to_live();
+  if (def_.rows() == 0 && ttl > 0 && pushes_ % std::max<int64_t>(1, ttl / 4) == 0) Evict();
+  return pushes_;
+}
+
+int64_t EmbeddingTable::size() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return def_.rows() > 0 ? values_.rows() : static_cast<int64_t>(index_.size());
+}
+
+int64_t EmbeddingTable::pushes() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return pushes_;
+}
+
+int64_t EmbeddingTable::bytes() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  int64_t total = values_.bytes();
+  for (const RowArena& slot : slots_) total += slot.bytes();
+  return total;
+}
+
+namespace {
+
+// What must match for a table to be the same one: all but the optimizer's
+// hyper-parameters, which a restarted chief may have changed.
+std::string Differs(const wire::TableDef& a, const wire::TableDef& b) {
+  if (a.rows() != b.rows()) return absl::StrCat("rows ", a.rows(), " vs ", b.rows());
+  if (a.dim() != b.dim()) return absl::StrCat("dim ", a.dim(), " vs ", b.dim());
+  if (a.shard() != b.shard() || a.num_shards() != b.num_shards()) {
+    return absl::StrCat("shard ", a.shard(), " of ", a.num_shards(), " vs ", b.shard(), " of ", b.num_shards());
+  }
+  if (a.seed() != b.seed()) return absl::StrCat("seed ", a.seed(), " vs ", b.seed());
+  if (a.optimizer().kind() != b.optimizer().kind()) {
+    return absl::StrCat("optimizer ", a.optimizer().kind(), " vs ", b.optimizer().kind());
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<bool>> TableStore::Create(const std::vector<wire::TableDef>& defs) {
+  std::vector<std::unique_ptr<EmbeddingTable>> made(defs.size());
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  for (size_t i = 0; i < defs.size(); ++i) {
+    auto existing = tables_.find(defs[i].name());
+    if (existing != tables_.end()) {
+      // Compare with the defaults filled in, as the table holds them.
+      wire::TableDef filled = defs[i];
+      if (filled.optimizer().kind().empty()) filled.mutable_optimizer()->set_kind("sgd");
+      const std::string differs = Differs(existing->second->def(), filled);
+      if (!differs.empty()) {
+        return absl::AlreadyExistsError(absl::StrCat("table '", defs[i].name(), "' exists on ", task_name_,
+                                                     " with another definition: ", differs));
+      }
+      continue;
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (defs[j].name() == defs[i].name()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("table '", defs[i].name(), "' is defined twice in one request to ", task_name_));
+      }
+    }
+    SHOAL_ASSIGN_OR_RETURN(made[i], EmbeddingTable::Create(defs[i], task_name_));
+  }
+  std::vector<bool> created(defs.size(), false);
+  for (size_t i = 0; i < defs.size(); ++i) {
+    if (made[i] == nullptr) continue;
+    tables_[defs[i].name()] = std::move(made[i]);
+    created[i] = true;
+  }
+  return created;
+}
+
+absl::StatusOr<EmbeddingTable*> TableStore::Find(const std::string& name) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  auto it = tables_.find(name);
+  if (it == tables_.end()) return absl::NotFoundError(absl::StrCat("table '", name, "' not found on ", task_name_));
+  return it->second.get();
+}
+
+}  // namespace shoal

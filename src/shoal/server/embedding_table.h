@@ -1,0 +1,152 @@
+// EmbeddingTable: one ps task's shard of a row-sparse variable, pulled and
+// pushed by row id (recommendation models' embedding tables).
+//
+// A table of `dim` columns is split by row over `num_shards` ps tasks: row
+// `id` lives on shard `id mod num_shards` (ids below zero wrap the same
+// way). A fixed table has `rows` rows and takes ids in [0, rows); a dynamic
+// table (rows = 0) takes any int64 id and makes a row when a gradient first
+// reaches it (after `min_count` sightings), dropping rows that no push has
+// touched for `steps_to_live` pushes.
+//
+// Rows start from the seed, not from the wire: row `id` starts uniform in
+// [-init_scale, init_scale], drawn from (seed, id) alone, so every shard
+// count gives the same table and nothing ships the whole table. A pull of a
+// row a dynamic table does not hold answers that initial value and makes
+// nothing: pulls never allocate.
+//
+// Optimizers, per touched row only (the sparse forms):
+//   sgd        w -= lr g
+//   adagrad    a += g^2; w -= lr g / (sqrt(a) + epsilon)        (TensorFlow's,
+//              initial_accumulator_value 0.1, epsilon 1e-7)
+//   lazy_adam  m, v of the touched rows only, bias-corrected by the table's
+//              push count (TensorFlow Addons' LazyAdam)
+//   ftrl       FTRL-Proximal as TensorFlow's ApplyFtrl: z, n per element,
+//              l1, l2, learning_rate_power (-0.5), initial n 0.1
+//
+// Every request is validated whole (dtypes, shapes, ids in range and on
+// this shard, distinct ids, finite gradients) before anything changes; an
+// error names the table, the task and the first bad id.
+//
+// Thread safety: all methods may be called concurrently. Pushes to one
+// table shard are serialised (rows of different pushes interleave by push,
+// as asynchronous training's do); pulls run beside each other and wait for
+// a push in progress.
+#ifndef SHOAL_SERVER_EMBEDDING_TABLE_H_
+#define SHOAL_SERVER_EMBEDDING_TABLE_H_
+
+#include <torch/types.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "shoal/wire.pb.h"
+
+namespace shoal {
+
+// Rows of `dim` floats in chunks, so that a table grows without copying
+// what it holds and holds no more than it uses (plus one chunk).
+class RowArena {
+ public:
+  explicit RowArena(int64_t dim, float fill = 0) : dim_(dim), fill_(fill) {}
+  // Makes room for rows [0, rows), each set to `fill`.
+  void Resize(int64_t rows);
+  int64_t rows() const { return rows_; }
+  float* Row(int64_t index) { return chunks_[index / kChunkRows].get() + (index % kChunkRows) * dim_; }
+  const float* Row(int64_t index) const {
+    return chunks_[index / kChunkRows].get() + (index % kChunkRows) * dim_;
+  }
+  int64_t bytes() const { return static_cast<int64_t>(chunks_.size()) * kChunkRows * dim_ * 4; }
+
+ private:
+  static constexpr int64_t kChunkRows = 1 << 14;
+  int64_t dim_;
+  float fill_;
+  int64_t rows_ = 0;
+  std::vector<std::unique_ptr<float[]>> chunks_;
+};
+
+class EmbeddingTable {
+ public:
+  // Validates `def` (errors name the table and the field) and fills in the
+  // optimizer's defaults. A fixed table's rows are made here, from the seed.
+  static absl::StatusOr<std::unique_ptr<EmbeddingTable>> Create(const wire::TableDef& def,
+                                                                const std::string& task_name);
+
+  // rows [n, dim] float32: the current value of each id in `ids` (int64 [n]).
+  absl::StatusOr<torch::Tensor> Pull(const torch::Tensor& ids) const;
+
+  // Applies `gradients` ([n, dim] float32, finite) to the rows of `ids`
+  // (int64 [n], distinct) with the table's optimizer. Returns the table's
+  // push count after this one.
+  absl::StatusOr<int64_t> Push(const torch::Tensor& ids, const torch::Tensor& gradients);
+
+  const wire::TableDef& def() const { return def_; }
+  // Rows held (a fixed table: all of its shard).
+  int64_t size() const;
+  int64_t pushes() const;
+  // Bytes of row and slot storage held.
+  int64_t bytes() const;
+
+  // The value every row `id` starts from.
+  static void InitialRow(const wire::TableDef& def, int64_t id, float* row);
+
+  EmbeddingTable(wire::TableDef def, std::string task_name);
+
+ private:
+  // Where `id`'s row lives: its index in the arenas, or -1 (dynamic, absent).
+  int64_t Find(int64_t id) const;
+  // Validates ids (and gradients, if given) whole; names the first bad one.
+  absl::Status Check(const torch::Tensor& ids, const torch::Tensor* gradients, bool distinct) const;
+  // Dynamic tables: the row for `id`, made if admitted now; -1 if not yet.
+  int64_t FindOrAdmit(int64_t id);
+  // Dynamic tables: drops rows (and sightings) untouched for steps_to_live pushes.
+  void Evict();
+  void ApplyRow(int64_t index, const float* gradient);
+
+  const wire::TableDef def_;
+  const std::string where_;  // "table 'name' on /job:ps/task:0"
+  const int64_t dim_;
+  mutable std::shared_mutex mu_;  // pushes exclusive; pulls shared
+  RowArena values_;
+  std::vector<RowArena> slots_;  // adagrad: accumulator; lazy_adam: m, v; ftrl: z, n
+  int64_t pushes_ = 0;
+  // Dynamic tables only.
+  std::unordered_map<int64_t, int64_t> index_;  // id -> row index
+  std::vector<int64_t> free_rows_;
+  std::vector<int64_t> last_push_;  // per row index: the push that last touched it
+  struct Sighting {
+    int64_t count;
+    int64_t last_push;
+  };
+  std::unordered_map<int64_t, Sighting> sightings_;  // ids seen, not admitted yet
+};
+
+// The tables one task hosts. Thread-safe; tables are never dropped.
+class TableStore {
+ public:
+  explicit TableStore(std::string task_name) : task_name_(std::move(task_name)) {}
+
+  // Creates each table. One that exists with the same definition is left
+  // alone (created=false), so a restarted chief does not reset training; a
+  // different definition is AlreadyExists naming what differs. All or
+  // nothing: every definition is checked first.
+  absl::StatusOr<std::vector<bool>> Create(const std::vector<wire::TableDef>& defs);
+
+  // The table `name`, or NotFound naming it and this task.
+  absl::StatusOr<EmbeddingTable*> Find(const std::string& name) const;
+
+ private:
+  const std::string task_name_;
+  mutable std::shared_mutex mu_;
+  std::map<std::string, std::unique_ptr<EmbeddingTable>> tables_;
+};
+
+}  // namespace shoal
+
+#endif  // SHOAL_SERVER_EMBEDDING_TABLE_H_

@@ -1,0 +1,206 @@
+// Embedding tables: a shard's rows from the seed, the sparse optimizers
+// against their formulas, dynamic tables' admission and eviction, bad input
+// refused with nothing changed, and the client's pull and push by id over
+// two ps tasks.
+#include "shoal/server/embedding_table.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "shoal/client/client.h"
+#include "shoal/session/task_runner.h"
+#include "inproc_servers.h"
+
+namespace shoal {
+namespace {
+
+wire::TableDef Def(const std::string& kind, int64_t rows = 10, int64_t dim = 4, int shard = 0, int shards = 1) {
+  wire::TableDef def;
+  def.set_name("emb");
+  def.set_rows(rows);
+  def.set_dim(dim);
+  def.set_shard(shard);
+  def.set_num_shards(shards);
+  def.set_seed(7);
+  def.set_init_scale(0.5);
+  def.mutable_optimizer()->set_kind(kind);
+  def.mutable_optimizer()->set_learning_rate(0.1);
+  return def;
+}
+
+torch::Tensor Ids(std::vector<int64_t> ids) { return torch::tensor(ids, torch::kInt64); }
+
+std::unique_ptr<EmbeddingTable> Make(const wire::TableDef& def) {
+  return EmbeddingTable::Create(def, "/job:ps/task:0").value();
+}
+
+TEST(EmbeddingTableTest, RowsStartFromTheSeedWhateverTheShardCount) {
+  auto whole = Make(Def("sgd", 10, 4, 0, 1));
+  auto shard1 = Make(Def("sgd", 10, 4, 1, 3));
+  EXPECT_EQ(shard1->size(), 3);  // ids 1, 4, 7
+  const torch::Tensor a = whole->Pull(Ids({1, 4, 7})).value();
+  const torch::Tensor b = shard1->Pull(Ids({1, 4, 7})).value();
+  EXPECT_TRUE(a.equal(b));
+  EXPECT_LE(a.abs().max().item<float>(), 0.5f);
+  EXPECT_GT(a.std().item<float>(), 0.05f);  // not all one value
+  auto other_seed = Def("sgd");
+  other_seed.set_seed(8);
+  EXPECT_FALSE(Make(other_seed)->Pull(Ids({1})).value().equal(whole->Pull(Ids({1})).value()));
+}
+
+TEST(EmbeddingTableTest, SgdAndAdagradFollowTheirFormulasOnTouchedRowsOnly) {
+  for (const std::string kind : {"sgd", "adagrad"}) {
+    auto table = Make(Def(kind));
+    const torch::Tensor before = table->Pull(Ids({2, 3})).value().clone();
+    const torch::Tensor g = torch::full({1, 4}, 2.0f);
+    ASSERT_TRUE(table->Push(Ids({2}), g).ok());
+    ASSERT_TRUE(table->Push(Ids({2}), g).ok());
+    const torch::Tensor after = table->Pull(Ids({2, 3})).value();
+    torch::Tensor expected = before[0].clone();
+    if (kind == "sgd") {
+      expected -= 2 * 0.1 * 2.0;
+    } else {  // TensorFlow's: accumulator from 0.1, epsilon 1e-7
+      double a = 0.1;
+      for (int step = 0; step < 2; ++step) {
+        a += 4;
+        expected -= 0.1 * 2.0 / (std::sqrt(a) + 1e-7);
+      }
+    }
+    EXPECT_TRUE(torch::allclose(after[0], expected, 1e-5, 1e-6)) << kind << after[0] << expected;
+    EXPECT_TRUE(after[1].equal(before[1])) << kind;
+  }
+}
+
+TEST(EmbeddingTableTest, LazyAdamMovesOnlyTheTouchedRowsMoments) {
+  auto table = Make(Def("lazy_adam"));
+  const torch::Tensor w0 = table->Pull(Ids({1, 5})).value().clone();
+  ASSERT_TRUE(table->Push(Ids({5}), torch::full({1, 4}, 1.0f)).ok());  // push 1: row 5
+  ASSERT_TRUE(table->Push(Ids({1}), torch::full({1, 4}, -1.0f)).ok());  // push 2: row 1, first touch
+  const torch::Tensor w = table->Pull(Ids({1, 5})).value();
+  // Row 5, push 1: m = 0.1, v = 0.001, lr_t = 0.1 * sqrt(1 - 0.999) / (1 - 0.9).
+  const double step1 = 0.1 * std::sqrt(1 - 0.999) / (1 - 0.9);
+  EXPECT_NEAR(w[1][0].item<float>(), w0[1][0].item<float>() - step1 * 0.1 / (std::sqrt(0.001) + 1e-8), 1e-5);
+  // Row 1 was untouched at push 1 (lazy: its moments stayed 0), and its
+  // first update is bias-corrected with the table's push count, 2.
+  const double step2 = 0.1 * std::sqrt(1 - 0.999 * 0.999) / (1 - 0.9 * 0.9);
+  EXPECT_NEAR(w[0][0].item<float>(), w0[0][0].item<float>() + step2 * 0.1 / (std::sqrt(0.001) + 1e-8), 1e-5);
+}
+
+TEST(EmbeddingTableTest, FtrlFollowsTensorFlowsApplyFtrl) {
+  auto def = Def("ftrl");
+  def.mutable_optimizer()->set_l1(0.01);
+  def.mutable_optimizer()->set_l2(0.1);
+  auto table = Make(def);
+  double w = table->Pull(Ids({4})).value()[0][0].item<float>();
+  double z = 0, n = 0.1;
+  for (double g : {0.5, -0.2, 0.3}) {
+    ASSERT_TRUE(table->Push(Ids({4}), torch::full({1, 4}, static_cast<float>(g))).ok());
+    const double n_new = n + g * g;
+    z += g - (std::sqrt(n_new) - std::sqrt(n)) / 0.1 * w;
+    n = n_new;
+    w = std::abs(z) > 0.01 ? ((z > 0 ? 0.01 : -0.01) - z) / (std::sqrt(n) / 0.1 + 2 * 0.1) : 0.0;
+    EXPECT_NEAR(table->Pull(Ids({4})).value()[0][0].item<float>(), w, 1e-5);
+  }
+}
+
+TEST(EmbeddingTableTest, BadRequestsAreRefusedNamingTheTableAndIdAndChangeNothing) {
+  auto table = Make(Def("adagrad", 10, 4, 1, 2));  // odd ids
+  const torch::Tensor before = table->Pull(Ids({1, 3})).value().clone();
+  const torch::Tensor g = torch::ones({2, 4});
+  struct Case {
+    torch::Tensor ids, gradients;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {Ids({1, 11}), g, "id 11 is outside the table's 10 rows"},
+      {Ids({1, -3}), g, "id -3 is outside"},
+      {Ids({1, 2}), g, "id 2 belongs to shard 0, not 1"},
+      {Ids({3, 3}), g, "id 3 appears twice"},
+      {Ids({1, 3}), torch::ones({3, 4}), "gradients must be float32 [2, 4]"},
+      {Ids({1, 3}), torch::ones({2, 5}), "gradients must be float32 [2, 4]"},
+      {Ids({1, 3}), torch::ones({2, 4}, torch::kFloat64), "gradients must be float32"},
+      {Ids({1, 3}), torch::tensor({{1.0f, 1.0f, 1.0f, 1.0f}, {1.0f, NAN, 1.0f, 1.0f}}), "the gradient of id 3 is not finite"},
+      {torch::tensor({1.0f, 3.0f}), g, "ids must be a 1-D int64 tensor"},
+  };
+  for (const Case& c : cases) {
+    auto pushed = table->Push(c.ids, c.gradients);
+    ASSERT_FALSE(pushed.ok()) << c.expected;
+    EXPECT_NE(pushed.status().message().find(c.expected), std::string::npos) << pushed.status();
+    EXPECT_NE(pushed.status().message().find("table 'emb' on /job:ps/task:0"), std::string::npos) << pushed.status();
+  }
+  EXPECT_TRUE(table->Pull(Ids({1, 3})).value().equal(before));
+  EXPECT_EQ(table->pushes(), 0);
+  EXPECT_FALSE(table->Pull(Ids({13})).ok());
+  auto kind = Def("adam");
+  EXPECT_NE(EmbeddingTable::Create(kind, "t").status().message().find("no sparse form"), std::string::npos);
+  auto dim = Def("sgd", 10, 0);
+  EXPECT_FALSE(EmbeddingTable::Create(dim, "t").ok());
+}
+
+TEST(EmbeddingTableTest, ADynamicTableAdmitsRowsAfterMinCountAndEvictsIdleOnes) {
+  auto def = Def("sgd", /*rows=*/0);
+  def.set_min_count(2);
+  def.set_steps_to_live(4);
+  auto table = Make(def);
+  const int64_t big = int64_t{1} << 40;
+  const torch::Tensor initial = table->Pull(Ids({big, -5})).value().clone();
+  EXPECT_EQ(table->size(), 0);  // pulls make nothing
+  const torch::Tensor g = torch::ones({1, 4});
+  ASSERT_TRUE(table->Push(Ids({big}), g).ok());  // seen once: not admitted, gradient dropped
+  EXPECT_EQ(table->size(), 0);
+  EXPECT_TRUE(table->Pull(Ids({big})).value().equal(initial.narrow(0, 0, 1)));
+  ASSERT_TRUE(table->Push(Ids({big}), g).ok());  // twice: admitted, applied
+  EXPECT_EQ(table->size(), 1);
+  EXPECT_TRUE(torch::allclose(table->Pull(Ids({big})).value(), initial.narrow(0, 0, 1) - 0.1));
+  // -5 kept busy (admitted on its second push), `big` left alone: gone
+  // within 1.25 x steps_to_live pushes.
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(table->Push(Ids({-5}), g).ok());
+  EXPECT_EQ(table->size(), 1);
+  EXPECT_TRUE(table->Pull(Ids({big})).value().equal(initial.narrow(0, 0, 1)));  // back to its initial value
+  EXPECT_TRUE(torch::allclose(table->Pull(Ids({-5})).value(), initial.narrow(0, 1, 1) - 0.7));
+}
+
+TEST(EmbeddingTableTest, TheClientPullsAndPushesByIdOverTwoPsTasks) {
+  JobConfig config;
+  config.cluster.ps = 2;
+  const ClusterSpec cluster = ClusterSpec::Local(2, 1);
+  InProcServers servers(config, cluster);
+  auto client = Client::Create(cluster, &servers.transport, MakePlacement(config, cluster).value()).value();
+  auto def = Def("sgd", 100, 3);
+  ASSERT_TRUE(client->CreateTables({def}).ok());
+  ASSERT_TRUE(client->CreateTables({def}).ok());  // the same again: left alone
+  auto changed = def;
+  changed.set_dim(4);
+  auto refused = client->CreateTables({changed});
+  EXPECT_TRUE(absl::IsAlreadyExists(refused)) << refused;
+  EXPECT_NE(refused.message().find("dim 3 vs 4"), std::string::npos) << refused;
+
+  auto reference = Make(Def("sgd", 100, 3));
+  const torch::Tensor ids = Ids({5, 8, 5, 99, 0});
+  const torch::Tensor rows = client->PullRows("emb", ids).value();
+  EXPECT_TRUE(rows.equal(reference->Pull(ids).value()));
+  // Repeated ids' gradients are summed on the worker, one row per id.
+  const torch::Tensor g = torch::arange(15, torch::kFloat32).reshape({5, 3});
+  ASSERT_TRUE(client->PushRows("emb", ids, g).ok());
+  const torch::Tensor after = client->PullRows("emb", Ids({5, 8})).value();
+  EXPECT_TRUE(torch::allclose(after[0], rows[0] - 0.1 * (g[0] + g[2])));
+  EXPECT_TRUE(torch::allclose(after[1], rows[1] - 0.1 * g[1]));
+  // Only the distinct ids travel, each to its own shard.
+  EXPECT_EQ(servers.services[0]->tables().Find("emb").value()->pushes(), 1);  // ids 8, 0 (even)
+  EXPECT_EQ(servers.services[1]->tables().Find("emb").value()->pushes(), 1);  // 5, 99
+
+  auto out_of_range = client->PullRows("emb", Ids({3, 100}));
+  EXPECT_TRUE(absl::IsOutOfRange(out_of_range.status())) << out_of_range.status();
+  EXPECT_NE(out_of_range.status().message().find("table 'emb' on /job:ps/task:0: id 100 is outside"),
+            std::string::npos)
+      << out_of_range.status();
+  auto mismatch = client->PushRows("emb", Ids({1, 2}), torch::ones({3, 3}));
+  EXPECT_NE(mismatch.message().find("one row per id (2 ids)"), std::string::npos) << mismatch;
+  auto unknown = client->PullRows("nope", Ids({1}));
+  EXPECT_TRUE(absl::IsNotFound(unknown.status())) << unknown.status();
+}
+
+}  // namespace
+}  // namespace shoal
