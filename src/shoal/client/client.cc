@@ -616,18 +616,18 @@ absl::Status Client::Shutdown(const TaskId& task) {
   return RunAll(calls);
 }
 
-std::vector<TaskId> Client::TableShards() const {
+absl::StatusOr<std::vector<TaskId>> Client::TableShards() const {
   std::vector<TaskId> shards;
   for (const auto& [task, channel] : channels_) {
     if (task.job == "ps") shards.push_back(task);
   }
+  if (shards.empty()) return absl::FailedPreconditionError("the cluster has no ps task to hold embedding tables");
   std::sort(shards.begin(), shards.end(), [](const TaskId& a, const TaskId& b) { return a.index < b.index; });
   return shards;
 }
 
 absl::Status Client::CreateTables(const std::vector<wire::TableDef>& tables) {
-  const std::vector<TaskId> shards = TableShards();
-  if (shards.empty()) return absl::FailedPreconditionError("the cluster has no ps task to hold embedding tables");
+  SHOAL_ASSIGN_OR_RETURN(const std::vector<TaskId> shards, TableShards());
   TaskCalls calls;
   for (size_t s = 0; s < shards.size(); ++s) {
     auto* create = calls[shards[s]].request.header.mutable_create_tables();
@@ -671,8 +671,7 @@ std::vector<torch::Tensor> PositionsByShard(const torch::Tensor& unique_ids, int
 
 absl::StatusOr<torch::Tensor> Client::PullRows(const std::string& table, const torch::Tensor& ids) {
   SHOAL_RETURN_IF_ERROR(CheckRowRequest(table, ids, nullptr));
-  const std::vector<TaskId> shards = TableShards();
-  if (shards.empty()) return absl::FailedPreconditionError("the cluster has no ps task to hold embedding tables");
+  SHOAL_ASSIGN_OR_RETURN(const std::vector<TaskId> shards, TableShards());
   auto [unique_ids, inverse, counts] = torch::_unique2(ids, /*sorted=*/false, /*return_inverse=*/true);
   const std::vector<torch::Tensor> positions = PositionsByShard(unique_ids, static_cast<int64_t>(shards.size()));
   TaskCalls calls;
@@ -696,14 +695,13 @@ absl::StatusOr<torch::Tensor> Client::PullRows(const std::string& table, const t
     if (!unique_rows.defined()) unique_rows = torch::empty({unique_ids.size(0), rows.size(1)}, rows.options());
     unique_rows.index_copy_(0, positions[s], rows);
   }
-  if (!unique_rows.defined()) return torch::empty({0, 0}, torch::kFloat32);  // no ids
+  if (!unique_rows.defined()) return torch::empty({0, 0}, torch::kFloat32);  // no ids: no row width known
   return unique_rows.index_select(0, inverse);
 }
 
 absl::Status Client::PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients) {
   SHOAL_RETURN_IF_ERROR(CheckRowRequest(table, ids, &gradients));
-  const std::vector<TaskId> shards = TableShards();
-  if (shards.empty()) return absl::FailedPreconditionError("the cluster has no ps task to hold embedding tables");
+  SHOAL_ASSIGN_OR_RETURN(const std::vector<TaskId> shards, TableShards());
   if (ids.numel() == 0) return absl::OkStatus();
   auto [unique_ids, inverse, counts] = torch::_unique2(ids, /*sorted=*/false, /*return_inverse=*/true);
   // One gradient row per distinct id: the sum of its rows in the batch.

@@ -225,8 +225,8 @@ class Client {
   // task was unreachable until the deadline; returns the first error.
   absl::Status RunAll(TaskCalls& calls);
   absl::StatusOr<Channel*> ChannelFor(const TaskId& task) const;
-  // The ps tasks in index order: a table's shards.
-  std::vector<TaskId> TableShards() const;
+  // The ps tasks in index order: a table's shards (none: FailedPrecondition).
+  absl::StatusOr<std::vector<TaskId>> TableShards() const;
   // Reads every shard of the named variables, each request shaped by
   // `configure`, into `calls`; `placements` gets where each variable lives.
   absl::Status ReadShards(const std::vector<std::string>& names,
