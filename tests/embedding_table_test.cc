@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "shoal/client/client.h"
+#include "shoal/server/variable_service.h"
 #include "shoal/session/task_runner.h"
 #include "inproc_servers.h"
 
@@ -200,6 +201,25 @@ TEST(EmbeddingTableTest, TheClientPullsAndPushesByIdOverTwoPsTasks) {
   EXPECT_NE(mismatch.message().find("one row per id (2 ids)"), std::string::npos) << mismatch;
   auto unknown = client->PullRows("nope", Ids({1}));
   EXPECT_TRUE(absl::IsNotFound(unknown.status())) << unknown.status();
+}
+
+// A pull's answer is bounded before it is made: ids x dim floats over the
+// message limit are refused, and the server goes on serving.
+TEST(EmbeddingTableTest, APullWhoseAnswerWouldExceedTheMessageLimitIsRefusedFirst) {
+  VariableService service(VariableServiceOptions{"/job:ps/task:0", /*max_message_bytes=*/4096});
+  ASSERT_TRUE(service.tables().Create({Def("sgd", 1000, 64)}).ok());
+  Request request;
+  request.header.mutable_pull_rows()->set_table("emb");
+  request.tensors.push_back(torch::arange(16, torch::kInt64));  // 16 x 64 x 4 = 4096 bytes: fits
+  Response response;
+  service.Handle(request, &response);
+  EXPECT_EQ(response.header.status_code(), 0) << response.header.status_message();
+  request.tensors[0] = torch::arange(17, torch::kInt64);
+  service.Handle(request, &response);
+  EXPECT_EQ(response.header.status_code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_NE(response.header.status_message().find("would answer 4352 bytes, over the limit of 4096"),
+            std::string::npos)
+      << response.header.status_message();
 }
 
 }  // namespace

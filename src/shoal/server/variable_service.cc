@@ -326,6 +326,15 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
                                                        options_.task_name, " carries ", request.tensors.size(),
                                                        " tensors, not 1 (the ids)"));
       }
+      // The answer is ids x dim floats: refuse, before allocating it, one
+      // that could not travel (a few ids of a wide table ask for much).
+      const int64_t answer_bytes = request.tensors[0].numel() * table->def().dim() * 4;
+      if (answer_bytes > static_cast<int64_t>(options_.max_message_bytes)) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "pull_rows of ", request.tensors[0].numel(), " rows of table '", h.pull_rows().table(), "' from ",
+            options_.task_name, " would answer ", answer_bytes, " bytes, over the limit of ",
+            options_.max_message_bytes));
+      }
       SHOAL_ASSIGN_OR_RETURN(torch::Tensor rows, table->Pull(request.tensors[0]));
       response->header.mutable_pull_rows();
       response->tensors.push_back(std::move(rows));
