@@ -109,19 +109,26 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wir
   return table;
 }
 
+EmbeddingTable::Rule EmbeddingTable::RuleOf(const std::string& kind) {
+  if (kind == "adagrad") return Rule::kAdagrad;
+  if (kind == "lazy_adam") return Rule::kLazyAdam;
+  if (kind == "ftrl") return Rule::kFtrl;
+  return Rule::kSgd;  // Create() has refused any other
+}
+
 EmbeddingTable::EmbeddingTable(wire::TableDef def, std::string task_name)
     : def_(std::move(def)),
+      rule_(RuleOf(def_.optimizer().kind())),
       where_(absl::StrCat("table '", def_.name(), "' on ", task_name)),
       dim_(def_.dim()),
       values_(def_.dim()) {
-  const std::string& kind = def_.optimizer().kind();
   const float initial_accumulator = static_cast<float>(def_.optimizer().initial_accumulator_value());
-  if (kind == "adagrad") slots_.emplace_back(dim_, initial_accumulator);
-  if (kind == "lazy_adam") {
+  if (rule_ == Rule::kAdagrad) slots_.emplace_back(dim_, initial_accumulator);
+  if (rule_ == Rule::kLazyAdam) {
     slots_.emplace_back(dim_, 0.0f);
     slots_.emplace_back(dim_, 0.0f);
   }
-  if (kind == "ftrl") {
+  if (rule_ == Rule::kFtrl) {
     slots_.emplace_back(dim_, 0.0f);                  // z (TensorFlow's "linear")
     slots_.emplace_back(dim_, initial_accumulator);  // n (the accumulator)
   }
@@ -217,10 +224,9 @@ int64_t EmbeddingTable::FindOrAdmit(int64_t id) {
     last_push_.push_back(0);
   }
   InitialRow(def_, id, values_.Row(index));
-  const std::string& kind = def_.optimizer().kind();
   const float initial_accumulator = static_cast<float>(def_.optimizer().initial_accumulator_value());
   for (size_t s = 0; s < slots_.size(); ++s) {
-    const bool accumulator = kind == "adagrad" || (kind == "ftrl" && s == 1);
+    const bool accumulator = rule_ == Rule::kAdagrad || (rule_ == Rule::kFtrl && s == 1);
     std::fill_n(slots_[s].Row(index), dim_, accumulator ? initial_accumulator : 0.0f);
   }
   index_[id] = index;
@@ -247,17 +253,16 @@ void EmbeddingTable::ApplyRow(int64_t index, const float* g) {
   const wire::OptimizerConfig& o = def_.optimizer();
   const float lr = static_cast<float>(o.learning_rate());
   float* w = values_.Row(index);
-  const std::string& kind = o.kind();
-  if (kind == "sgd") {
+  if (rule_ == Rule::kSgd) {
     for (int64_t j = 0; j < dim_; ++j) w[j] -= lr * g[j];
-  } else if (kind == "adagrad") {
+  } else if (rule_ == Rule::kAdagrad) {
     float* a = slots_[0].Row(index);
     const float eps = static_cast<float>(o.epsilon());
     for (int64_t j = 0; j < dim_; ++j) {
       a[j] += g[j] * g[j];
       w[j] -= lr * g[j] / (std::sqrt(a[j]) + eps);
     }
-  } else if (kind == "lazy_adam") {
+  } else if (rule_ == Rule::kLazyAdam) {
     float* m = slots_[0].Row(index);
     float* v = slots_[1].Row(index);
     const double b1 = o.beta1(), b2 = o.beta2();

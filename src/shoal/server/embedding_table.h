@@ -109,7 +109,12 @@ class EmbeddingTable {
   void Evict();
   void ApplyRow(int64_t index, const float* gradient);
 
+  // The optimizer, resolved once from def_.optimizer().kind() (not per row).
+  enum class Rule { kSgd, kAdagrad, kLazyAdam, kFtrl };
+  static Rule RuleOf(const std::string& kind);
+
   const wire::TableDef def_;
+  const Rule rule_;
   const std::string where_;  // "table 'name' on /job:ps/task:0"
   const int64_t dim_;
   mutable std::shared_mutex mu_;  // pushes exclusive; pulls shared

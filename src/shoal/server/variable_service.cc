@@ -123,6 +123,18 @@ uint64_t VariableService::DrawIncarnation() {
   return value;
 }
 
+absl::StatusOr<EmbeddingTable*> VariableService::TableFor(absl::string_view op, const std::string& name,
+                                                          const Request& request, size_t tensors,
+                                                          absl::string_view which) {
+  SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, tables_.Find(name));
+  if (request.tensors.size() != tensors) {
+    return absl::InvalidArgumentError(absl::StrCat(op, " of table '", name, "' on ", options_.task_name, " carries ",
+                                                   request.tensors.size(), " tensors, not ", tensors, " (", which,
+                                                   ")"));
+  }
+  return table;
+}
+
 absl::Status VariableService::Dispatch(const Request& request, Response* response) {
   const size_t bytes = TensorBytes(request.tensors);
   if (bytes > options_.max_message_bytes) {
@@ -320,12 +332,8 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       return absl::OkStatus();
     }
     case wire::RequestHeader::kPullRows: {
-      SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, tables_.Find(h.pull_rows().table()));
-      if (request.tensors.size() != 1) {
-        return absl::InvalidArgumentError(absl::StrCat("pull_rows of table '", h.pull_rows().table(), "' on ",
-                                                       options_.task_name, " carries ", request.tensors.size(),
-                                                       " tensors, not 1 (the ids)"));
-      }
+      SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table,
+                             TableFor("pull_rows", h.pull_rows().table(), request, 1, "the ids"));
       // The answer is ids x dim floats: refuse, before allocating it, one
       // that could not travel (a few ids of a wide table ask for much).
       const int64_t answer_bytes = request.tensors[0].numel() * table->def().dim() * 4;
@@ -341,12 +349,8 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       return absl::OkStatus();
     }
     case wire::RequestHeader::kPushRows: {
-      SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, tables_.Find(h.push_rows().table()));
-      if (request.tensors.size() != 2) {
-        return absl::InvalidArgumentError(absl::StrCat("push_rows of table '", h.push_rows().table(), "' on ",
-                                                       options_.task_name, " carries ", request.tensors.size(),
-                                                       " tensors, not 2 (ids and gradients)"));
-      }
+      SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table,
+                             TableFor("push_rows", h.push_rows().table(), request, 2, "ids and gradients"));
       SHOAL_ASSIGN_OR_RETURN(int64_t pushes, table->Push(request.tensors[0], request.tensors[1]));
       response->header.mutable_push_rows()->set_pushes(pushes);
       return absl::OkStatus();

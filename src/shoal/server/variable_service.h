@@ -67,6 +67,10 @@ class VariableService {
   void AdvertiseFastEndpoint(const std::string& kind, int port);
 
  private:
+  // The table a pull_rows / push_rows (`op`) names, once its request carries
+  // `tensors` tensors (`which`: what they are, for the error).
+  absl::StatusOr<EmbeddingTable*> TableFor(absl::string_view op, const std::string& name, const Request& request,
+                                           size_t tensors, absl::string_view which);
   absl::Status Dispatch(const Request& request, Response* response);
   // Writes the verdict, and this server's incarnation, into the header.
   void Conclude(const absl::Status& status, Response* response) const;
