@@ -8,9 +8,10 @@ are; each (feature, id) has a hidden weight, each integer feature a hidden
 coefficient, and the label is drawn from sigmoid(bias + the weights of the
 example's ids + the coefficients times log(1 + integer)). The planted
 model's own AUC and log loss on the data it wrote are the best any model
-can expect, and are printed (JSON) at the end, with the click rate.
+can expect, and are printed (JSON) at the end, with the click rate; with
+--test_out, also those of a held-out log drawn from the same hidden model.
 
-  bench/criteo_gen.py --examples 10000000 --out /tmp/criteo.tsv [--vocabulary 1000000] [--seed 1]
+  bench/criteo_gen.py --examples 10000000 --out /tmp/criteo.tsv [--test_out /tmp/test.tsv] [--vocabulary 1000000]
 """
 import argparse
 import json
@@ -39,6 +40,8 @@ def main():
     parser.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of the ids")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--test_out", help="also a held-out log of the same hidden model")
+    parser.add_argument("--test_examples", type=int, default=100_000)
     parser.add_argument("--chunk", type=int, default=200_000)
     args = parser.parse_args()
 
@@ -51,35 +54,45 @@ def main():
     # Each feature's ranks map to distinct 32-bit hashes.
     hashes = rng.choice(2**32, size=(features, args.vocabulary), replace=False if args.vocabulary < 2**20 else True)
 
-    all_p, all_y = [], []
-    with open(args.out, "w") as out:
-        written = 0
-        while written < args.examples:
-            n = min(args.chunk, args.examples - written)
-            ranks = np.minimum(rng.zipf(args.zipf, size=(n, features)), args.vocabulary) - 1
-            counts = rng.poisson(rng.uniform(0.5, 20, size=integers), size=(n, integers))
-            missing = rng.random((n, integers)) < 0.1
-            logit = bias + id_weights[np.arange(features), ranks].sum(axis=1) / np.sqrt(features) * 2
-            logit += (np.log1p(np.where(missing, 0, counts)) * coefficients).sum(axis=1)
-            p = 1 / (1 + np.exp(-logit))
-            y = (rng.random(n) < p).astype(np.int64)
-            all_p.append(p.astype(np.float32))
-            all_y.append(y)
-            ids = hashes[np.arange(features), ranks]
-            lines = []
-            for i in range(n):
-                ints = "\t".join("" if missing[i, j] else str(counts[i, j]) for j in range(integers))
-                cats = "\t".join(f"{h:08x}" for h in ids[i])
-                lines.append(f"{y[i]}\t{ints}\t{cats}\n")
-            out.writelines(lines)
-            written += n
-            print(f"{written} examples", file=sys.stderr)
-    p = np.concatenate(all_p)
-    y = np.concatenate(all_y)
-    clipped = np.clip(p, 1e-7, 1 - 1e-7)
-    log_loss = float(-(y * np.log(clipped) + (1 - y) * np.log(1 - clipped)).mean())
-    print(json.dumps({"examples": args.examples, "click_rate": float(y.mean()),
-                      "planted_auc": float(auc(p, y)), "planted_log_loss": log_loss}))
+    rates = rng.uniform(0.5, 20, size=integers)  # each integer feature's Poisson mean
+
+    def write(path, examples):
+        all_p, all_y = [], []
+        with open(path, "w") as out:
+            written = 0
+            while written < examples:
+                n = min(args.chunk, examples - written)
+                ranks = np.minimum(rng.zipf(args.zipf, size=(n, features)), args.vocabulary) - 1
+                counts = rng.poisson(rates, size=(n, integers))
+                missing = rng.random((n, integers)) < 0.1
+                logit = bias + id_weights[np.arange(features), ranks].sum(axis=1) / np.sqrt(features) * 2
+                # Centred on each feature's typical value, so that the bias sets the click rate.
+                logit += ((np.log1p(np.where(missing, 0, counts)) - np.log1p(rates)) * coefficients).sum(axis=1)
+                p = 1 / (1 + np.exp(-logit))
+                y = (rng.random(n) < p).astype(np.int64)
+                all_p.append(p.astype(np.float32))
+                all_y.append(y)
+                ids = hashes[np.arange(features), ranks]
+                lines = []
+                for i in range(n):
+                    ints = "\t".join("" if missing[i, j] else str(counts[i, j]) for j in range(integers))
+                    cats = "\t".join(f"{h:08x}" for h in ids[i])
+                    lines.append(f"{y[i]}\t{ints}\t{cats}\n")
+                out.writelines(lines)
+                written += n
+                print(f"{path}: {written} examples", file=sys.stderr)
+        p = np.concatenate(all_p)
+        y = np.concatenate(all_y)
+        clipped = np.clip(p, 1e-7, 1 - 1e-7)
+        log_loss = float(-(y * np.log(clipped) + (1 - y) * np.log(1 - clipped)).mean())
+        return {"examples": examples, "click_rate": float(y.mean()), "planted_auc": float(auc(p, y)),
+                "planted_log_loss": log_loss}
+
+    result = write(args.out, args.examples)
+    if args.test_out:
+        # Fresh examples of the same hidden model: what a trained model is judged on.
+        result["test"] = write(args.test_out, args.test_examples)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

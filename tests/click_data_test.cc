@@ -7,7 +7,8 @@
 #include <fstream>
 
 #include "shoal/data/criteo.h"
-#include "shoal/report/click_metrics.h"
+#include "shoal/model/click_metrics.h"
+#include "shoal/model/click_model.h"
 #include "temp_dir.h"
 
 namespace shoal {
@@ -34,10 +35,13 @@ TEST(CriteoTest, ReadsLabelsIntegersAndHashesIntoIdsPerFeature) {
   auto log = ReadCriteo(path).value();
   ASSERT_EQ(log.size(), 3);
   EXPECT_TRUE(log.labels.equal(torch::tensor({1.0f, 0.0f, 0.0f})));
-  EXPECT_FLOAT_EQ(log.dense[0][0].item<float>(), 0.0f);                  // log(1 + 0)
-  EXPECT_FLOAT_EQ(log.dense[0][1].item<float>(), std::log1p(1.0f));      // integer feature 2 = 1
-  EXPECT_FLOAT_EQ(log.dense[1][0].item<float>(), 0.0f);                  // missing
-  EXPECT_FLOAT_EQ(log.dense[2][0].item<float>(), 0.0f);                  // negative: clipped at 0
+  EXPECT_EQ(log.integers[0][0].item<int64_t>(), 0);
+  EXPECT_EQ(log.integers[0][1].item<int64_t>(), 1);                      // integer feature 2 = 1
+  EXPECT_EQ(log.integers[1][0].item<int64_t>(), 0);                      // missing
+  EXPECT_EQ(log.integers[2][0].item<int64_t>(), -3);                     // as it is
+  const torch::Tensor dense = ClickDenseFeatures(log.integers);          // what the click model sees
+  EXPECT_FLOAT_EQ(dense[0][1].item<float>(), std::log1p(1.0f));
+  EXPECT_FLOAT_EQ(dense[2][0].item<float>(), 0.0f);                      // negative: clipped at 0
   EXPECT_EQ(log.categorical[0][0].item<int64_t>(), 0x68fd1e64);          // feature 0
   EXPECT_EQ(log.categorical[1][0].item<int64_t>(), 0);                   // missing
   EXPECT_EQ(log.categorical[0][2].item<int64_t>(), (int64_t{2} << 32) | 0xa0b1c2d3);  // feature 2

@@ -240,10 +240,15 @@ absl::Status ClusterAndTask(Flags& flags, const JobConfig& config, ClusterSpec* 
   return absl::OkStatus();
 }
 
-void PrintReport(const TrainReport& report) {
-  absl::PrintF("trained %d steps in %.1f s (%.0f examples/s); test accuracy %.2f%%, test loss %.4f\n",
-               report.global_step, report.seconds, report.examples_per_second, 100 * report.test_accuracy,
-               report.test_loss);
+void PrintReport(const TrainReport& report, bool clicks) {
+  if (clicks) {
+    absl::PrintF("trained %d steps in %.1f s (%.0f examples/s); test AUC %.4f, log loss %.4f\n", report.global_step,
+                 report.seconds, report.examples_per_second, report.test_auc, report.test_loss);
+  } else {
+    absl::PrintF("trained %d steps in %.1f s (%.0f examples/s); test accuracy %.2f%%, test loss %.4f\n",
+                 report.global_step, report.seconds, report.examples_per_second, 100 * report.test_accuracy,
+                 report.test_loss);
+  }
   if (report.compute_threads > 0) {
     absl::PrintF("compute: %d BLAS thread(s) per worker (%s), %d libtorch intra-op; BLAS %s\n",
                  report.compute_threads, report.compute_threads_source, report.intra_op_threads, report.blas);
@@ -324,7 +329,7 @@ absl::Status Train(Flags& flags) {
                                                         std::make_shared<StopOnSignalHook>(&g_signal));
                                                   }));
   }
-  PrintReport(report);
+  PrintReport(report, config.model.kind == "click");
   if (!result_file.empty()) SHOAL_RETURN_IF_ERROR(WriteResult(result_file, report));
   return absl::OkStatus();
 }
@@ -416,7 +421,7 @@ absl::Status RunTaskAsConfigured(Flags& flags, bool server) {
   TrainReport report;
   SHOAL_RETURN_IF_ERROR(RunWorkerTask(config, cluster, task, options, quiet ? nullptr : stderr, &report));
   if (cluster.IsChief(task)) {
-    if (!quiet) PrintReport(report);
+    if (!quiet) PrintReport(report, config.model.kind == "click");
     if (!result_file.empty()) SHOAL_RETURN_IF_ERROR(WriteResult(result_file, report));
   }
   return absl::OkStatus();

@@ -105,6 +105,7 @@ absl::Status ParseOptimizer(Section s, wire::OptimizerConfig* o) {
          epsilon = o->epsilon(), init = o->initial_accumulator_value(), decay = o->decay(),
          weight_decay = o->weight_decay(), lr_decay_rate = o->lr_decay_rate();
   int64_t lr_decay_steps = o->lr_decay_steps();
+  double l1 = o->l1(), l2 = o->l2(), learning_rate_power = o->learning_rate_power();
   bool nesterov = o->nesterov(), centered = o->centered();
   SHOAL_RETURN_IF_ERROR(s.Get("kind", &kind));
   SHOAL_RETURN_IF_ERROR(s.Get("learning_rate", &lr));
@@ -119,6 +120,9 @@ absl::Status ParseOptimizer(Section s, wire::OptimizerConfig* o) {
   SHOAL_RETURN_IF_ERROR(s.Get("weight_decay", &weight_decay));
   SHOAL_RETURN_IF_ERROR(s.Get("lr_decay_rate", &lr_decay_rate));
   SHOAL_RETURN_IF_ERROR(s.Get("lr_decay_steps", &lr_decay_steps));
+  SHOAL_RETURN_IF_ERROR(s.Get("l1", &l1));
+  SHOAL_RETURN_IF_ERROR(s.Get("l2", &l2));
+  SHOAL_RETURN_IF_ERROR(s.Get("learning_rate_power", &learning_rate_power));
   SHOAL_RETURN_IF_ERROR(s.CheckNoUnknownKeys());
   o->set_kind(kind);
   o->set_learning_rate(lr);
@@ -133,6 +137,9 @@ absl::Status ParseOptimizer(Section s, wire::OptimizerConfig* o) {
   o->set_weight_decay(weight_decay);
   o->set_lr_decay_rate(lr_decay_rate);
   o->set_lr_decay_steps(lr_decay_steps);
+  o->set_l1(l1);
+  o->set_l2(l2);
+  o->set_learning_rate_power(learning_rate_power);
   return absl::OkStatus();
 }
 
@@ -145,7 +152,25 @@ absl::Status ParseModel(Section model, ModelConfig* m) {
   SHOAL_RETURN_IF_ERROR(model.Get("layers", &m->layers));
   SHOAL_RETURN_IF_ERROR(model.Get("activation", &m->activation));
   SHOAL_RETURN_IF_ERROR(model.Get("seed", &m->seed));
+  if (m->kind == "click") m->loss = "logistic";  // its only loss: the key may be left out
   SHOAL_RETURN_IF_ERROR(model.Get("loss", &m->loss));
+  Section click = model.Child("click");
+  SHOAL_RETURN_IF_ERROR(click.Check());
+  ClickConfig& k = m->click;
+  SHOAL_RETURN_IF_ERROR(click.Get("arch", &k.arch));
+  SHOAL_RETURN_IF_ERROR(click.Get("integer_features", &k.integer_features));
+  SHOAL_RETURN_IF_ERROR(click.Get("categorical_features", &k.categorical_features));
+  SHOAL_RETURN_IF_ERROR(click.Get("bag_size", &k.bag_size));
+  SHOAL_RETURN_IF_ERROR(click.Get("pooling", &k.pooling));
+  SHOAL_RETURN_IF_ERROR(click.Get("rows", &k.rows));
+  SHOAL_RETURN_IF_ERROR(click.Get("dim", &k.dim));
+  SHOAL_RETURN_IF_ERROR(click.Get("init_scale", &k.init_scale));
+  SHOAL_RETURN_IF_ERROR(click.Get("min_count", &k.min_count));
+  SHOAL_RETURN_IF_ERROR(click.Get("steps_to_live", &k.steps_to_live));
+  SHOAL_RETURN_IF_ERROR(click.Get("hidden", &k.hidden));
+  SHOAL_RETURN_IF_ERROR(click.Get("bottom", &k.bottom));
+  SHOAL_RETURN_IF_ERROR(ParseOptimizer(click.Child("optimizer"), &k.optimizer));
+  SHOAL_RETURN_IF_ERROR(click.CheckNoUnknownKeys());
   CnnConfig& cnn = m->cnn;
   SHOAL_RETURN_IF_ERROR(model.Get("input_shape", &cnn.input_shape));
   if (model.Has("conv")) {
@@ -213,6 +238,8 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(data.Get("train_labels", &c->data.train_labels));
   SHOAL_RETURN_IF_ERROR(data.Get("test_features", &c->data.test_features));
   SHOAL_RETURN_IF_ERROR(data.Get("test_labels", &c->data.test_labels));
+  SHOAL_RETURN_IF_ERROR(data.Get("train_file", &c->data.train_file));
+  SHOAL_RETURN_IF_ERROR(data.Get("test_file", &c->data.test_file));
   Section normalize = data.Child("normalize");
   SHOAL_RETURN_IF_ERROR(normalize.Check());
   SHOAL_RETURN_IF_ERROR(normalize.Get("scale", &c->data.normalize.scale));
@@ -418,7 +445,9 @@ void EmitOptimizer(YAML::Emitter& out, const wire::OptimizerConfig& o) {
       << "initial_accumulator_value" << YAML::Value << o.initial_accumulator_value() << YAML::Key << "decay"
       << YAML::Value << o.decay() << YAML::Key << "centered" << YAML::Value << o.centered() << YAML::Key
       << "weight_decay" << YAML::Value << o.weight_decay() << YAML::Key << "lr_decay_rate" << YAML::Value
-      << o.lr_decay_rate() << YAML::Key << "lr_decay_steps" << YAML::Value << o.lr_decay_steps() << YAML::EndMap;
+      << o.lr_decay_rate() << YAML::Key << "lr_decay_steps" << YAML::Value << o.lr_decay_steps() << YAML::Key << "l1"
+      << YAML::Value << o.l1() << YAML::Key << "l2" << YAML::Value << o.l2() << YAML::Key << "learning_rate_power"
+      << YAML::Value << o.learning_rate_power() << YAML::EndMap;
 }
 
 }  // namespace
@@ -576,6 +605,20 @@ void WriteModel(YAML::Emitter& out, const ModelConfig& m) {
         << YAML::Flow << cnn.dense << YAML::Key << "dropout" << YAML::Value << cnn.dropout << YAML::Key << "classes"
         << YAML::Value << cnn.classes;
   }
+  if (m.kind == "click") {
+    const ClickConfig& k = m.click;
+    out << YAML::Key << "click" << YAML::Value << YAML::BeginMap << YAML::Key << "arch" << YAML::Value << k.arch
+        << YAML::Key << "integer_features" << YAML::Value << k.integer_features << YAML::Key
+        << "categorical_features" << YAML::Value << k.categorical_features << YAML::Key << "bag_size" << YAML::Value
+        << k.bag_size << YAML::Key << "pooling" << YAML::Value << k.pooling << YAML::Key << "rows" << YAML::Value
+        << k.rows << YAML::Key << "dim" << YAML::Value << k.dim << YAML::Key << "init_scale" << YAML::Value
+        << k.init_scale << YAML::Key << "min_count" << YAML::Value << k.min_count << YAML::Key << "steps_to_live"
+        << YAML::Value << k.steps_to_live << YAML::Key << "hidden" << YAML::Value << YAML::Flow << k.hidden
+        << YAML::Key << "bottom" << YAML::Value << YAML::Flow << k.bottom << YAML::Key << "optimizer"
+        << YAML::Value;
+    EmitOptimizer(out, k.optimizer);
+    out << YAML::EndMap;
+  }
   out << YAML::EndMap;
 }
 
@@ -597,6 +640,10 @@ std::string JobConfigToYaml(const JobConfig& c) {
     out << YAML::Key << "train_features" << YAML::Value << c.data.train_features << YAML::Key << "train_labels"
         << YAML::Value << c.data.train_labels << YAML::Key << "test_features" << YAML::Value << c.data.test_features
         << YAML::Key << "test_labels" << YAML::Value << c.data.test_labels;
+  }
+  if (c.data.format == "criteo") {
+    out << YAML::Key << "train_file" << YAML::Value << c.data.train_file << YAML::Key << "test_file" << YAML::Value
+        << c.data.test_file;
   }
   out << YAML::Key << "normalize" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "scale"
       << YAML::Value << c.data.normalize.scale;

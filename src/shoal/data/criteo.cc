@@ -1,6 +1,5 @@
 #include "shoal/data/criteo.h"
 
-#include <cmath>
 #include <fstream>
 #include <vector>
 
@@ -31,8 +30,8 @@ absl::StatusOr<ClickLog> ReadCriteo(const std::string& path, const CriteoOptions
   if (options.buckets < 0 || options.max_examples < 0) {
     return absl::InvalidArgumentError("buckets and max_examples must be >= 0");
   }
-  std::vector<float> labels, dense;
-  std::vector<int64_t> categorical;
+  std::vector<float> labels;
+  std::vector<int64_t> integers, categorical;
   std::string line;
   int64_t line_number = 0;
   while ((options.max_examples == 0 || static_cast<int64_t>(labels.size()) < options.max_examples) &&
@@ -57,7 +56,7 @@ absl::StatusOr<ClickLog> ReadCriteo(const std::string& path, const CriteoOptions
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": integer feature ", f + 1, " is '", field, "', not an integer"));
       }
-      dense.push_back(static_cast<float>(std::log1p(static_cast<double>(std::max<int64_t>(value, 0)))));
+      integers.push_back(value);
     }
     for (int f = 0; f < kCriteoCategoricalFeatures; ++f) {
       const absl::string_view field = fields[1 + kCriteoIntegerFeatures + f];
@@ -74,7 +73,7 @@ absl::StatusOr<ClickLog> ReadCriteo(const std::string& path, const CriteoOptions
   const int64_t n = static_cast<int64_t>(labels.size());
   ClickLog log;
   log.labels = torch::from_blob(labels.data(), {n}, torch::kFloat32).clone();
-  log.dense = torch::from_blob(dense.data(), {n, kCriteoIntegerFeatures}, torch::kFloat32).clone();
+  log.integers = torch::from_blob(integers.data(), {n, kCriteoIntegerFeatures}, torch::kInt64).clone();
   log.categorical = torch::from_blob(categorical.data(), {n, kCriteoCategoricalFeatures}, torch::kInt64).clone();
   return log;
 }

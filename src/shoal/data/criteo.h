@@ -3,7 +3,8 @@
 // integer features and 26 categorical features given as 32-bit hex hashes.
 // Any feature may be empty (missing).
 //
-// Integers become log(1 + max(x, 0)) (DLRM's transform; missing: 0).
+// Integers are kept as they are (missing: 0); the click model takes
+// log(1 + max(x, 0)) of them (DLRM's transform).
 // Categorical feature f with hash h becomes the id (f << 32) | h, so the 26
 // features share one id space without colliding (a dynamic table holds
 // them as they are); missing is h = 0. With `buckets` > 0 ids are folded to
@@ -28,7 +29,7 @@ inline constexpr int kCriteoCategoricalFeatures = 26;
 
 struct ClickLog {
   torch::Tensor labels;       // [n] float32, 0 or 1
-  torch::Tensor dense;        // [n, 13] float32
+  torch::Tensor integers;     // [n, 13] int64
   torch::Tensor categorical;  // [n, 26] int64 ids
   int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
 };

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "shoal/core/dtype.h"
 #include "shoal/core/status.h"
+#include "shoal/data/criteo.h"
 #include "shoal/data/npy.h"
 
 namespace shoal {
@@ -51,6 +52,20 @@ class TensorSource : public DataSource {
   DataConfig config_;
 };
 
+class CriteoSource : public DataSource {
+ public:
+  explicit CriteoSource(DataConfig config) : config_(std::move(config)) {}
+  absl::StatusOr<Dataset> Load(bool train) const override {
+    CriteoOptions options;
+    options.max_examples = train ? config_.train_examples : config_.test_examples;
+    SHOAL_ASSIGN_OR_RETURN(ClickLog log, ReadCriteo(train ? config_.train_file : config_.test_file, options));
+    return Dataset{torch::cat({log.integers, log.categorical}, 1), log.labels};
+  }
+
+ private:
+  DataConfig config_;
+};
+
 }  // namespace
 
 absl::Status ValidateDataConfig(const DataConfig& config) {
@@ -71,8 +86,13 @@ absl::Status ValidateDataConfig(const DataConfig& config) {
                                    &config.tensors->test_features, &config.tensors->test_labels}) {
       if (!t->defined()) return absl::InvalidArgumentError("data.format tensors: a training or test tensor is missing");
     }
+  } else if (config.format == "criteo") {
+    if (config.train_file.empty() || config.test_file.empty()) {
+      return absl::InvalidArgumentError("data.format criteo needs data.train_file and data.test_file");
+    }
   } else if (config.format != "idx") {
-    return absl::InvalidArgumentError(absl::StrCat("data.format '", config.format, "' is unknown; known: idx, npy"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.format '", config.format, "' is unknown; known: idx, npy, criteo"));
   }
   if (config.normalize.std && !(*config.normalize.std > 0)) {
     return absl::InvalidArgumentError("data.normalize.std must be positive");
@@ -84,6 +104,7 @@ absl::Status ValidateDataConfig(const DataConfig& config) {
 std::unique_ptr<DataSource> MakeDataSource(const DataConfig& config) {
   if (config.format == "npy") return std::make_unique<NpySource>(config);
   if (config.format == "tensors") return std::make_unique<TensorSource>(config);
+  if (config.format == "criteo") return std::make_unique<CriteoSource>(config);
   return std::make_unique<IdxSource>(config);
 }
 

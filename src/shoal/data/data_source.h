@@ -6,7 +6,11 @@
 //        int64 class labels (or float32 targets, for model.loss mse), one
 //        file each for the training and the test split;
 //   tensors  the same, as tensors a program handed over through its API
-//        (never from a file; in-process only).
+//        (never from a file; in-process only);
+//   criteo  click logs in the Criteo format (data/criteo.h), data.train_file
+//        and data.test_file: each example int64 [13 + 26] (the integers as
+//        they are, then the categorical ids), labels float32 0/1; what the
+//        click model reads. Not normalised.
 // Features are normalised as data.normalize says: scaled (uint8 by 1/255
 // unless told otherwise), then standardised with a mean and a deviation.
 // Every file is checked before it is used: a missing, truncated or garbled
@@ -37,10 +41,12 @@ struct TensorData {
 };
 
 struct DataConfig {
-  std::string format = "idx";  // idx | npy | tensors
+  std::string format = "idx";  // idx | npy | tensors | criteo
   std::string dir;             // idx: default Fashion-MNIST from dataset-fashion-mnist
   // npy: one file each (features [N, ...], labels [N])
   std::string train_features, train_labels, test_features, test_labels;
+  // criteo: one click log each
+  std::string train_file, test_file;
   // tensors: set by the C++ API, never parsed or written out.
   std::shared_ptr<const TensorData> tensors;
   Normalization normalize;

@@ -1,4 +1,4 @@
-#include "shoal/report/click_metrics.h"
+#include "shoal/model/click_metrics.h"
 
 #include <torch/torch.h>
 

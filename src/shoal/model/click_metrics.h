@@ -2,8 +2,8 @@
 // random positive example scores above a random negative one, ties counted
 // half) and log loss (mean binary cross-entropy of the predicted
 // probabilities, clipped to [1e-7, 1 - 1e-7] as scikit-learn does).
-#ifndef SHOAL_REPORT_CLICK_METRICS_H_
-#define SHOAL_REPORT_CLICK_METRICS_H_
+#ifndef SHOAL_MODEL_CLICK_METRICS_H_
+#define SHOAL_MODEL_CLICK_METRICS_H_
 
 #include <torch/types.h>
 
@@ -22,4 +22,4 @@ absl::StatusOr<ClickMetrics> ComputeClickMetrics(const torch::Tensor& probabilit
 
 }  // namespace shoal
 
-#endif  // SHOAL_REPORT_CLICK_METRICS_H_
+#endif  // SHOAL_MODEL_CLICK_METRICS_H_

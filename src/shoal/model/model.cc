@@ -2,6 +2,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "shoal/core/status.h"
+#include "shoal/model/click_metrics.h"
+#include "shoal/model/row_tables.h"
 
 namespace shoal {
 
@@ -83,24 +86,39 @@ std::vector<torch::Tensor> Model::Gradients() const {
 
 torch::Tensor Model::Loss(const torch::Tensor& output, const torch::Tensor& labels) const {
   if (loss_ == LossKind::kMeanSquaredError) return torch::mse_loss(output.reshape(labels.sizes()), labels);
+  if (loss_ == LossKind::kLogistic) {
+    return torch::binary_cross_entropy_with_logits(output.reshape(labels.sizes()), labels);
+  }
   return CrossEntropyLoss(output, labels);
 }
 
-Evaluation Evaluate(Model& model, const Dataset& data, int64_t batch_size) {
+absl::StatusOr<Evaluation> Evaluate(Model& model, const Dataset& data, int64_t batch_size) {
   torch::NoGradGuard no_grad;
   int64_t correct = 0;
   double loss_sum = 0;
+  std::vector<torch::Tensor> probabilities;  // clicks: for the AUC
   for (int64_t begin = 0; begin < data.size(); begin += batch_size) {
     const int64_t n = std::min(batch_size, data.size() - begin);
     const torch::Tensor labels = data.labels.narrow(0, begin, n);
-    const torch::Tensor output = model.Forward(data.images.narrow(0, begin, n));
+    const torch::Tensor input = data.images.narrow(0, begin, n);
+    if (RowTables* tables = model.row_tables()) SHOAL_RETURN_IF_ERROR(tables->Pull(input));
+    const torch::Tensor output = model.Forward(input);
     if (model.classifies()) correct += output.argmax(1).eq(labels).sum().item<int64_t>();
+    if (model.predicts_clicks()) {
+      const torch::Tensor logits = output.reshape(labels.sizes());
+      correct += logits.gt(0).eq(labels.gt(0.5)).sum().item<int64_t>();
+      probabilities.push_back(torch::sigmoid(logits));
+    }
     loss_sum += model.Loss(output, labels).item<double>() * static_cast<double>(n);
   }
   Evaluation result;
   if (data.size() > 0) {
     result.accuracy = static_cast<double>(correct) / static_cast<double>(data.size());
     result.loss = loss_sum / static_cast<double>(data.size());
+  }
+  if (!probabilities.empty()) {
+    auto metrics = ComputeClickMetrics(torch::cat(probabilities), data.labels.to(torch::kFloat32));
+    if (metrics.ok()) result.auc = metrics->auc;  // not: one class is absent
   }
   return result;
 }

@@ -20,6 +20,8 @@
 
 namespace shoal {
 
+class RowTables;
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -59,17 +61,23 @@ class Model {
   virtual torch::Tensor Forward(const torch::Tensor& input) = 0;
 
   // What training minimises: softmax cross-entropy against int64 class
-  // labels (the default), or mean squared error against float32 targets.
-  enum class LossKind { kCrossEntropy, kMeanSquaredError };
+  // labels (the default), mean squared error against float32 targets, or
+  // logistic loss (binary cross-entropy of one logit per example) against
+  // float32 0/1 labels (clicks).
+  enum class LossKind { kCrossEntropy, kMeanSquaredError, kLogistic };
   void set_loss(LossKind loss) { loss_ = loss; }
   LossKind loss() const { return loss_; }
   bool classifies() const { return loss_ == LossKind::kCrossEntropy; }
+  bool predicts_clicks() const { return loss_ == LossKind::kLogistic; }
   // The mean loss of `output` (Forward's) against `labels`: for mean
   // squared error the targets [N] or [N, k] are compared with the output
   // reshaped to them.
   torch::Tensor Loss(const torch::Tensor& output, const torch::Tensor& labels) const;
   // Training (dropout on) or evaluating; a model without such layers ignores it.
   virtual void SetTraining(bool /*training*/) {}
+  // The embedding tables the model reaches by id on the ps (row_tables.h),
+  // whose rows must be pulled before each Forward; none by default.
+  virtual RowTables* row_tables() { return nullptr; }
 
  private:
   LossKind loss_ = LossKind::kCrossEntropy;
@@ -77,11 +85,14 @@ class Model {
 
 // A model's figures on a data set, in evaluation mode's forward passes.
 struct Evaluation {
-  double accuracy = 0;  // classification only
+  double accuracy = 0;  // classification only; clicks: predicted (logit > 0) right
   double loss = 0;      // the model's own loss, averaged over the examples
+  double auc = 0;       // clicks only (model/click_metrics.h; 0 when one class is absent)
 };
-// One pass over `data` in batches; the caller sets the model's mode.
-Evaluation Evaluate(Model& model, const Dataset& data, int64_t batch_size = 1000);
+// One pass over `data` in batches, pulling each batch's rows first for a
+// model with row tables (bound to a client); the caller sets the model's
+// mode. The error of a pull that failed.
+absl::StatusOr<Evaluation> Evaluate(Model& model, const Dataset& data, int64_t batch_size = 1000);
 
 // "[2, 1, 28, 28]": a shape, for errors.
 std::string ShapeString(c10::IntArrayRef sizes);

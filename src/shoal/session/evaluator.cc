@@ -21,6 +21,11 @@ absl::Status CheckEvaluatorConfig(const JobConfig& config) {
                                                       config.training.mode,
                                                       "' trains several (its chief reports each)"));
   }
+  if (config.model.kind == "click") {
+    return absl::FailedPreconditionError(
+        "an evaluator task evaluates checkpoints, and a click model's tables are not in them yet (the chief "
+        "evaluates the live tables at the end)");
+  }
   return absl::OkStatus();
 }
 
@@ -40,7 +45,7 @@ absl::StatusOr<CheckpointEvaluation> EvaluateCheckpoint(const JobConfig& config,
   CheckpointEvaluation result;
   result.checkpoint = checkpoint;
   result.global_step = index.step;
-  const Evaluation figures = Evaluate(model, test_set);
+  SHOAL_ASSIGN_OR_RETURN(const Evaluation figures, Evaluate(model, test_set));
   result.test_accuracy = figures.accuracy;
   result.test_loss = figures.loss;
   return result;

@@ -350,7 +350,8 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     if (!own.buffers.empty()) SHOAL_RETURN_IF_ERROR(client.Assign(own.buffers, model.BufferValues()));
     // The validation set in one batch: one forward pass.
     model.SetTraining(false);
-    const Evaluation validation = Evaluate(model, context.validation, std::max<int64_t>(1, context.validation.size()));
+    SHOAL_ASSIGN_OR_RETURN(const Evaluation validation,
+                           Evaluate(model, context.validation, std::max<int64_t>(1, context.validation.size())));
     model.SetTraining(true);
     fitness = validation.accuracy;
     loss = validation.loss;
@@ -554,7 +555,8 @@ absl::Status ReportPopulation(WorkerContext& context, const Dataset& test_set, T
     SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(MemberModel(config, m)));
     SHOAL_RETURN_IF_ERROR(PullVariablesAndBuffers(client, *model));
     model->SetTraining(false);
-    row.test_accuracy = Evaluate(*model, test_set).accuracy;
+    SHOAL_ASSIGN_OR_RETURN(const Evaluation figures, Evaluate(*model, test_set));
+    row.test_accuracy = figures.accuracy;
     if (row.fitness > best_fitness) {
       best_fitness = row.fitness;
       report->best_member = m;

@@ -1,6 +1,7 @@
 #include "shoal/strategy/step_driver.h"
 
 #include "shoal/core/status.h"
+#include "shoal/model/row_tables.h"
 
 namespace shoal {
 
@@ -25,13 +26,17 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
                         config.training.seed * 1000003 + context.worker_index);
   WorkerResult result;
   SHOAL_RETURN_IF_ERROR(policy.Join(model));
+  RowTables* tables = model.row_tables();
   auto step_once = [&]() -> absl::StatusOr<bool> {
     if (!policy.HasStepsLeft()) return false;
     if (context.before_step) context.before_step(policy.LocalStep());
     SHOAL_ASSIGN_OR_RETURN(bool may_step, policy.Barrier());
     if (!may_step) return false;
     SHOAL_RETURN_IF_ERROR(policy.Pull(model));
-    const BatchResult batch = ComputeGradients(model, batches);
+    torch::Tensor input, labels;
+    batches.Next(&input, &labels);
+    if (tables != nullptr) SHOAL_RETURN_IF_ERROR(tables->Pull(input));
+    const BatchResult batch = ComputeGradients(model, input, labels);
     StepInfo step = MakeStepInfo(result.local_steps + 1, policy.GlobalStep(), batch, model);
     const UpdateCheck check = [&](const std::vector<std::string>& update_names,
                                   const std::vector<torch::Tensor>& update) {
@@ -39,6 +44,9 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
     };
     SHOAL_ASSIGN_OR_RETURN(PushOutcome outcome, policy.Push(model, model.Gradients(), step, check));
     if (outcome == PushOutcome::kStopped) return false;
+    // Rows go to the tables asynchronously whatever the mode does with the
+    // dense variables (sync: Persia's hybrid of sync dense and async tables).
+    if (tables != nullptr && outcome != PushOutcome::kRewound) SHOAL_RETURN_IF_ERROR(tables->Push());
     if (outcome == PushOutcome::kRewound) {
       SHOAL_RETURN_IF_ERROR(policy.Join(model));
       return true;
@@ -49,7 +57,10 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
   // A lost ps: the chief restores the newest checkpoint and every worker
   // rejoins the job where it now is.
   SHOAL_RETURN_IF_ERROR(StepUntilDone(context, names, model.variables(), optimizer, step_once,
-                                      [&] { return policy.Join(model); }));
+                                      [&]() -> absl::Status {
+                                        SHOAL_RETURN_IF_ERROR(CreateRowTables(context, model));
+                                        return policy.Join(model);
+                                      }));
   return result;
 }
 

@@ -9,6 +9,7 @@
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/core/dtype.h"
 #include "shoal/core/status.h"
+#include "shoal/model/row_tables.h"
 
 namespace shoal {
 
@@ -21,14 +22,21 @@ int ReplicasToAggregate(const StrategyConfig& config, int num_workers) {
 BatchResult ComputeGradients(Model& model, BatchIterator& batches) {
   torch::Tensor images, labels;
   batches.Next(&images, &labels);
+  return ComputeGradients(model, images, labels);
+}
+
+BatchResult ComputeGradients(Model& model, const torch::Tensor& input, const torch::Tensor& labels) {
   for (const auto& p : model.variables()) p.mutable_grad().reset();
-  torch::Tensor output = model.Forward(images);
+  torch::Tensor output = model.Forward(input);
   torch::Tensor loss = model.Loss(output, labels);
   loss.backward();
   BatchResult result;
   result.loss = loss.item<double>();
   if (model.classifies()) {
     result.accuracy = output.detach().argmax(1).eq(labels).to(torch::kFloat64).mean().item<double>();
+  } else if (model.predicts_clicks()) {
+    result.accuracy =
+        output.detach().reshape(labels.sizes()).gt(0).eq(labels.gt(0.5)).to(torch::kFloat64).mean().item<double>();
   }
   result.examples = labels.size(0);
   return result;
@@ -409,6 +417,7 @@ absl::Status CheckModelFitsData(const WorkerContext& context, Model& model) {
         "; the data's labels are ", DTypeName(data.labels.scalar_type())));
   }
   torch::NoGradGuard no_grad;
+  if (RowTables* tables = model.row_tables()) SHOAL_RETURN_IF_ERROR(Annotate(tables->Pull(images), what));
   // Evaluating, so that the check moves no BatchNorm statistics.
   model.SetTraining(false);
   absl::StatusOr<torch::Tensor> forward = ForwardOrError(model, images, what);
@@ -435,7 +444,16 @@ absl::Status CheckModelFitsData(const WorkerContext& context, Model& model) {
 
 }  // namespace
 
+absl::Status CreateRowTables(WorkerContext& context, Model& model) {
+  RowTables* tables = model.row_tables();
+  if (tables == nullptr) return absl::OkStatus();
+  tables->Bind(context.client);
+  return context.client->CreateTables(tables->TableDefs());
+}
+
 absl::Status InitializeOrWait(WorkerContext& context, Model& model, const wire::OptimizerConfig* optimizer) {
+  // A model with row tables pulls rows in its forward pass: the check waits for its tables.
+  SHOAL_RETURN_IF_ERROR(CreateRowTables(context, model));
   SHOAL_RETURN_IF_ERROR(CheckModelFitsData(context, model));
   context.buffer_names = model.buffer_names();
   context.buffer_values = model.BufferValues();

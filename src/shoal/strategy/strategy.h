@@ -117,9 +117,11 @@ struct BatchResult {
   int64_t examples = 0;
 };
 
-// Forward and backward on the next batch; the gradients are then in
-// model.Gradients().
+// Forward and backward on the next batch, or on `input` (whose rows a model
+// with row tables has pulled); the gradients are then in model.Gradients()
+// (and on the pulled rows).
 BatchResult ComputeGradients(Model& model, BatchIterator& batches);
+BatchResult ComputeGradients(Model& model, const torch::Tensor& input, const torch::Tensor& labels);
 
 // Reads the model's variables from the ps into it: a step's pull.
 absl::Status PullVariables(Client& client, Model& model);
@@ -173,6 +175,12 @@ absl::StatusOr<bool> JobStopRequested(Client& client);
 // the model's buffers are read from the ps: a restored job's.
 absl::Status InitializeOrWait(WorkerContext& context, Model& model,
                               const wire::OptimizerConfig* optimizer = nullptr);
+
+// Binds a model's row tables (none: nothing to do) to the worker's client and
+// creates them on the ps tasks (creating one that exists changes nothing):
+// at start-up, and again on rejoining after a lost ps task, which comes
+// back with fresh tables (table checkpoints are not built yet).
+absl::Status CreateRowTables(WorkerContext& context, Model& model);
 
 // Whether a step that failed with `error` may recover: the job keeps
 // checkpoints, and a task was unreachable, did not answer in time (a network

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "shoal/core/status.h"
+#include "shoal/model/row_tables.h"
 #include "shoal/strategy/async_strategy.h"
 #include "shoal/strategy/gated_strategy.h"
 #include "shoal/strategy/local_replica.h"
@@ -77,10 +78,12 @@ int64_t TrainingMode::ExamplesPerStep(const StrategyConfig& config, int /*worker
 absl::Status TrainingMode::Report(WorkerContext& context, const Dataset& test_set, TrainReport* report) const {
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(context.config->model));
   SHOAL_RETURN_IF_ERROR(PullVariablesAndBuffers(*context.client, *model));
+  if (RowTables* tables = model->row_tables()) tables->Bind(context.client);
   model->SetTraining(false);
-  const Evaluation figures = Evaluate(*model, test_set);
+  SHOAL_ASSIGN_OR_RETURN(const Evaluation figures, Evaluate(*model, test_set));
   report->test_accuracy = figures.accuracy;
   report->test_loss = figures.loss;
+  report->test_auc = figures.auc;
   return absl::OkStatus();
 }
 
