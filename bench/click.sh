@@ -36,14 +36,21 @@ peak_ps_rss() {
     END {n = 0; printf "["; for (p in max) {printf "%s%d", (n++ ? ", " : ""), max[p] * 1024}; print "]"}'
 }
 
+# The same job with each worker's cache of hot rows (4 steps' staleness).
+sed 's/^    dim: 16$/    dim: 16\n    cache_rows: 200000\n    cache_staleness: 4/' configs/click.yaml > "$out/click_cached.yaml"
+
 : > "$out/click_shoal.jsonl"
 : > "$out/click_peer.jsonl"
 for round in 1 2; do
-  rss=$(peak_ps_rss build/shoal train --config configs/click.yaml --processes --quiet \
-    --result_file "$out/click_shoal_$round.json")
-  printf '{"result": %s, "ps_peak_rss_bytes": %s}\n' "$(tr -d '\n' < "$out/click_shoal_$round.json")" "$rss" \
-    >> "$out/click_shoal.jsonl"
+  for config in configs/click.yaml "$out/click_cached.yaml"; do
+    rss=$(peak_ps_rss build/shoal train --config "$config" --processes --quiet \
+      --result_file "$out/click_shoal_$round.json")
+    printf '{"config": "%s", "result": %s, "ps_peak_rss_bytes": %s}\n' "$config" \
+      "$(tr -d '\n' < "$out/click_shoal_$round.json")" "$rss" >> "$out/click_shoal.jsonl"
+  done
   /usr/bin/python3 bench/click_peer.py --train "$data/train.tsv" --test "$data/test.tsv" --rows 10000000 \
     --threads "$(nproc)" >> "$out/click_peer.jsonl"
 done
-cat "$out/click_shoal.jsonl" "$out/click_peer.jsonl" "$data/planted.json"
+
+/usr/bin/python3 bench/click_report.py "$out" > "$out/click.json"
+cat "$out/click.json"

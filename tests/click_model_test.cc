@@ -16,6 +16,7 @@
 #include "shoal/model/click_metrics.h"
 #include "shoal/model/embedding_bag.h"
 #include "shoal/model/model_factory.h"
+#include "shoal/session/evaluator.h"
 #include "shoal/session/local_cluster.h"
 #include "shoal/strategy/strategy.h"
 #include "temp_dir.h"
@@ -96,6 +97,30 @@ TEST(EmbeddingBagTest, ANegativeIdIsRefusedNamingExampleAndColumnAndChangesNothi
   EXPECT_TRUE(bag.rows().equal(rows));  // the last pull stands
   refused = bag.Pull(*t.client, torch::zeros({2, 2}));
   EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+}
+
+TEST(EmbeddingBagTest, ACachedRowServesStalenessStepsThenIsPulledAgain) {
+  Tables t(2);
+  ASSERT_TRUE(t.client->CreateTables({SgdTable("e", 10, 2)}).ok());
+  RemoteEmbeddingBag bag(SgdTable("e", 10, 2), 1, Pooling::kSum,
+                         std::make_unique<RowCache>(/*capacity=*/2, /*dim=*/2, /*staleness=*/1));
+  const torch::Tensor one = torch::tensor(std::vector<int64_t>{1}).view({1, 1});
+  const torch::Tensor before = Rows(*t.client, "e", {1});
+  ASSERT_TRUE(bag.Pull(*t.client, one).ok());  // step 1: a miss, pulled
+  bag.Pooled().sum().backward();
+  ASSERT_TRUE(bag.Push(*t.client).ok());  // the ps's row moves by -1
+  ASSERT_TRUE(bag.Pull(*t.client, one).ok());  // step 2: served from the cache, stale by one push
+  EXPECT_TRUE(torch::allclose(bag.rows(), before));
+  ASSERT_TRUE(bag.Pull(*t.client, one).ok());  // step 3: past its staleness, pulled again
+  EXPECT_TRUE(torch::allclose(bag.rows(), before - 1));
+  EXPECT_EQ(bag.cache()->lookups(), 3);
+  EXPECT_EQ(bag.cache()->hits(), 1);
+  // Two slots: ids 2 and 3 push id 1 out, the oldest.
+  ASSERT_TRUE(bag.Pull(*t.client, torch::tensor(std::vector<int64_t>{2, 3}).view({1, 2})).ok());
+  ASSERT_TRUE(bag.Pull(*t.client, torch::tensor(std::vector<int64_t>{1, 2, 3}).view({1, 3})).ok());
+  EXPECT_EQ(bag.cache()->hits(), 3);  // 2 and 3 hit; 1 missed
+  EXPECT_TRUE(torch::allclose(bag.rows().index_select(0, (bag.distinct_ids() == 1).nonzero().view({-1})),
+                              before - 1));
 }
 
 ModelConfig SmallClickModel(const std::string& arch) {
@@ -247,9 +272,22 @@ TEST(ClickTrainingTest, WideAndDeepLearnsThePlantedModelAsyncAndHybrid) {
     SCOPED_TRACE(mode);
     double planted_auc = 0;
     JobConfig config = ClickJob(dir, mode, &planted_auc);
+    const std::string metrics = dir + "/metrics_" + mode;
+    config.hooks.metrics_dir = metrics;
+    if (mode == "sync") config.model.click.cache_rows = 4096;  // the hybrid mode with each worker's row cache
     ASSERT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
     auto report = TrainInProcess(config, InProcOptions{}, nullptr);
     ASSERT_TRUE(report.ok()) << report.status();
+    // The metrics files carry the batches' AUC; the cache served most rows.
+    std::ifstream lines(metrics + "/worker_0.jsonl");
+    std::string last, line;
+    while (std::getline(lines, line)) last = line;
+    EXPECT_NE(last.find("\"auc\":0."), std::string::npos) << last;
+    if (mode == "sync") {
+      EXPECT_GT(report->row_cache_hit_rate, 0.5);
+    } else {
+      EXPECT_EQ(report->row_cache_hit_rate, 0);
+    }
     std::printf("%s: test AUC %.4f, log loss %.4f; planted AUC %.4f\n", mode.c_str(), report->test_auc,
                 report->test_loss, planted_auc);
     // A model that learned nothing scores 0.5; the planted one about 0.8.
@@ -270,6 +308,11 @@ TEST(ClickTrainingTest, TheConfigOfAClickJobGoesThroughYamlUnchanged) {
   EXPECT_EQ(again->model.click.rows, 1 << 20);
   EXPECT_EQ(again->model.click.optimizer.l1(), 0.5);
   EXPECT_EQ(again->data.train_file, config.data.train_file);
+  // Tables are not in checkpoints yet: an evaluator task says so rather than evaluate fresh rows.
+  config.checkpoint.dir = dir;
+  const absl::Status evaluator = CheckEvaluatorConfig(config);
+  EXPECT_TRUE(absl::IsFailedPrecondition(evaluator)) << evaluator;
+  EXPECT_NE(evaluator.message().find("tables are not in them"), std::string::npos) << evaluator;
 }
 
 }  // namespace

@@ -244,6 +244,9 @@ void PrintReport(const TrainReport& report, bool clicks) {
   if (clicks) {
     absl::PrintF("trained %d steps in %.1f s (%.0f examples/s); test AUC %.4f, log loss %.4f\n", report.global_step,
                  report.seconds, report.examples_per_second, report.test_auc, report.test_loss);
+    if (report.row_cache_hit_rate > 0) {
+      absl::PrintF("row cache: %.1f%% of the distinct ids served without a pull\n", 100 * report.row_cache_hit_rate);
+    }
   } else {
     absl::PrintF("trained %d steps in %.1f s (%.0f examples/s); test accuracy %.2f%%, test loss %.4f\n",
                  report.global_step, report.seconds, report.examples_per_second, 100 * report.test_accuracy,

@@ -167,6 +167,8 @@ absl::Status ParseModel(Section model, ModelConfig* m) {
   SHOAL_RETURN_IF_ERROR(click.Get("init_scale", &k.init_scale));
   SHOAL_RETURN_IF_ERROR(click.Get("min_count", &k.min_count));
   SHOAL_RETURN_IF_ERROR(click.Get("steps_to_live", &k.steps_to_live));
+  SHOAL_RETURN_IF_ERROR(click.Get("cache_rows", &k.cache_rows));
+  SHOAL_RETURN_IF_ERROR(click.Get("cache_staleness", &k.cache_staleness));
   SHOAL_RETURN_IF_ERROR(click.Get("hidden", &k.hidden));
   SHOAL_RETURN_IF_ERROR(click.Get("bottom", &k.bottom));
   SHOAL_RETURN_IF_ERROR(ParseOptimizer(click.Child("optimizer"), &k.optimizer));
@@ -613,7 +615,8 @@ void WriteModel(YAML::Emitter& out, const ModelConfig& m) {
         << k.bag_size << YAML::Key << "pooling" << YAML::Value << k.pooling << YAML::Key << "rows" << YAML::Value
         << k.rows << YAML::Key << "dim" << YAML::Value << k.dim << YAML::Key << "init_scale" << YAML::Value
         << k.init_scale << YAML::Key << "min_count" << YAML::Value << k.min_count << YAML::Key << "steps_to_live"
-        << YAML::Value << k.steps_to_live << YAML::Key << "hidden" << YAML::Value << YAML::Flow << k.hidden
+        << YAML::Value << k.steps_to_live << YAML::Key << "cache_rows" << YAML::Value << k.cache_rows << YAML::Key
+        << "cache_staleness" << YAML::Value << k.cache_staleness << YAML::Key << "hidden" << YAML::Value << YAML::Flow << k.hidden
         << YAML::Key << "bottom" << YAML::Value << YAML::Flow << k.bottom << YAML::Key << "optimizer"
         << YAML::Value;
     EmitOptimizer(out, k.optimizer);

@@ -1,6 +1,8 @@
 #include "shoal/data/criteo.h"
 
+#include <algorithm>
 #include <fstream>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -10,7 +12,8 @@
 namespace shoal {
 namespace {
 
-constexpr int kFields = 1 + kCriteoIntegerFeatures + kCriteoCategoricalFeatures;
+constexpr int kColumns = kCriteoIntegerFeatures + kCriteoCategoricalFeatures;
+constexpr int kFields = 1 + kColumns;
 
 uint64_t Fold(uint64_t id, int64_t buckets) {
   // SplitMix64's finaliser spreads (feature, hash) before the modulo.
@@ -30,8 +33,22 @@ absl::StatusOr<ClickLog> ReadCriteo(const std::string& path, const CriteoOptions
   if (options.buckets < 0 || options.max_examples < 0) {
     return absl::InvalidArgumentError("buckets and max_examples must be >= 0");
   }
+  // Counted first, so that the examples are parsed into their final buffer
+  // (a log of 10M examples is 3.1 GB as int64; no second copy).
+  int64_t lines = 0;
+  {
+    std::ifstream counting(path, std::ios::binary);
+    std::vector<char> buffer(1 << 20);
+    while (counting.read(buffer.data(), static_cast<std::streamsize>(buffer.size())) || counting.gcount() > 0) {
+      lines += std::count(buffer.data(), buffer.data() + counting.gcount(), '\n');
+    }
+    ++lines;  // a last line without a newline
+  }
+  if (options.max_examples > 0) lines = std::min(lines, options.max_examples);
   std::vector<float> labels;
-  std::vector<int64_t> integers, categorical;
+  labels.reserve(static_cast<size_t>(lines));
+  auto examples = std::make_unique<std::vector<int64_t>>();
+  examples->reserve(static_cast<size_t>(lines) * kColumns);
   std::string line;
   int64_t line_number = 0;
   while ((options.max_examples == 0 || static_cast<int64_t>(labels.size()) < options.max_examples) &&
@@ -56,7 +73,7 @@ absl::StatusOr<ClickLog> ReadCriteo(const std::string& path, const CriteoOptions
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": integer feature ", f + 1, " is '", field, "', not an integer"));
       }
-      integers.push_back(value);
+      examples->push_back(value);
     }
     for (int f = 0; f < kCriteoCategoricalFeatures; ++f) {
       const absl::string_view field = fields[1 + kCriteoIntegerFeatures + f];
@@ -66,15 +83,18 @@ absl::StatusOr<ClickLog> ReadCriteo(const std::string& path, const CriteoOptions
                                                        "', not a 32-bit hex hash"));
       }
       const uint64_t id = (static_cast<uint64_t>(f) << 32) | hash;
-      categorical.push_back(static_cast<int64_t>(options.buckets > 0 ? Fold(id, options.buckets) : id));
+      examples->push_back(static_cast<int64_t>(options.buckets > 0 ? Fold(id, options.buckets) : id));
     }
   }
   if (in.bad()) return absl::DataLossError(absl::StrCat("reading the click log '", path, "' failed"));
   const int64_t n = static_cast<int64_t>(labels.size());
   ClickLog log;
   log.labels = torch::from_blob(labels.data(), {n}, torch::kFloat32).clone();
-  log.integers = torch::from_blob(integers.data(), {n, kCriteoIntegerFeatures}, torch::kInt64).clone();
-  log.categorical = torch::from_blob(categorical.data(), {n, kCriteoCategoricalFeatures}, torch::kInt64).clone();
+  std::vector<int64_t>* owned = examples.release();
+  log.examples = torch::from_blob(
+      owned->data(), {n, kColumns}, [owned](void*) { delete owned; }, torch::kInt64);
+  log.integers = log.examples.narrow(1, 0, kCriteoIntegerFeatures);
+  log.categorical = log.examples.narrow(1, kCriteoIntegerFeatures, kCriteoCategoricalFeatures);
   return log;
 }
 

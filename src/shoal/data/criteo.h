@@ -29,8 +29,9 @@ inline constexpr int kCriteoCategoricalFeatures = 26;
 
 struct ClickLog {
   torch::Tensor labels;       // [n] float32, 0 or 1
-  torch::Tensor integers;     // [n, 13] int64
-  torch::Tensor categorical;  // [n, 26] int64 ids
+  torch::Tensor examples;     // [n, 13 + 26] int64: the integers, then the ids (what the click model reads)
+  torch::Tensor integers;     // [n, 13], a view of examples
+  torch::Tensor categorical;  // [n, 26] ids, a view of examples
   int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
 };
 

@@ -59,7 +59,7 @@ class CriteoSource : public DataSource {
     CriteoOptions options;
     options.max_examples = train ? config_.train_examples : config_.test_examples;
     SHOAL_ASSIGN_OR_RETURN(ClickLog log, ReadCriteo(train ? config_.train_file : config_.test_file, options));
-    return Dataset{torch::cat({log.integers, log.categorical}, 1), log.labels};
+    return Dataset{log.examples, log.labels};
   }
 
  private:

@@ -29,6 +29,7 @@ struct StepInfo {
   int64_t global_step = 0;  // the job's step, as this worker last saw it
   double loss = 0;
   double accuracy = 0;  // on this step's batch
+  double auc = -1;      // clicks: the AUC of this step's batch (-1: not a click model, or one class only)
   int64_t examples = 0;  // in this step's batch
   double examples_per_second = 0;  // this worker's, over the last few seconds (HookList fills it in)
   bool exchanged = false;          // local modes: the step ended with an exchange with the ps

@@ -66,7 +66,7 @@ absl::StatusOr<std::unique_ptr<MetricsHook>> MetricsHook::Create(const std::stri
   auto hook = std::unique_ptr<MetricsHook>(
       new MetricsHook(path, absl::StrCat("/job:", job, "/task:", index), format == "csv", every));
   if (!hook->out_) return absl::FailedPreconditionError(absl::StrCat("cannot write metrics file '", hook->path_, "'"));
-  if (hook->csv_) hook->out_ << "task,time_s,local_step,global_step,loss,accuracy,examples_per_second\n";
+  if (hook->csv_) hook->out_ << "task,time_s,local_step,global_step,loss,accuracy,examples_per_second,auc\n";
   return hook;
 }
 
@@ -76,19 +76,22 @@ MetricsHook::MetricsHook(std::string path, std::string task, bool csv, int64_t e
 absl::Status MetricsHook::Write(const StepInfo& step) {
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start_);
   const double loss = loss_sum_ / steps_, accuracy = accuracy_sum_ / steps_;
+  // Click models: the mean of the window's batch AUCs (the loss is their log loss).
+  const std::string auc = auc_steps_ > 0 ? absl::StrFormat("%.6g", auc_sum_ / auc_steps_) : "";
   if (csv_) {
-    out_ << absl::StrFormat("%s,%.3f,%d,%d,%.6g,%.6g,%.1f\n", task_, seconds, step.local_step, step.global_step,
-                            loss, accuracy, step.examples_per_second);
+    out_ << absl::StrFormat("%s,%.3f,%d,%d,%.6g,%.6g,%.1f,%s\n", task_, seconds, step.local_step, step.global_step,
+                            loss, accuracy, step.examples_per_second, auc);
   } else {
     nlohmann::json record = {{"task", task_},          {"time_s", seconds},
                              {"local_step", step.local_step}, {"global_step", step.global_step},
                              {"loss", loss},           {"accuracy", accuracy},
                              {"examples_per_second", step.examples_per_second}};
+    if (auc_steps_ > 0) record["auc"] = auc_sum_ / auc_steps_;
     out_ << record.dump() << "\n";
   }
   out_.flush();
-  loss_sum_ = accuracy_sum_ = 0;
-  steps_ = 0;
+  loss_sum_ = accuracy_sum_ = auc_sum_ = 0;
+  steps_ = auc_steps_ = 0;
   if (!out_) return absl::DataLossError(absl::StrCat("writing metrics file '", path_, "' failed"));
   return absl::OkStatus();
 }
@@ -96,6 +99,10 @@ absl::Status MetricsHook::Write(const StepInfo& step) {
 absl::Status MetricsHook::AfterStep(const StepInfo& step, StopRequest*) {
   loss_sum_ += step.loss;
   accuracy_sum_ += step.accuracy;
+  if (step.auc >= 0) {
+    auc_sum_ += step.auc;
+    ++auc_steps_;
+  }
   if (++steps_ < every_) return absl::OkStatus();
   return Write(step);
 }

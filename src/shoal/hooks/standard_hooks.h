@@ -97,8 +97,8 @@ class MetricsHook : public TrainingHook {
   int64_t every_;
   std::ofstream out_;
   absl::Time start_ = absl::Now();
-  double loss_sum_ = 0, accuracy_sum_ = 0;
-  int64_t steps_ = 0;
+  double loss_sum_ = 0, accuracy_sum_ = 0, auc_sum_ = 0;
+  int64_t steps_ = 0, auc_steps_ = 0;  // auc: over the window's steps that had one
 };
 
 // This task's metrics file name in a metrics directory ("worker_1.jsonl").

@@ -31,7 +31,9 @@ absl::Status ValidateClickConfig(const ClickConfig& config, const std::string& p
                                    std::tuple{"categorical_features", config.categorical_features, 1},
                                    std::tuple{"bag_size", config.bag_size, 1}, std::tuple{"rows", config.rows, 0},
                                    std::tuple{"dim", config.dim, 1}, std::tuple{"min_count", config.min_count, 0},
-                                   std::tuple{"steps_to_live", config.steps_to_live, 0}}) {
+                                   std::tuple{"steps_to_live", config.steps_to_live, 0},
+                                   std::tuple{"cache_rows", config.cache_rows, 0},
+                                   std::tuple{"cache_staleness", config.cache_staleness, 0}}) {
     if (value < least) {
       return absl::InvalidArgumentError(absl::StrCat("model.click.", key, " = ", value, " must be >= ", least));
     }
@@ -81,7 +83,9 @@ std::vector<int64_t> Layers(int64_t in, const std::vector<int64_t>& hidden, int6
 
 ClickModel::ClickModel(const ClickConfig& config, wire::TableDef table)
     : config_(config),
-      bag_(std::move(table), config.bag_size, config.pooling == "mean" ? Pooling::kMean : Pooling::kSum) {}
+      bag_(table, config.bag_size, config.pooling == "mean" ? Pooling::kMean : Pooling::kSum,
+           config.cache_rows > 0 ? std::make_unique<RowCache>(config.cache_rows, table.dim(), config.cache_staleness)
+                                 : nullptr) {}
 
 absl::StatusOr<std::unique_ptr<ClickModel>> ClickModel::Create(const ClickConfig& config, const std::string& path,
                                                                uint64_t seed, const std::string& scope) {
@@ -148,6 +152,11 @@ absl::Status ClickModel::Pull(const torch::Tensor& input) {
 absl::Status ClickModel::Push() {
   if (client_ == nullptr) return absl::FailedPreconditionError("the click model's tables have no client (Bind)");
   return bag_.Push(*client_);
+}
+
+RowTables::CacheStats ClickModel::cache_stats() const {
+  const RowCache* cache = bag_.cache();
+  return cache == nullptr ? CacheStats{} : CacheStats{cache->lookups(), cache->hits()};
 }
 
 torch::Tensor ClickModel::Forward(const torch::Tensor& input) {

@@ -8,13 +8,20 @@
 // A fixed table's ids fold into it (id mod rows), as a hashed categorical
 // column does; a dynamic table (rows 0) takes any id >= 0 as it is.
 //
+// With a RowCache, rows pulled within the last `staleness` steps are taken
+// from it and only the others pulled: the most frequent ids of a skewed
+// log then cost a pull every staleness + 1 steps, not every step.
+//
 // Not thread-safe: one per model.
 #ifndef SHOAL_MODEL_EMBEDDING_BAG_H_
 #define SHOAL_MODEL_EMBEDDING_BAG_H_
 
 #include <torch/types.h>
 
+#include <memory>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "shoal/wire.pb.h"
@@ -25,16 +32,43 @@ class Client;
 
 enum class Pooling { kSum, kMean };
 
+// Rows a worker pulled, kept for `staleness` steps: a row pulled at step s
+// serves steps s .. s + staleness without a pull (it then misses the other
+// workers' pushes and this worker's own, up to staleness steps' worth).
+// Holds at most `capacity` rows; a full cache overwrites the rows it took in
+// longest ago (a ring), which are the stalest.
+class RowCache {
+ public:
+  RowCache(int64_t capacity, int64_t dim, int64_t staleness);
+  // For distinct `ids` [U] at `step`: the rows of those it holds fresh, into
+  // `rows` [U, dim]; returns which ids hit (bool [U]).
+  torch::Tensor Lookup(const torch::Tensor& ids, int64_t step, torch::Tensor& rows);
+  // Keeps `rows` [n, dim] of `ids` [n], pulled at `step`.
+  void Insert(const torch::Tensor& ids, const torch::Tensor& rows, int64_t step);
+  int64_t hits() const { return hits_; }
+  int64_t lookups() const { return lookups_; }
+
+ private:
+  int64_t capacity_, staleness_;
+  torch::Tensor rows_;                         // [capacity, dim]
+  std::vector<int64_t> slot_id_, slot_step_;   // each slot's id (-1: free) and the step it was pulled at
+  std::unordered_map<int64_t, int64_t> slot_of_;
+  int64_t next_slot_ = 0;                      // the ring's hand
+  int64_t hits_ = 0, lookups_ = 0;
+};
+
 class RemoteEmbeddingBag {
  public:
-  // `table.dim` > 0; `bag_size` > 0.
-  RemoteEmbeddingBag(wire::TableDef table, int64_t bag_size, Pooling pooling);
+  // `table.dim` > 0; `bag_size` > 0; `cache` may be null (no cache).
+  RemoteEmbeddingBag(wire::TableDef table, int64_t bag_size, Pooling pooling,
+                     std::unique_ptr<RowCache> cache = nullptr);
 
   const wire::TableDef& table() const { return table_; }
 
   // ids: int64 [N, bags * bag_size], feature f's ids in columns
   // [f * bag_size, (f + 1) * bag_size). InvalidArgument naming the example,
-  // the column and the id for an id below -1.
+  // the column and the id for an id below -1. Each Pull is a step for the
+  // cache.
   absl::Status Pull(Client& client, const torch::Tensor& ids);
   // The pooled features of the ids last pulled: [N, bags, dim], with
   // gradients flowing to the pulled rows.
@@ -45,11 +79,14 @@ class RemoteEmbeddingBag {
   // The distinct ids and the rows of the last pull (tests, the cache).
   const torch::Tensor& distinct_ids() const { return distinct_ids_; }
   const torch::Tensor& rows() const { return rows_; }
+  const RowCache* cache() const { return cache_.get(); }
 
  private:
   wire::TableDef table_;
   int64_t bag_size_;
   Pooling pooling_;
+  std::unique_ptr<RowCache> cache_;
+  int64_t pulls_ = 0;
   int64_t examples_ = 0, bags_ = 0;
   torch::Tensor distinct_ids_;  // [U] int64, as the table keys them
   torch::Tensor rows_;          // [U, dim], a leaf that requires grad

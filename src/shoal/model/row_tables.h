@@ -36,6 +36,14 @@ class RowTables {
   // Pushes the gradients the last backward() left on the rows last pulled,
   // one row per distinct id. Nothing for rows no loss reached.
   virtual absl::Status Push() = 0;
+
+  // The worker-side cache's figures so far: distinct ids looked up, and
+  // those served from the cache (both 0 without a cache).
+  struct CacheStats {
+    int64_t lookups = 0;
+    int64_t hits = 0;
+  };
+  virtual CacheStats cache_stats() const { return {}; }
 };
 
 }  // namespace shoal

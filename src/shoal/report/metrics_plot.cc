@@ -41,7 +41,10 @@ absl::StatusOr<MetricsPoint> ParseJsonRecord(const std::string& text, std::strin
 
 absl::StatusOr<MetricsPoint> ParseCsvRecord(const std::string& text, std::string* task) {
   std::vector<std::string> fields = absl::StrSplit(text, ',');
-  if (fields.size() != 7) return absl::InvalidArgumentError(absl::StrCat(fields.size(), " fields, expected 7"));
+  // 8 since the auc column (empty but for click models); 7 in older files.
+  if (fields.size() != 7 && fields.size() != 8) {
+    return absl::InvalidArgumentError(absl::StrCat(fields.size(), " fields, expected 8"));
+  }
   MetricsPoint p;
   *task = fields[0];
   if (!absl::SimpleAtod(fields[1], &p.time_s) || !absl::SimpleAtoi(fields[2], &p.local_step) ||

@@ -71,7 +71,9 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
         return;
       }
       WorkerContext context = MakeWorkerContext(config, cluster, workers[i], client->get(), data.train, max_steps);
-      if (progress) context.on_step = [&](int64_t step, double loss) { progress->OnStep(step, loss); };
+      if (progress) {
+        context.on_step = [&](int64_t step, double loss, double auc) { progress->OnStep(step, loss, auc); };
+      }
       if (customize) customize(context);
       statuses[i] = RunWorkerSession(context, config.hooks, data.test, &report);
     });

@@ -21,9 +21,10 @@ ProgressReporter::ProgressReporter(std::FILE* out, int64_t total_steps, int64_t 
     : out_(out), total_steps_(total_steps), batch_size_(batch_size), redraw_(isatty(fileno(out)) != 0),
       interval_(redraw_ ? absl::Milliseconds(200) : absl::Seconds(5)), start_(absl::Now()), last_print_(start_) {}
 
-void ProgressReporter::OnStep(int64_t global_step, double loss) {
+void ProgressReporter::OnStep(int64_t global_step, double loss, double auc) {
   std::lock_guard lock(mu_);
   smoothed_loss_ = smoothed_loss_ < 0 ? loss : 0.98 * smoothed_loss_ + 0.02 * loss;
+  if (auc >= 0) smoothed_auc_ = smoothed_auc_ < 0 ? auc : 0.98 * smoothed_auc_ + 0.02 * auc;
   last_step_ = std::max(last_step_, global_step);
   if (absl::Now() - last_print_ < interval_) return;
   last_print_ = absl::Now();
@@ -41,8 +42,9 @@ void ProgressReporter::Print(int64_t step, double loss, bool final_line) {
   const double steps_per_second = step / seconds;
   const absl::Duration left =
       steps_per_second > 0 ? absl::Seconds((total_steps_ - step) / steps_per_second) : absl::ZeroDuration();
-  std::string line = absl::StrFormat("step %d/%d  loss %.4f  %.0f ex/s  elapsed %s  left %s", step, total_steps_,
-                                     loss < 0 ? 0.0 : loss, steps_per_second * batch_size_,
+  const std::string auc = smoothed_auc_ >= 0 ? absl::StrFormat("  auc %.4f", smoothed_auc_) : "";
+  std::string line = absl::StrFormat("step %d/%d  loss %.4f%s  %.0f ex/s  elapsed %s  left %s", step, total_steps_,
+                                     loss < 0 ? 0.0 : loss, auc, steps_per_second * batch_size_,
                                      FormatClock(elapsed), FormatClock(final_line ? absl::ZeroDuration() : left));
   if (redraw_) {
     // On a terminal, a bar in front, as tqdm draws it.

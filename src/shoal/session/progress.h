@@ -21,7 +21,8 @@ class ProgressReporter {
   // Writes to `out` (not owned); `total_steps` global steps, `examples_per_step` each.
   ProgressReporter(std::FILE* out, int64_t total_steps, int64_t examples_per_step);
 
-  void OnStep(int64_t global_step, double loss);
+  // `auc`: the batch's, for a click model (-1: none), shown smoothed like the loss.
+  void OnStep(int64_t global_step, double loss, double auc = -1);
   // Prints the final line (always) and ends the redrawn line.
   void Finish();
 
@@ -38,6 +39,7 @@ class ProgressReporter {
   absl::Time last_print_;
   int64_t last_step_ = 0;
   double smoothed_loss_ = -1;
+  double smoothed_auc_ = -1;
 };
 
 // "1:05" or "1:02:03".

@@ -247,7 +247,7 @@ absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, 
   if (progress_out && context.is_chief) {
     progress = std::make_unique<ProgressReporter>(
         progress_out, max_steps, ExamplesPerStep(config, static_cast<int>(cluster.TrainingTasks().size())));
-    context.on_step = [&](int64_t step, double loss) { progress->OnStep(step, loss); };
+    context.on_step = [&](int64_t step, double loss, double auc) { progress->OnStep(step, loss, auc); };
   }
   absl::Status status = RunWorkerSession(context, config.hooks, data.test, report);
   if (progress) progress->Finish();

@@ -17,6 +17,8 @@ constexpr char kBytesReceived[] = "bytes_received";
 constexpr char kTensorBytesSent[] = "tensor_bytes_sent";
 constexpr char kWorkerSteps[] = "worker_steps";
 constexpr char kCallsRetried[] = "calls_retried";
+constexpr char kRowCacheLookups[] = "row_cache_lookups";
+constexpr char kRowCacheHits[] = "row_cache_hits";
 
 // The job's counters a checkpoint keeps, for a counter task that is lost
 // (global_step is the checkpoint's own step).
@@ -54,12 +56,12 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
   absl::Time warm_time;
   if (context.is_chief) {
     StepCallback report_step = context.on_step;
-    context.on_step = [&, report_step](int64_t step, double loss) {
+    context.on_step = [&, report_step](int64_t step, double loss, double auc) {
       if (warm_step < 0 && step >= context.restored_step + kWarmupSteps) {
         warm_step = step;
         warm_time = absl::Now();
       }
-      if (report_step) report_step(step, loss);
+      if (report_step) report_step(step, loss, auc);
     };
   }
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<HookList> hooks,
@@ -87,6 +89,8 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
       client.AddToCounter(kTensorBytesSent, client.tensor_bytes_sent() - context.startup_tensor_bytes_sent).status());
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kWorkerSteps, worker->local_steps).status());
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kCallsRetried, client.retries()).status());
+  SHOAL_RETURN_IF_ERROR(client.AddToCounter(kRowCacheLookups, worker->row_cache.lookups).status());
+  SHOAL_RETURN_IF_ERROR(client.AddToCounter(kRowCacheHits, worker->row_cache.hits).status());
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kWorkersDone, 1).status());
   if (!context.is_chief) return absl::OkStatus();
 
@@ -123,6 +127,9 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
   SHOAL_ASSIGN_OR_RETURN(report->tensor_bytes_sent, context.client->AddToCounter(kTensorBytesSent, 0));
   SHOAL_ASSIGN_OR_RETURN(report->worker_steps, context.client->AddToCounter(kWorkerSteps, 0));
   SHOAL_ASSIGN_OR_RETURN(report->calls_retried, context.client->AddToCounter(kCallsRetried, 0));
+  SHOAL_ASSIGN_OR_RETURN(const int64_t cache_lookups, context.client->AddToCounter(kRowCacheLookups, 0));
+  SHOAL_ASSIGN_OR_RETURN(const int64_t cache_hits, context.client->AddToCounter(kRowCacheHits, 0));
+  if (cache_lookups > 0) report->row_cache_hit_rate = static_cast<double>(cache_hits) / cache_lookups;
   SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(*context.client));
   if (stopped) {
     report->stop_reason = worker->stop_reason.empty() ? "a worker's hook stopped the job" : worker->stop_reason;

@@ -61,6 +61,7 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
                                         SHOAL_RETURN_IF_ERROR(CreateRowTables(context, model));
                                         return policy.Join(model);
                                       }));
+  if (tables != nullptr) result.row_cache = tables->cache_stats();
   return result;
 }
 

@@ -9,6 +9,7 @@
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/core/dtype.h"
 #include "shoal/core/status.h"
+#include "shoal/model/click_metrics.h"
 #include "shoal/model/row_tables.h"
 
 namespace shoal {
@@ -35,8 +36,10 @@ BatchResult ComputeGradients(Model& model, const torch::Tensor& input, const tor
   if (model.classifies()) {
     result.accuracy = output.detach().argmax(1).eq(labels).to(torch::kFloat64).mean().item<double>();
   } else if (model.predicts_clicks()) {
-    result.accuracy =
-        output.detach().reshape(labels.sizes()).gt(0).eq(labels.gt(0.5)).to(torch::kFloat64).mean().item<double>();
+    const torch::Tensor logits = output.detach().reshape(labels.sizes());
+    result.accuracy = logits.gt(0).eq(labels.gt(0.5)).to(torch::kFloat64).mean().item<double>();
+    auto metrics = ComputeClickMetrics(torch::sigmoid(logits), labels);
+    if (metrics.ok()) result.auc = metrics->auc;
   }
   result.examples = labels.size(0);
   return result;
@@ -60,6 +63,7 @@ StepInfo MakeStepInfo(int64_t local_step, int64_t global_step, const BatchResult
   info.global_step = global_step;
   info.loss = batch.loss;
   info.accuracy = batch.accuracy;
+  info.auc = batch.auc;
   info.examples = batch.examples;
   info.model = &model;
   return info;
@@ -103,7 +107,7 @@ absl::StatusOr<bool> FinishStep(WorkerContext& context, StepInfo& step, WorkerRe
   SHOAL_RETURN_IF_ERROR(PublishChiefBuffers(context, step));
   ++result->local_steps;
   result->last_loss = step.loss;
-  if (context.on_step) context.on_step(step.global_step, step.loss);
+  if (context.on_step) context.on_step(step.global_step, step.loss, step.auc);
   if (context.hooks == nullptr) return true;
   StopRequest stop;
   SHOAL_RETURN_IF_ERROR(context.hooks->AfterStep(step, &stop));

@@ -16,6 +16,7 @@
 #include "shoal/data/dataset.h"
 #include "shoal/hooks/hook.h"
 #include "shoal/model/mlp.h"
+#include "shoal/model/row_tables.h"
 #include "shoal/strategy/strategy_config.h"
 
 namespace shoal {
@@ -37,8 +38,9 @@ inline constexpr char kRestoredStep[] = "restored_step";
 // at its next exchange with the ps.
 inline constexpr char kStopRequested[] = "stop_requested";
 
-// Called after each step a worker finishes (from that worker's thread).
-using StepCallback = std::function<void(int64_t global_step, double loss)>;
+// Called after each step a worker finishes (from that worker's thread);
+// `auc` is the batch's for a click model, else -1.
+using StepCallback = std::function<void(int64_t global_step, double loss, double auc)>;
 
 // What one worker's training loop works with. Nothing here is owned.
 struct WorkerContext {
@@ -94,6 +96,7 @@ struct WorkerResult {
   int64_t local_steps = 0;
   double last_loss = 0;
   std::string stop_reason;  // set when a hook of this worker stopped the job
+  RowTables::CacheStats row_cache;  // a model with row tables: its cache's figures
 };
 
 // Counters of the SSP clock gaps seen: "ssp_gap/<g>" counts steps that began
@@ -114,6 +117,7 @@ int ReplicasToAggregate(const StrategyConfig& config, int num_workers);
 struct BatchResult {
   double loss = 0;
   double accuracy = 0;
+  double auc = -1;  // clicks: the batch's AUC (-1: not clicks, or one class only)
   int64_t examples = 0;
 };
 

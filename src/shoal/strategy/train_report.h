@@ -25,6 +25,7 @@ struct TrainReport {
   double test_accuracy = 0;  // classification (model.loss cross_entropy)
   double test_loss = 0;      // the mean loss on the test set (mse: the regression's figure; clicks: log loss)
   double test_auc = 0;       // clicks (model.kind click): the AUC on the test set
+  double row_cache_hit_rate = 0;  // clicks with model.click.cache_rows: distinct ids served by the workers' caches
   int64_t global_step = 0;
   double seconds = 0;
   double examples_per_second = 0;         // over the whole session, start-up included
