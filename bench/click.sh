@@ -21,7 +21,7 @@ fi
 
 # The largest resident set each ps task process reached while $1 runs.
 peak_ps_rss() {
-  "$@" &
+  "$@" >&2 &
   local job=$! peak=""
   while kill -0 "$job" 2>/dev/null; do
     for pid in $(pgrep -f -- '/job:ps/task' || true); do

@@ -60,6 +60,7 @@ scaling = [json.loads(l) for l in (out / "scaling.jsonl").read_text().split("\n"
 idle = json.loads((out / "idle.json").read_text())
 main_runs = [json.loads(l) for l in (out / "main_job.jsonl").read_text().split("\n") if l]
 # Embedding tables: bytes per step against the table's size, 1M / 10M / 100M rows.
+click = json.loads((out / "click.json").read_text())
 embedding_bytes = [json.loads(l) for l in (out / "embedding_bytes.jsonl").read_text().split("\n") if l]
 
 
@@ -123,6 +124,7 @@ print(json.dumps({
     "c_two_workers_vs_ddp": c,
     "d_sync_two_workers_vs_ddp": d,
     "f_embedding_bytes_per_step": embedding_bytes,
+    "g_click": click,
     "targets": {
         "a_grpc_1MiB_push_pull_vs_raw_tcp_stream": target(a["1024KiB"]["grpc_best_vs_tcp_stream"], 0.8),
         "a_grpc_64KiB_push_pull_vs_raw_tcp_echo": target(a["64KiB"]["grpc_best_vs_tcp_echo"], 1.0),
@@ -142,5 +144,9 @@ print(json.dumps({
         "main_job_ucx_processes_vs_inproc": target(ucx["main_job_ucx_processes_vs_inproc"], 0.8),
         "c_shoal_ucx_vs_ddp": target(c["ucx_ratio_medians"], 1.5),
         "d_shoal_sync_ucx_vs_ddp": target(d["ucx_ratio_medians"], 1.5),
+        "g_click_shoal_vs_pytorch_embeddingbag": target(click["shoal"]["vs_peer"], 1.5),
+        "g_click_ps_rss_vs_share_and_slots_under_1_3": {
+            "value": click["shoal"]["ps_rss_vs_share_and_slots"], "target": "< 1.3",
+            "met": click["shoal"]["ps_rss_vs_share_and_slots"] < 1.3},
     },
 }, indent=2))

@@ -66,5 +66,8 @@ done
 echo "(f) embedding tables: bytes per step for 1M, 10M and 100M (dynamic) rows x 16" >&2
 build/bench/embedding_bench --steps 20 --batch 1024 > "$out/embedding_bytes.jsonl"
 
+echo "(g) click-through training, 10M x 16 table, 2 ps + 2 workers as processes vs the PyTorch EmbeddingBag peer" >&2
+bench/click.sh >&2
+
 /usr/bin/python3 bench/report.py "$out" > "$out/results.json"
 cat "$out/results.json"
