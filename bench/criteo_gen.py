@@ -15,6 +15,7 @@ can expect, and are printed (JSON) at the end, with the click rate; with
 """
 import argparse
 import json
+import os
 import sys
 
 import numpy as np
@@ -42,6 +43,8 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--test_out", help="also a held-out log of the same hidden model")
     parser.add_argument("--test_examples", type=int, default=100_000)
+    parser.add_argument("--learnable_min_count", type=int, default=10,
+                        help="ids seen this often in training count as learnable (the test's learnable_auc)")
     parser.add_argument("--chunk", type=int, default=200_000)
     args = parser.parse_args()
 
@@ -56,8 +59,14 @@ def main():
 
     rates = rng.uniform(0.5, 20, size=integers)  # each integer feature's Poisson mean
 
-    def write(path, examples):
-        all_p, all_y = [], []
+    # How often the training log shows each (feature, id): the test log's
+    # "learnable" AUC scores it with the planted weights of the ids seen at
+    # least --learnable_min_count times and 0 (the prior) for the others, a
+    # ceiling for any model that learns from this log alone.
+    seen = np.zeros(features * args.vocabulary, dtype=np.int64)
+
+    def write(path, examples, training):
+        all_p, all_y, all_learnable = [], [], []
         with open(path, "w") as out:
             written = 0
             while written < examples:
@@ -72,7 +81,17 @@ def main():
                 y = (rng.random(n) < p).astype(np.int64)
                 all_p.append(p.astype(np.float32))
                 all_y.append(y)
+                flat = np.arange(features) * args.vocabulary + ranks
+                if training:
+                    seen[:] += np.bincount(flat.ravel(), minlength=seen.size)
+                else:
+                    known = seen[flat] >= args.learnable_min_count
+                    learnable = logit - (id_weights[np.arange(features), ranks] * ~known).sum(axis=1) / np.sqrt(features) * 2
+                    all_learnable.append(learnable.astype(np.float32))
                 ids = hashes[np.arange(features), ranks]
+                if path == os.devnull:  # figures only (same draws, so the same log as written before)
+                    written += n
+                    continue
                 lines = []
                 for i in range(n):
                     ints = "\t".join("" if missing[i, j] else str(counts[i, j]) for j in range(integers))
@@ -85,13 +104,17 @@ def main():
         y = np.concatenate(all_y)
         clipped = np.clip(p, 1e-7, 1 - 1e-7)
         log_loss = float(-(y * np.log(clipped) + (1 - y) * np.log(1 - clipped)).mean())
-        return {"examples": examples, "click_rate": float(y.mean()), "planted_auc": float(auc(p, y)),
-                "planted_log_loss": log_loss}
+        figures = {"examples": examples, "click_rate": float(y.mean()), "planted_auc": float(auc(p, y)),
+                   "planted_log_loss": log_loss}
+        if all_learnable:
+            figures["learnable_auc"] = float(auc(np.concatenate(all_learnable), y))
+            figures["learnable_min_count"] = args.learnable_min_count
+        return figures
 
-    result = write(args.out, args.examples)
+    result = write(args.out, args.examples, training=True)
     if args.test_out:
         # Fresh examples of the same hidden model: what a trained model is judged on.
-        result["test"] = write(args.test_out, args.test_examples)
+        result["test"] = write(args.test_out, args.test_examples, training=False)
     print(json.dumps(result))
 
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "inproc_servers.h"
 #include "scripted_modules.h"
+#include "shoal/checkpoint/checkpoint.h"
 #include "shoal/model/click_metrics.h"
 #include "shoal/model/embedding_bag.h"
 #include "shoal/model/model_factory.h"
@@ -296,6 +297,33 @@ TEST(ClickTrainingTest, WideAndDeepLearnsThePlantedModelAsyncAndHybrid) {
   }
 }
 
+// The tables go into the job's checkpoints with the dense variables: a job
+// started again on 3 ps tasks from what 2 saved evaluates as the first ended.
+TEST(ClickTrainingTest, AClickJobRestoredOntoThreePsTasksEvaluatesAsItEnded) {
+  const auto dir = FreshTempDir("shoal_click_", "restore").string();
+  double planted_auc = 0;
+  JobConfig config = ClickJob(dir, "async", &planted_auc);
+  // One worker, so that its last push, rows included, precedes the final
+  // save (another worker's last push may land after the chief saved).
+  config.cluster.workers = 1;
+  config.training.max_steps = 120;
+  config.checkpoint.dir = dir + "/checkpoints";
+  auto first = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_FALSE(first->last_checkpoint.empty());
+  EXPECT_FALSE(ReadCheckpointIndex(first->last_checkpoint).value().table_shards.empty());
+  config.cluster.ps = 3;
+  // A job started at its last step still takes one; steps too small to
+  // move anything keep the evaluation the restored state's.
+  config.training.optimizer.set_learning_rate(1e-12);
+  config.model.click.optimizer.set_learning_rate(1e-12);
+  auto second = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->restored_from, first->last_checkpoint);
+  EXPECT_NEAR(second->test_auc, first->test_auc, 1e-4);
+  EXPECT_NEAR(second->test_loss, first->test_loss, 1e-4);
+}
+
 TEST(ClickTrainingTest, TheConfigOfAClickJobGoesThroughYamlUnchanged) {
   double planted_auc = 0;
   const auto dir = FreshTempDir("shoal_click_", "yaml").string();
@@ -308,11 +336,11 @@ TEST(ClickTrainingTest, TheConfigOfAClickJobGoesThroughYamlUnchanged) {
   EXPECT_EQ(again->model.click.rows, 1 << 20);
   EXPECT_EQ(again->model.click.optimizer.l1(), 0.5);
   EXPECT_EQ(again->data.train_file, config.data.train_file);
-  // Tables are not in checkpoints yet: an evaluator task says so rather than evaluate fresh rows.
+  // An evaluator task loads no tables: it says so rather than evaluate fresh rows.
   config.checkpoint.dir = dir;
   const absl::Status evaluator = CheckEvaluatorConfig(config);
   EXPECT_TRUE(absl::IsFailedPrecondition(evaluator)) << evaluator;
-  EXPECT_NE(evaluator.message().find("tables are not in them"), std::string::npos) << evaluator;
+  EXPECT_NE(evaluator.message().find("does not load a click model's tables"), std::string::npos) << evaluator;
 }
 
 }  // namespace

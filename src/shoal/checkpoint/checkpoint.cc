@@ -43,6 +43,10 @@ absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& di
   for (const auto& [name, vp] : client.placement().variables()) {
     for (const Shard& shard : vp.shards) shard_of.emplace(shard.task, 0);
   }
+  // Every ps task, too: one may hold embedding tables and no variable.
+  if (auto ps_tasks = client.TableShards(); ps_tasks.ok()) {
+    for (const TaskId& task : *ps_tasks) shard_of.emplace(task, 0);
+  }
   int next = 0;
   std::map<TaskId, std::set<std::string>> stored;
   for (auto& [task, shard] : shard_of) {
@@ -60,6 +64,7 @@ absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& di
           "', which is not '", expected.string(), "'; every task needs the same checkpoint.dir (on a shared file system)"));
     }
     stored[task].insert(saved.names.begin(), saved.names.end());
+    if (saved.wrote_tables) index.table_shards.push_back(shard);
   }
   for (const auto& [name, vp] : client.placement().variables()) {
     CheckpointIndex::Variable v{name, vp.shape, {}};
@@ -80,6 +85,7 @@ absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& di
   }
   nlohmann::json text = index;
   text["counters"] = index.counters;  // optional: older indexes have none
+  if (!index.table_shards.empty()) text["table_shards"] = index.table_shards;  // optional, as counters
   // The index last: until it is in place, this checkpoint does not exist.
   SHOAL_RETURN_IF_ERROR(WriteFileAtomically((fs::path(folder) / kIndexFile).string(), text.dump(1)));
   return folder;
@@ -139,6 +145,7 @@ absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& checkpoin
     const nlohmann::json json = nlohmann::json::parse(text);
     index = json.get<CheckpointIndex>();
     if (json.contains("counters")) index.counters = json["counters"].get<std::map<std::string, int64_t>>();
+    if (json.contains("table_shards")) index.table_shards = json["table_shards"].get<std::vector<int>>();
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat("checkpoint index '", path, "' is corrupt: ", e.what()));
   }

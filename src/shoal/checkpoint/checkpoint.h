@@ -65,6 +65,10 @@ struct CheckpointIndex {
   // The job's counters when it was saved (stop flag, workers done, traffic,
   // drops...), so that a lost counter task gets them back.
   std::map<std::string, int64_t> counters;
+  // The shards beside which a task wrote its embedding tables
+  // (tables-<n>.ckpt, server/table_checkpoint.h); restored by every ps task
+  // through Client::RestoreTables.
+  std::vector<int> table_shards;
 };
 
 // A variable as restored: whole, with its optimizer slots.

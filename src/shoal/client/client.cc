@@ -607,7 +607,7 @@ absl::StatusOr<Client::SavedShard> Client::SaveShard(const TaskId& task, int64_t
   calls[task].request.header.mutable_save_shard()->set_shard(shard);
   SHOAL_RETURN_IF_ERROR(RunAll(calls));
   const auto& saved = calls[task].response.header.save_shard();
-  return SavedShard{{saved.names().begin(), saved.names().end()}, saved.path()};
+  return SavedShard{{saved.names().begin(), saved.names().end()}, saved.path(), saved.wrote_tables()};
 }
 
 absl::Status Client::Shutdown(const TaskId& task) {
@@ -639,6 +639,20 @@ absl::Status Client::CreateTables(const std::vector<wire::TableDef>& tables) {
     }
   }
   return RunAll(calls);
+}
+
+absl::StatusOr<int64_t> Client::RestoreTables(int64_t step, const std::vector<int>& shards) {
+  SHOAL_ASSIGN_OR_RETURN(const std::vector<TaskId> tasks, TableShards());
+  TaskCalls calls;
+  for (const TaskId& task : tasks) {
+    auto* restore = calls[task].request.header.mutable_restore_tables();
+    restore->set_step(step);
+    for (int shard : shards) restore->add_shards(shard);
+  }
+  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  int64_t rows = 0;
+  for (const auto& [task, call] : calls) rows += call.response.header.restore_tables().rows();
+  return rows;
 }
 
 namespace {

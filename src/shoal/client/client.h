@@ -165,6 +165,7 @@ class Client {
   struct SavedShard {
     std::vector<std::string> names;
     std::string path;
+    bool wrote_tables = false;  // the task held tables and wrote them beside the shard
   };
   absl::StatusOr<SavedShard> SaveShard(const TaskId& task, int64_t step, int shard);
 
@@ -181,6 +182,13 @@ class Client {
   // Sums the gradient rows ([n, dim]) of repeated ids, then pushes each
   // shard its distinct ids and their rows, in parallel.
   absl::Status PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients);
+  // Has every ps task restore its share of the tables from the table files
+  // the checkpoint at `step` holds for `shards` (wire.proto:
+  // RestoreTablesRequest): any ps count restores any other's. Returns the
+  // rows set over all tasks.
+  absl::StatusOr<int64_t> RestoreTables(int64_t step, const std::vector<int>& shards);
+  // The ps tasks in index order: a table's shards (none: FailedPrecondition).
+  absl::StatusOr<std::vector<TaskId>> TableShards() const;
 
   const Placement& placement() const { return *placement_; }
 
@@ -225,8 +233,6 @@ class Client {
   // task was unreachable until the deadline; returns the first error.
   absl::Status RunAll(TaskCalls& calls);
   absl::StatusOr<Channel*> ChannelFor(const TaskId& task) const;
-  // The ps tasks in index order: a table's shards (none: FailedPrecondition).
-  absl::StatusOr<std::vector<TaskId>> TableShards() const;
   // Reads every shard of the named variables, each request shaped by
   // `configure`, into `calls`; `placements` gets where each variable lives.
   absl::Status ReadShards(const std::vector<std::string>& names,

@@ -96,6 +96,10 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& byt
     out.flush();
     if (!out) return ErrnoError("cannot write", temp);
   }
+  return CommitFile(temp, path);
+}
+
+absl::Status CommitFile(const std::string& temp, const std::string& path) {
   SHOAL_RETURN_IF_ERROR(SyncPath(temp, O_RDONLY));
   if (std::rename(temp.c_str(), path.c_str()) != 0) return ErrnoError("cannot rename to", path);
   std::string dir = std::filesystem::path(path).parent_path().string();

@@ -53,6 +53,9 @@ absl::StatusOr<std::vector<SavedVariable>> ParseShard(const std::string& bytes, 
 // Writes `bytes` to `path` atomically (temp file, fsync, rename, fsync of the
 // directory); checkpoint indexes use it too.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes);
+// The last step of that for a file written elsewhere (streamed) to `temp`:
+// fsync it, rename it to `path`, fsync the directory.
+absl::Status CommitFile(const std::string& temp, const std::string& path);
 
 }  // namespace shoal
 

@@ -213,6 +213,10 @@ int64_t EmbeddingTable::FindOrAdmit(int64_t id) {
     if (++s.count < def_.min_count()) return -1;
     sightings_.erase(id);
   }
+  return MakeRow(id);
+}
+
+int64_t EmbeddingTable::MakeRow(int64_t id) {
   int64_t index;
   if (!free_rows_.empty()) {
     index = free_rows_.back();
@@ -314,6 +318,80 @@ absl::StatusOr<int64_t> EmbeddingTable::Push(const torch::Tensor& ids, const tor
   return pushes_;
 }
 
+absl::Status EmbeddingTable::ForEachChunk(
+    int64_t chunk_rows,
+    const std::function<absl::Status(const torch::Tensor&, const torch::Tensor&, const std::vector<torch::Tensor>&,
+                                     int64_t)>& write) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  // (id, row index) of every row held, in a fixed order.
+  std::vector<std::pair<int64_t, int64_t>> held;
+  if (def_.rows() > 0) {
+    held.reserve(static_cast<size_t>(values_.rows()));
+    for (int64_t index = 0; index < values_.rows(); ++index) held.emplace_back(index * def_.num_shards() + def_.shard(), index);
+  } else {
+    held.assign(index_.begin(), index_.end());
+    std::sort(held.begin(), held.end());
+  }
+  for (size_t begin = 0; begin < held.size(); begin += static_cast<size_t>(chunk_rows)) {
+    const int64_t k = std::min<int64_t>(chunk_rows, static_cast<int64_t>(held.size() - begin));
+    torch::Tensor ids = torch::empty({k}, torch::kInt64);
+    torch::Tensor rows = torch::empty({k, dim_}, torch::kFloat32);
+    std::vector<torch::Tensor> slots;
+    for (size_t s = 0; s < slots_.size(); ++s) slots.push_back(torch::empty({k, dim_}, torch::kFloat32));
+    for (int64_t i = 0; i < k; ++i) {
+      const auto [id, index] = held[begin + static_cast<size_t>(i)];
+      ids.data_ptr<int64_t>()[i] = id;
+      std::memcpy(rows.data_ptr<float>() + i * dim_, values_.Row(index), dim_ * sizeof(float));
+      for (size_t s = 0; s < slots_.size(); ++s) {
+        std::memcpy(slots[s].data_ptr<float>() + i * dim_, slots_[s].Row(index), dim_ * sizeof(float));
+      }
+    }
+    SHOAL_RETURN_IF_ERROR(write(ids, rows, slots, pushes_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingTable::CheckRestore(const wire::TableChunk& chunk, const torch::Tensor& ids) const {
+  if (chunk.dim() != dim_) {
+    return absl::InvalidArgumentError(absl::StrCat(where_, ": the checkpoint's rows are ", chunk.dim(),
+                                                   " wide, the table's ", dim_, " (model.click.dim changed?)"));
+  }
+  if (chunk.optimizer() != def_.optimizer().kind() || chunk.slots() != static_cast<int>(slots_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(where_, ": the checkpoint's rows were trained by '",
+                                                   chunk.optimizer(), "' (", chunk.slots(), " slots), the table's by '",
+                                                   def_.optimizer().kind(), "' (", slots_.size(), ")"));
+  }
+  if (def_.rows() > 0) {
+    const int64_t* id = ids.data_ptr<int64_t>();
+    for (int64_t i = 0; i < ids.numel(); ++i) {
+      if (id[i] < 0 || id[i] >= def_.rows()) {
+        return absl::InvalidArgumentError(absl::StrCat(where_, ": the checkpoint holds id ", id[i],
+                                                       ", outside the table's ", def_.rows(), " rows"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t EmbeddingTable::Restore(const wire::TableChunk& chunk, const torch::Tensor& ids, const torch::Tensor& rows,
+                                const std::vector<torch::Tensor>& slots) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  int64_t taken = 0;
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    if (ShardOf(id[i], def_.num_shards()) != def_.shard()) continue;
+    int64_t index = Find(id[i]);
+    if (index < 0) index = MakeRow(id[i]);
+    std::memcpy(values_.Row(index), rows.data_ptr<float>() + i * dim_, dim_ * sizeof(float));
+    for (size_t s = 0; s < slots_.size(); ++s) {
+      std::memcpy(slots_[s].Row(index), slots[s].data_ptr<float>() + i * dim_, dim_ * sizeof(float));
+    }
+    ++taken;
+  }
+  pushes_ = std::max(pushes_, chunk.pushes());
+  return taken;
+}
+
 int64_t EmbeddingTable::size() const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   return def_.rows() > 0 ? values_.rows() : static_cast<int64_t>(index_.size());
@@ -381,6 +459,13 @@ absl::StatusOr<std::vector<bool>> TableStore::Create(const std::vector<wire::Tab
     created[i] = true;
   }
   return created;
+}
+
+std::vector<EmbeddingTable*> TableStore::All() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  std::vector<EmbeddingTable*> all;
+  for (const auto& [name, table] : tables_) all.push_back(table.get());
+  return all;
 }
 
 absl::StatusOr<EmbeddingTable*> TableStore::Find(const std::string& name) const {

@@ -36,6 +36,7 @@
 
 #include <torch/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -86,6 +87,27 @@ class EmbeddingTable {
   // push count after this one.
   absl::StatusOr<int64_t> Push(const torch::Tensor& ids, const torch::Tensor& gradients);
 
+  // Checkpoints (server/table_checkpoint.h). The rows this shard holds,
+  // `chunk_rows` at a time, to `write` (ids [k], rows [k, dim], each slot
+  // [k, dim]; at most one chunk copied at a time), under the table's lock:
+  // pushes wait, so the file is one consistent state. Stops at `write`'s
+  // first error.
+  absl::Status ForEachChunk(
+      int64_t chunk_rows,
+      const std::function<absl::Status(const torch::Tensor& ids, const torch::Tensor& rows,
+                                        const std::vector<torch::Tensor>& slots, int64_t pushes)>& write) const;
+  // Whether a checkpoint chunk of this table could be restored here: its
+  // rows as wide and its slots those of this optimizer, every id inside a
+  // fixed table (InvalidArgument naming the table, the file's figure and
+  // the table's). Changes nothing.
+  absl::Status CheckRestore(const wire::TableChunk& chunk, const torch::Tensor& ids) const;
+  // Sets the rows and slots of the chunk's ids that map to this shard
+  // (others are left to their own shards), making a dynamic table's rows;
+  // the push count becomes at least the chunk's. CheckRestore first.
+  // Returns the rows set.
+  int64_t Restore(const wire::TableChunk& chunk, const torch::Tensor& ids, const torch::Tensor& rows,
+                  const std::vector<torch::Tensor>& slots);
+
   const wire::TableDef& def() const { return def_; }
   // Rows held (a fixed table: all of its shard).
   int64_t size() const;
@@ -105,6 +127,8 @@ class EmbeddingTable {
   absl::Status Check(const torch::Tensor& ids, const torch::Tensor* gradients, bool distinct) const;
   // Dynamic tables: the row for `id`, made if admitted now; -1 if not yet.
   int64_t FindOrAdmit(int64_t id);
+  // Dynamic tables: a new row for `id` (not yet held), from its initial value.
+  int64_t MakeRow(int64_t id);
   // Dynamic tables: drops rows (and sightings) untouched for steps_to_live pushes.
   void Evict();
   void ApplyRow(int64_t index, const float* gradient);
@@ -145,6 +169,8 @@ class TableStore {
 
   // The table `name`, or NotFound naming it and this task.
   absl::StatusOr<EmbeddingTable*> Find(const std::string& name) const;
+  // Every table, by name.
+  std::vector<EmbeddingTable*> All() const;
 
  private:
   const std::string task_name_;

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <random>
+#include <set>
 
 #include <algorithm>
 
@@ -9,12 +10,77 @@
 #include "shoal/compute/compute_threads.h"
 #include "shoal/core/codec.h"
 #include "shoal/core/status.h"
+#include "shoal/server/table_checkpoint.h"
 
 namespace shoal {
 namespace {
 
 // Long polls hold a server thread; keep each short and let callers repeat.
 constexpr int64_t kMaxWaitMs = 200;
+
+// FailedPrecondition for a server started without a checkpoint directory,
+// which therefore `does` nothing of what was asked.
+absl::Status NeedsCheckpointDir(const VariableServiceOptions& options, absl::string_view does) {
+  if (!options.checkpoint_dir.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      options.task_name, " was started without a checkpoint directory (checkpoint.dir) and ", does));
+}
+
+// Rows per chunk of a table checkpoint: 64Ki rows of 16 floats and two
+// slots are 12 MiB in memory at a time, whatever the table.
+constexpr int64_t kTableChunkRows = 1 << 16;
+
+// Streams every table `tables` holds to `path` (server/table_checkpoint.h);
+// false, and no file, when it holds none.
+absl::StatusOr<bool> SaveTables(const TableStore& tables, const std::string& path) {
+  const std::vector<EmbeddingTable*> all = tables.All();
+  if (all.empty()) return false;
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<TableCheckpointWriter> writer, TableCheckpointWriter::Open(path));
+  for (const EmbeddingTable* table : all) {
+    SHOAL_RETURN_IF_ERROR(table->ForEachChunk(
+        kTableChunkRows, [&](const torch::Tensor& ids, const torch::Tensor& rows,
+                             const std::vector<torch::Tensor>& slots, int64_t pushes) {
+          TableChunkData chunk;
+          chunk.header.set_table(table->def().name());
+          chunk.header.set_dim(table->def().dim());
+          chunk.header.set_optimizer(table->def().optimizer().kind());
+          chunk.header.set_pushes(pushes);
+          chunk.ids = ids;
+          chunk.rows = rows;
+          chunk.slots = slots;
+          return writer->Append(std::move(chunk));
+        }));
+  }
+  SHOAL_RETURN_IF_ERROR(writer->Finish());
+  return true;
+}
+
+// Restores `tables` from table checkpoint `files`: each file is read twice,
+// first to check all of it (checksums, every chunk's table known here, its
+// width, optimizer and ids), then to set the rows that map to this task, so
+// a corrupt or mismatched checkpoint changes no table. Returns the rows set.
+absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vector<std::string>& files) {
+  auto table_of = [&](const TableChunkData& chunk, const std::string& file) -> absl::StatusOr<EmbeddingTable*> {
+    auto table = tables.Find(chunk.header.table());
+    if (!table.ok()) return Annotate(table.status(), absl::StrCat("restoring '", file, "'"));
+    return *table;
+  };
+  for (const std::string& file : files) {
+    SHOAL_RETURN_IF_ERROR(ReadTableCheckpoint(file, [&](const TableChunkData& chunk) -> absl::Status {
+      SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, table_of(chunk, file));
+      return Annotate(table->CheckRestore(chunk.header, chunk.ids), absl::StrCat("restoring '", file, "'"));
+    }));
+  }
+  int64_t taken = 0;
+  for (const std::string& file : files) {
+    SHOAL_RETURN_IF_ERROR(ReadTableCheckpoint(file, [&](const TableChunkData& chunk) -> absl::Status {
+      SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, table_of(chunk, file));
+      taken += table->Restore(chunk.header, chunk.ids, chunk.rows, chunk.slots);
+      return absl::OkStatus();
+    }));
+  }
+  return taken;
+}
 
 std::vector<std::string> Names(const google::protobuf::RepeatedPtrField<std::string>& names) {
   return {names.begin(), names.end()};
@@ -213,11 +279,7 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
     }
     case wire::RequestHeader::kSaveShard: {
       const auto& save = h.save_shard();
-      if (options_.checkpoint_dir.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat(options_.task_name,
-                                                          " was started without a checkpoint directory "
-                                                          "(checkpoint.dir) and writes no checkpoints"));
-      }
+      SHOAL_RETURN_IF_ERROR(NeedsCheckpointDir(options_, "writes no checkpoints"));
       if (save.step() < 0 || save.shard() < 0 || save.shard() >= kMaxTensorsPerMessage) {
         return absl::InvalidArgumentError(absl::StrCat("save_shard request to ", options_.task_name, ": step ",
                                                        save.step(), ", shard ", save.shard(), " out of range"));
@@ -233,6 +295,8 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       const std::vector<SavedVariable> saved = store_.Snapshot();
       const std::string path = std::filesystem::absolute(folder / ShardFileName(save.shard())).string();
       SHOAL_RETURN_IF_ERROR(Annotate(WriteShard(path, saved), options_.task_name));
+      SHOAL_ASSIGN_OR_RETURN(const bool wrote_tables, SaveTables(tables_, (folder / TableFileName(save.shard())).string()));
+      response->header.mutable_save_shard()->set_wrote_tables(wrote_tables);
       response->header.mutable_save_shard()->set_path(path);
       for (const auto& v : saved) response->header.mutable_save_shard()->add_names(v.name);
       return absl::OkStatus();
@@ -353,6 +417,25 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
                              TableFor("push_rows", h.push_rows().table(), request, 2, "ids and gradients"));
       SHOAL_ASSIGN_OR_RETURN(int64_t pushes, table->Push(request.tensors[0], request.tensors[1]));
       response->header.mutable_push_rows()->set_pushes(pushes);
+      return absl::OkStatus();
+    }
+    case wire::RequestHeader::kRestoreTables: {
+      const auto& restore = h.restore_tables();
+      SHOAL_RETURN_IF_ERROR(NeedsCheckpointDir(options_, "restores no tables"));
+      std::set<int> shards;
+      for (int shard : restore.shards()) {
+        if (restore.step() < 0 || shard < 0 || shard >= kMaxTensorsPerMessage || !shards.insert(shard).second) {
+          return absl::InvalidArgumentError(absl::StrCat("restore_tables request to ", options_.task_name, ": step ",
+                                                         restore.step(), ", shard ", shard,
+                                                         " out of range or named twice"));
+        }
+      }
+      // Built here from numbers only, as for save_shard.
+      const std::filesystem::path folder = CheckpointFolder(options_.checkpoint_dir, restore.step());
+      std::vector<std::string> files;
+      for (int shard : shards) files.push_back((folder / TableFileName(shard)).string());
+      SHOAL_ASSIGN_OR_RETURN(const int64_t rows, RestoreTables(tables_, files));
+      response->header.mutable_restore_tables()->set_rows(rows);
       return absl::OkStatus();
     }
     case wire::RequestHeader::OP_NOT_SET:

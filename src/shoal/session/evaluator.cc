@@ -23,8 +23,8 @@ absl::Status CheckEvaluatorConfig(const JobConfig& config) {
   }
   if (config.model.kind == "click") {
     return absl::FailedPreconditionError(
-        "an evaluator task evaluates checkpoints, and a click model's tables are not in them yet (the chief "
-        "evaluates the live tables at the end)");
+        "an evaluator task evaluates checkpoints by itself, without ps tasks, and does not load a click model's "
+        "tables (the chief evaluates the live tables at the end)");
   }
   return absl::OkStatus();
 }

@@ -174,6 +174,13 @@ absl::StatusOr<int64_t> RestoreOnto(WorkerContext& context, const std::string& c
     SHOAL_ASSIGN_OR_RETURN(accumulator_step, context.restore_accumulator_step(index.step));
   }
   SHOAL_RETURN_IF_ERROR(RestoreVariables(client, restored, names, accumulator_step));
+  if (!index.table_shards.empty()) {
+    // The tables come back with the variables, onto whatever ps count the
+    // job has now; a restarted ps task must first hold them again.
+    if (!context.table_defs.empty()) SHOAL_RETURN_IF_ERROR(client.CreateTables(context.table_defs));
+    SHOAL_ASSIGN_OR_RETURN(const int64_t rows, client.RestoreTables(index.step, index.table_shards));
+    absl::FPrintF(stderr, "%s: restored %d table rows from %s\n", context.task.ToString(), rows, checkpoint);
+  }
   SHOAL_RETURN_IF_ERROR(client.SetCounter(kRestoreInProgress, 0).status());
   return index.step;
 }
@@ -452,7 +459,8 @@ absl::Status CreateRowTables(WorkerContext& context, Model& model) {
   RowTables* tables = model.row_tables();
   if (tables == nullptr) return absl::OkStatus();
   tables->Bind(context.client);
-  return context.client->CreateTables(tables->TableDefs());
+  context.table_defs = tables->TableDefs();
+  return context.client->CreateTables(context.table_defs);
 }
 
 absl::Status InitializeOrWait(WorkerContext& context, Model& model, const wire::OptimizerConfig* optimizer) {

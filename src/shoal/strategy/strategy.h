@@ -87,6 +87,9 @@ struct WorkerContext {
   // them, and shared by the mode's rule (ShareBuffers).
   std::vector<std::string> buffer_names;
   std::vector<torch::Tensor> buffer_values;
+  // The model's embedding tables (CreateRowTables), which a restore creates
+  // again on a restarted ps task before it restores their rows.
+  std::vector<wire::TableDef> table_defs;
   // Set by the step driver (async, sync, ssp): the chief publishes its
   // buffers every training.buffer_publish_steps steps (PublishChiefBuffers).
   bool chief_publishes_buffers = false;
@@ -182,8 +185,8 @@ absl::Status InitializeOrWait(WorkerContext& context, Model& model,
 
 // Binds a model's row tables (none: nothing to do) to the worker's client and
 // creates them on the ps tasks (creating one that exists changes nothing):
-// at start-up, and again on rejoining after a lost ps task, which comes
-// back with fresh tables (table checkpoints are not built yet).
+// at start-up, and again on rejoining after a lost ps task. A checkpoint
+// restore (at start-up or after a lost ps) brings their rows back.
 absl::Status CreateRowTables(WorkerContext& context, Model& model);
 
 // Whether a step that failed with `error` may recover: the job keeps

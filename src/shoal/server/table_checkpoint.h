@@ -1,0 +1,71 @@
+// Table checkpoint files: a ps task's shards of its embedding tables, which
+// it streams a chunk of rows at a time into ckpt-<step>/tables-<n>.ckpt
+// beside its variables' shard (server/checkpoint_shard.h), so that no
+// process ever copies a whole table.
+//
+// Layout (little-endian):
+//   "SHOALTBL", u32 format version,
+//   per chunk: u32 header size, u32 header CRC32C, the header
+//     (wire::TableChunk: table, dim, count, optimizer, slots, pushes, and the
+//     CRC32C of each tensor), then the ids (int64 [count]), the rows (float32
+//     [count, dim]) and each slot (float32 [count, dim]);
+//   "SHOALEND", u64 chunk count.
+// The reader checks every size against the bytes left before it allocates,
+// every header and tensor against its CRC32C, and the end tag and count, so
+// a truncated file or a flipped byte is DataLoss naming the file and the
+// chunk. The writer writes `path`.tmp and renames it when done (atomic).
+//
+// Not thread-safe: one writer or reader per file.
+#ifndef SHOAL_SERVER_TABLE_CHECKPOINT_H_
+#define SHOAL_SERVER_TABLE_CHECKPOINT_H_
+
+#include <torch/types.h>
+
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "shoal/wire.pb.h"
+
+namespace shoal {
+
+// tables-<shard>.ckpt: numbers only, as the shard files' names.
+std::string TableFileName(int shard);
+
+// One chunk as written and read.
+struct TableChunkData {
+  wire::TableChunk header;     // table, dim, count, optimizer, slots, pushes
+  torch::Tensor ids;           // int64 [count]
+  torch::Tensor rows;          // float32 [count, dim]
+  std::vector<torch::Tensor> slots;  // float32 [count, dim] each
+};
+
+class TableCheckpointWriter {
+ public:
+  // Creates `path`.tmp.
+  static absl::StatusOr<std::unique_ptr<TableCheckpointWriter>> Open(const std::string& path);
+  ~TableCheckpointWriter();
+  // Appends a chunk (header's crc32c filled in here).
+  absl::Status Append(TableChunkData chunk);
+  // Ends the file and renames it into place.
+  absl::Status Finish();
+
+ private:
+  TableCheckpointWriter(std::string path, std::FILE* file) : path_(std::move(path)), file_(file) {}
+  absl::Status Write(const void* data, size_t size);
+
+  std::string path_;
+  std::FILE* file_;
+  uint64_t chunks_ = 0;
+};
+
+// Reads `path` chunk by chunk, handing each to `visit` (which may stop the
+// read with an error); at most one chunk is in memory at a time.
+absl::Status ReadTableCheckpoint(const std::string& path,
+                                 const std::function<absl::Status(const TableChunkData&)>& visit);
+
+}  // namespace shoal
+
+#endif  // SHOAL_SERVER_TABLE_CHECKPOINT_H_

@@ -1,0 +1,145 @@
+// Embedding tables in checkpoints: each ps task streams its table shards to
+// tables-<n>.ckpt, and any number of ps tasks restores them row for row,
+// slots included; a corrupt or mismatched file changes no table.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "inproc_servers.h"
+#include "shoal/checkpoint/checkpoint.h"
+#include "shoal/server/table_checkpoint.h"
+#include "shoal/session/local_cluster.h"
+#include "temp_dir.h"
+
+namespace shoal {
+namespace {
+
+namespace fs = std::filesystem;
+
+// `ps` in-process ps tasks that keep checkpoints in `dir`, and a client.
+struct PsTasks {
+  PsTasks(int ps, const fs::path& dir)
+      : config(Config(ps, dir)), cluster(ClusterSpec::Local(ps, 1)), servers(config, cluster) {
+    // No variables: the tables are all there is.
+    auto placement = std::make_shared<const Placement>(Placement::Create({}, cluster, PlacementOptions{}).value());
+    client = Client::Create(cluster, &servers.transport, placement).value();
+  }
+  static JobConfig Config(int ps, const fs::path& dir) {
+    JobConfig config;
+    config.cluster.ps = ps;
+    config.checkpoint.dir = dir.string();
+    return config;
+  }
+  JobConfig config;
+  ClusterSpec cluster;
+  InProcServers servers;
+  std::unique_ptr<Client> client;
+};
+
+wire::TableDef Table(const std::string& name, int64_t rows, int64_t dim, const std::string& optimizer) {
+  wire::TableDef def;
+  def.set_name(name);
+  def.set_rows(rows);
+  def.set_dim(dim);
+  def.set_seed(7);
+  def.set_init_scale(0.1);
+  def.mutable_optimizer()->set_kind(optimizer);
+  def.mutable_optimizer()->set_learning_rate(0.1);
+  return def;
+}
+
+torch::Tensor Ids(std::vector<int64_t> ids) { return torch::tensor(ids); }
+
+// A fixed table trained by Adagrad and a dynamic one by LazyAdam.
+std::vector<wire::TableDef> TwoTables() {
+  return {Table("fixed", 1000, 4, "adagrad"), Table("dynamic", 0, 3, "lazy_adam")};
+}
+
+const std::vector<int64_t> kFixedIds = {0, 1, 2, 3, 10, 11, 99, 500, 998, 999};
+const std::vector<int64_t> kDynamicIds = {-5, 3, int64_t{1} << 40, 77, 12345};
+
+// Trains both tables a little: three pushes of fixed gradients.
+void Train(Client& client) {
+  for (int step = 0; step < 3; ++step) {
+    const float g = 0.5f + step;
+    ASSERT_TRUE(client.PushRows("fixed", Ids(kFixedIds), torch::full({10, 4}, g)).ok());
+    ASSERT_TRUE(client.PushRows("dynamic", Ids(kDynamicIds), torch::full({5, 3}, -g)).ok());
+  }
+}
+
+// Both tables' rows of the ids above, as `a` and `b` hold them, are equal
+// (to float rounding, after an optimizer's steps on different shard counts).
+void ExpectSameRows(Client& a, Client& b) {
+  for (const auto& [table, ids] : {std::pair{"fixed", kFixedIds}, std::pair{"dynamic", kDynamicIds}}) {
+    EXPECT_TRUE(torch::allclose(a.PullRows(table, Ids(ids)).value(), b.PullRows(table, Ids(ids)).value(), 1e-6, 1e-7))
+        << table;
+  }
+}
+
+TEST(TableCheckpointTest, TablesTwoPsTasksSavedRestoreOntoThreeRowForRowWithTheirSlots) {
+  const fs::path dir = FreshTempDir("shoal_tables_", "two_to_three");
+  const std::vector<wire::TableDef> defs = TwoTables();
+  PsTasks two(2, dir);
+  ASSERT_TRUE(two.client->CreateTables(defs).ok());
+  Train(*two.client);
+  auto saved = SaveCheckpoint(*two.client, dir.string(), 3);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  const CheckpointIndex index = ReadCheckpointIndex(*saved).value();
+  EXPECT_EQ(index.table_shards, (std::vector<int>{0, 1}));
+  EXPECT_TRUE(fs::exists(fs::path(*saved) / TableFileName(1)));
+
+  PsTasks three(3, dir);
+  ASSERT_TRUE(three.client->CreateTables(defs).ok());
+  auto rows = three.client->RestoreTables(3, index.table_shards);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(*rows, 1000 + 5);  // every fixed row, and the dynamic rows pushes made
+  ExpectSameRows(*three.client, *two.client);
+  // The slots came too (Adagrad's accumulator, LazyAdam's moments and push
+  // count): one more step lands both clusters on the same rows.
+  Train(*two.client);
+  Train(*three.client);
+  ExpectSameRows(*three.client, *two.client);
+}
+
+TEST(TableCheckpointTest, AFlippedByteOrAnotherWidthIsRefusedAndChangesNoTable) {
+  const fs::path dir = FreshTempDir("shoal_tables_", "refused");
+  const std::vector<wire::TableDef> defs = TwoTables();
+  PsTasks two(2, dir);
+  ASSERT_TRUE(two.client->CreateTables(defs).ok());
+  Train(*two.client);
+  const std::string saved = SaveCheckpoint(*two.client, dir.string(), 3).value();
+
+  PsTasks wider(2, dir);
+  ASSERT_TRUE(wider.client->CreateTables({Table("fixed", 1000, 5, "adagrad"), defs[1]}).ok());
+  const torch::Tensor untouched = wider.client->PullRows("fixed", Ids(kFixedIds)).value();
+  absl::StatusOr<int64_t> refused = wider.client->RestoreTables(3, {0, 1});
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("rows are 4 wide, the table's 5"), std::string::npos) << refused.status();
+  EXPECT_TRUE(wider.client->PullRows("fixed", Ids(kFixedIds)).value().equal(untouched));
+
+  // A byte flipped in the last chunk of one file: refused naming the file;
+  // the other file's rows, checked first, are not restored either.
+  const fs::path file = fs::path(saved) / TableFileName(1);
+  {
+    std::fstream bytes(file, std::ios::in | std::ios::out | std::ios::binary);
+    bytes.seekp(static_cast<std::streamoff>(fs::file_size(file) - 40));
+    bytes.put('\x5a');
+  }
+  PsTasks same(2, dir);
+  ASSERT_TRUE(same.client->CreateTables(defs).ok());
+  const torch::Tensor fresh = same.client->PullRows("fixed", Ids(kFixedIds)).value();
+  refused = same.client->RestoreTables(3, {0, 1});
+  EXPECT_TRUE(absl::IsDataLoss(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find(TableFileName(1)), std::string::npos) << refused.status();
+  EXPECT_TRUE(same.client->PullRows("fixed", Ids(kFixedIds)).value().equal(fresh));
+  // A table the checkpoint names that this job lacks: NotFound naming it.
+  PsTasks other(1, dir);
+  ASSERT_TRUE(other.client->CreateTables({Table("other", 10, 4, "adagrad")}).ok());
+  refused = other.client->RestoreTables(3, {0});
+  EXPECT_TRUE(absl::IsNotFound(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("table 'dynamic' not found"), std::string::npos) << refused.status();
+}
+
+}  // namespace
+}  // namespace shoal
