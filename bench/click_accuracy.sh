@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The click model's accuracy after one pass over 10M generated examples
+# (configs/click.yaml's model: 10M x 16 table over 2 ps tasks, 2 workers as
+# processes) against the planted model's AUC on the held-out log, and
+# against the "learnable" AUC: the planted model scoring with only the ids
+# the training log shows at least 10 times (bench/criteo_gen.py).
+#
+#   bench/click_accuracy.sh [VOCABULARY [TABLE_LEARNING_RATE]]   # default 1000000 0.5; ~25 min on 2 cores
+source "$(dirname "$0")/common.sh"
+vocabulary=${1:-1000000}
+rate=${2:-0.5}
+data=$out/criteo10m_v$vocabulary
+mkdir -p "$data"
+if [ ! -s "$data/planted.json" ]; then
+  /usr/bin/python3 bench/criteo_gen.py --examples 10000000 --vocabulary "$vocabulary" --chunk 500000 \
+    --out "$data/train.tsv" --test_out "$data/test.tsv" --test_examples 200000 > "$data/planted.json"
+fi
+sed -e "s#bench/out/criteo/#$data/#" -e "s/learning_rate: 0.05}/learning_rate: $rate}/" configs/click.yaml \
+  > "$data/click.yaml"
+build/shoal train --config "$data/click.yaml" --processes --quiet --result_file "$data/result.json" >&2
+/usr/bin/python3 - "$data" <<'PY'
+import json, sys
+d = sys.argv[1]
+planted = json.load(open(f"{d}/planted.json"))["test"]
+result = json.load(open(f"{d}/result.json"))
+print(json.dumps({"test_auc": result["test_auc"], "planted_auc": planted["planted_auc"],
+                  "learnable_auc": planted["learnable_auc"],
+                  "below_planted": planted["planted_auc"] - result["test_auc"],
+                  "below_learnable": planted["learnable_auc"] - result["test_auc"],
+                  "examples_per_second": result["examples_per_second"]}, indent=2))
+PY
