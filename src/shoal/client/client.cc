@@ -683,10 +683,15 @@ std::vector<torch::Tensor> PositionsByShard(const torch::Tensor& unique_ids, int
 
 }  // namespace
 
-absl::StatusOr<torch::Tensor> Client::PullRows(const std::string& table, const torch::Tensor& ids) {
+absl::StatusOr<torch::Tensor> Client::PullRows(const std::string& table, const torch::Tensor& ids, Ids ids_are) {
   SHOAL_RETURN_IF_ERROR(CheckRowRequest(table, ids, nullptr));
   SHOAL_ASSIGN_OR_RETURN(const std::vector<TaskId> shards, TableShards());
-  auto [unique_ids, inverse, counts] = torch::_unique2(ids, /*sorted=*/false, /*return_inverse=*/true);
+  torch::Tensor unique_ids = ids.contiguous(), inverse;  // inverse: undefined when the ids are distinct
+  if (ids_are == Ids::kAny) {
+    auto [distinct, where, counts] = torch::_unique2(ids, /*sorted=*/false, /*return_inverse=*/true);
+    unique_ids = distinct;
+    inverse = where;
+  }
   const std::vector<torch::Tensor> positions = PositionsByShard(unique_ids, static_cast<int64_t>(shards.size()));
   TaskCalls calls;
   for (size_t s = 0; s < shards.size(); ++s) {
@@ -710,17 +715,21 @@ absl::StatusOr<torch::Tensor> Client::PullRows(const std::string& table, const t
     unique_rows.index_copy_(0, positions[s], rows);
   }
   if (!unique_rows.defined()) return torch::empty({0, 0}, torch::kFloat32);  // no ids: no row width known
-  return unique_rows.index_select(0, inverse);
+  return inverse.defined() ? unique_rows.index_select(0, inverse) : unique_rows;
 }
 
-absl::Status Client::PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients) {
+absl::Status Client::PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients,
+                              Ids ids_are) {
   SHOAL_RETURN_IF_ERROR(CheckRowRequest(table, ids, &gradients));
   SHOAL_ASSIGN_OR_RETURN(const std::vector<TaskId> shards, TableShards());
   if (ids.numel() == 0) return absl::OkStatus();
-  auto [unique_ids, inverse, counts] = torch::_unique2(ids, /*sorted=*/false, /*return_inverse=*/true);
-  // One gradient row per distinct id: the sum of its rows in the batch.
-  const torch::Tensor combined =
-      torch::zeros({unique_ids.size(0), gradients.size(1)}, gradients.options()).index_add_(0, inverse, gradients);
+  torch::Tensor unique_ids = ids.contiguous(), combined = gradients;
+  if (ids_are == Ids::kAny) {
+    // One gradient row per distinct id: the sum of its rows in the batch.
+    auto [distinct, inverse, counts] = torch::_unique2(ids, /*sorted=*/false, /*return_inverse=*/true);
+    unique_ids = distinct;
+    combined = torch::zeros({distinct.size(0), gradients.size(1)}, gradients.options()).index_add_(0, inverse, gradients);
+  }
   const std::vector<torch::Tensor> positions = PositionsByShard(unique_ids, static_cast<int64_t>(shards.size()));
   TaskCalls calls;
   for (size_t s = 0; s < shards.size(); ++s) {

@@ -176,12 +176,17 @@ class Client {
   // task: row id mod the ps count. Creates each table's shard on every ps
   // task (`shard` and `num_shards` are filled in here).
   absl::Status CreateTables(const std::vector<wire::TableDef>& tables);
+  // A caller whose ids are already distinct (an embedding bag's, each step)
+  // says so, and the client does not de-duplicate them again; a push whose
+  // ids repeat anyway is refused by the ps, naming the id.
+  enum class Ids { kAny, kDistinct };
   // The rows of `ids` (int64 [n]; repeats allowed): float32 [n, dim]. Each
   // distinct id is pulled once, from its shard, all shards in parallel.
-  absl::StatusOr<torch::Tensor> PullRows(const std::string& table, const torch::Tensor& ids);
+  absl::StatusOr<torch::Tensor> PullRows(const std::string& table, const torch::Tensor& ids, Ids ids_are = Ids::kAny);
   // Sums the gradient rows ([n, dim]) of repeated ids, then pushes each
   // shard its distinct ids and their rows, in parallel.
-  absl::Status PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients);
+  absl::Status PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients,
+                        Ids ids_are = Ids::kAny);
   // Has every ps task restore its share of the tables from the table files
   // the checkpoint at `step` holds for `shards` (wire.proto:
   // RestoreTablesRequest): any ps count restores any other's. Returns the

@@ -9,6 +9,10 @@
 
 namespace shoal {
 
+torch::Tensor ClicksPredictedRight(const torch::Tensor& logits, const torch::Tensor& labels) {
+  return logits.reshape(labels.sizes()).gt(0).eq(labels.gt(0.5));
+}
+
 absl::StatusOr<ClickMetrics> ComputeClickMetrics(const torch::Tensor& probabilities, const torch::Tensor& labels) {
   if (!probabilities.defined() || !labels.defined() || probabilities.dim() != 1 || labels.dim() != 1 ||
       probabilities.size(0) != labels.size(0)) {

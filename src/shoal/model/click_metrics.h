@@ -20,6 +20,10 @@ struct ClickMetrics {
 // classes present; an error says which is missing.
 absl::StatusOr<ClickMetrics> ComputeClickMetrics(const torch::Tensor& probabilities, const torch::Tensor& labels);
 
+// Whether each logit predicts its 0/1 label (logit > 0: a click), bool [n]:
+// a click model's accuracy.
+torch::Tensor ClicksPredictedRight(const torch::Tensor& logits, const torch::Tensor& labels);
+
 }  // namespace shoal
 
 #endif  // SHOAL_MODEL_CLICK_METRICS_H_

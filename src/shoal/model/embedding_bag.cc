@@ -91,7 +91,7 @@ absl::Status RemoteEmbeddingBag::Pull(Client& client, const torch::Tensor& ids) 
     missed = distinct.index_select(0, missed_at);
   }
   if (missed.numel() > 0) {
-    SHOAL_ASSIGN_OR_RETURN(torch::Tensor pulled, client.PullRows(table_.name(), missed));
+    SHOAL_ASSIGN_OR_RETURN(torch::Tensor pulled, client.PullRows(table_.name(), missed, Client::Ids::kDistinct));
     if (missed_at.defined()) {
       rows.index_copy_(0, missed_at, pulled);
     } else {
@@ -120,7 +120,7 @@ torch::Tensor RemoteEmbeddingBag::Pooled() const {
 
 absl::Status RemoteEmbeddingBag::Push(Client& client) {
   if (!rows_.defined() || !rows_.grad().defined() || distinct_ids_.numel() == 0) return absl::OkStatus();
-  absl::Status pushed = client.PushRows(table_.name(), distinct_ids_, rows_.grad());
+  absl::Status pushed = client.PushRows(table_.name(), distinct_ids_, rows_.grad(), Client::Ids::kDistinct);
   rows_.mutable_grad().reset();
   return pushed;
 }

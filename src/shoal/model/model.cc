@@ -106,7 +106,7 @@ absl::StatusOr<Evaluation> Evaluate(Model& model, const Dataset& data, int64_t b
     if (model.classifies()) correct += output.argmax(1).eq(labels).sum().item<int64_t>();
     if (model.predicts_clicks()) {
       const torch::Tensor logits = output.reshape(labels.sizes());
-      correct += logits.gt(0).eq(labels.gt(0.5)).sum().item<int64_t>();
+      correct += ClicksPredictedRight(logits, labels).sum().item<int64_t>();
       probabilities.push_back(torch::sigmoid(logits));
     }
     loss_sum += model.Loss(output, labels).item<double>() * static_cast<double>(n);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -323,23 +324,21 @@ absl::Status EmbeddingTable::ForEachChunk(
     const std::function<absl::Status(const torch::Tensor&, const torch::Tensor&, const std::vector<torch::Tensor>&,
                                      int64_t)>& write) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  // (id, row index) of every row held, in a fixed order.
-  std::vector<std::pair<int64_t, int64_t>> held;
-  if (def_.rows() > 0) {
-    held.reserve(static_cast<size_t>(values_.rows()));
-    for (int64_t index = 0; index < values_.rows(); ++index) held.emplace_back(index * def_.num_shards() + def_.shard(), index);
-  } else {
-    held.assign(index_.begin(), index_.end());
-    std::sort(held.begin(), held.end());
-  }
-  for (size_t begin = 0; begin < held.size(); begin += static_cast<size_t>(chunk_rows)) {
-    const int64_t k = std::min<int64_t>(chunk_rows, static_cast<int64_t>(held.size() - begin));
+  // Nothing lists the rows whole: a fixed table walks its row indexes (row
+  // `index` holds id index * shards + shard), a dynamic one its map.
+  const bool fixed = def_.rows() > 0;
+  const int64_t held = fixed ? values_.rows() : static_cast<int64_t>(index_.size());
+  auto next_dynamic = index_.begin();
+  for (int64_t begin = 0; begin < held; begin += chunk_rows) {
+    const int64_t k = std::min(chunk_rows, held - begin);
     torch::Tensor ids = torch::empty({k}, torch::kInt64);
     torch::Tensor rows = torch::empty({k, dim_}, torch::kFloat32);
     std::vector<torch::Tensor> slots;
     for (size_t s = 0; s < slots_.size(); ++s) slots.push_back(torch::empty({k, dim_}, torch::kFloat32));
     for (int64_t i = 0; i < k; ++i) {
-      const auto [id, index] = held[begin + static_cast<size_t>(i)];
+      int64_t index = begin + i;
+      int64_t id = index * def_.num_shards() + def_.shard();
+      if (!fixed) std::tie(id, index) = *next_dynamic++;
       ids.data_ptr<int64_t>()[i] = id;
       std::memcpy(rows.data_ptr<float>() + i * dim_, values_.Row(index), dim_ * sizeof(float));
       for (size_t s = 0; s < slots_.size(); ++s) {

@@ -37,7 +37,7 @@ BatchResult ComputeGradients(Model& model, const torch::Tensor& input, const tor
     result.accuracy = output.detach().argmax(1).eq(labels).to(torch::kFloat64).mean().item<double>();
   } else if (model.predicts_clicks()) {
     const torch::Tensor logits = output.detach().reshape(labels.sizes());
-    result.accuracy = logits.gt(0).eq(labels.gt(0.5)).to(torch::kFloat64).mean().item<double>();
+    result.accuracy = ClicksPredictedRight(logits, labels).to(torch::kFloat64).mean().item<double>();
     auto metrics = ComputeClickMetrics(torch::sigmoid(logits), labels);
     if (metrics.ok()) result.auc = metrics->auc;
   }
