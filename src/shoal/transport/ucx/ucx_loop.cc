@@ -44,48 +44,100 @@ UcxContext::~UcxContext() { ucp_cleanup(context_); }
 
 absl::StatusOr<std::unique_ptr<UcxLoop>> UcxLoop::Create(std::shared_ptr<UcxContext> context, std::string name,
                                                           absl::Duration stay_awake) {
-  ucp_worker_params_t params{};
-  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  params.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the loop's thread touches it
-  ucp_worker_h worker = nullptr;
-  ucs_status_t status = ucp_worker_create(context->get(), &params, &worker);
-  if (status != UCS_OK) {
-    return absl::InternalError(absl::StrCat(name, ": cannot create a UCX worker: ", UcxError(status)));
-  }
-  std::unique_ptr<UcxLoop> loop(new UcxLoop(std::move(context), worker, std::move(name)));
+  std::unique_ptr<UcxLoop> loop(new UcxLoop(std::move(context), std::move(name)));
   loop->stay_awake_ = stay_awake;
-  if (loop->epoll_fd_ < 0 || loop->wake_fd_ < 0 || loop->worker_fd_ < 0 || loop->address_.empty()) {
-    return absl::InternalError(absl::StrCat(loop->name_, ": cannot set up the UCX worker's wake-ups"));
+  if (loop->epoll_fd_ < 0 || loop->wake_fd_ < 0) {
+    return absl::InternalError(absl::StrCat(loop->name_, ": cannot set up the UCX loop's wake-ups"));
   }
   loop->thread_ = std::thread([raw = loop.get()] { raw->Run(); });
   return loop;
 }
 
-UcxLoop::UcxLoop(std::shared_ptr<UcxContext> context, ucp_worker_h worker, std::string name)
-    : context_(std::move(context)), worker_(worker), name_(std::move(name)) {
+UcxLoop::UcxLoop(std::shared_ptr<UcxContext> context, std::string name)
+    : context_(std::move(context)), name_(std::move(name)) {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (ucp_worker_get_efd(worker_, &worker_fd_) != UCS_OK) worker_fd_ = -1;
-  ucp_address_t* address = nullptr;
-  size_t length = 0;
-  if (ucp_worker_get_address(worker_, &address, &length) == UCS_OK) {
-    address_.assign(reinterpret_cast<const char*>(address), length);
-    ucp_worker_release_address(worker_, address);
-  }
-  for (int fd : {wake_fd_, worker_fd_}) {
-    if (epoll_fd_ < 0 || fd < 0) continue;
+  if (epoll_fd_ >= 0 && wake_fd_ >= 0) {
     epoll_event event{};
     event.events = EPOLLIN;
-    event.data.fd = fd;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event);
+    event.data.fd = wake_fd_;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &event);
   }
 }
 
 UcxLoop::~UcxLoop() {
   Stop(nullptr);
-  ucp_worker_destroy(worker_);
+  DestroyRemovedWorkers();
+  for (auto& worker : workers_) Destroy(worker.get());
+  workers_.clear();
   if (wake_fd_ >= 0) close(wake_fd_);
   if (epoll_fd_ >= 0) close(epoll_fd_);
+}
+
+void UcxWorker::OnMessage(unsigned id, MessageHandler handler) {
+  handlers_[id] = std::move(handler);
+  ucp_am_handler_param_t param{};
+  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  param.id = id;
+  param.arg = &handlers_[id];  // a map's values stay where they are
+  param.cb = [](void* arg, const void* header, size_t header_length, void* data, size_t length,
+                const ucp_am_recv_param_t* recv) {
+    (*static_cast<MessageHandler*>(arg))(header, header_length, data, length, recv);
+    return UCS_OK;
+  };
+  ucp_worker_set_am_recv_handler(worker_, &param);
+}
+
+absl::StatusOr<UcxWorker*> UcxLoop::AddWorker() {
+  ucp_worker_params_t params{};
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  params.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the loop's thread touches it
+  std::unique_ptr<UcxWorker> worker(new UcxWorker());
+  ucs_status_t status = ucp_worker_create(context_->get(), &params, &worker->worker_);
+  if (status != UCS_OK) {
+    return absl::InternalError(absl::StrCat(name_, ": cannot create a UCX worker: ", UcxError(status)));
+  }
+  ucp_address_t* address = nullptr;
+  size_t length = 0;
+  if (ucp_worker_get_efd(worker->worker_, &worker->event_fd_) != UCS_OK ||
+      ucp_worker_get_address(worker->worker_, &address, &length) != UCS_OK) {
+    ucp_worker_destroy(worker->worker_);
+    return absl::InternalError(absl::StrCat(name_, ": cannot set up a UCX worker's wake-ups"));
+  }
+  worker->address_.assign(reinterpret_cast<const char*>(address), length);
+  ucp_worker_release_address(worker->worker_, address);
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.fd = worker->event_fd_;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, worker->event_fd_, &event);
+  workers_.push_back(std::move(worker));
+  return workers_.back().get();
+}
+
+void UcxLoop::RemoveWorker(UcxWorker* worker) {
+  for (auto it = workers_.begin(); it != workers_.end(); ++it) {
+    if (it->get() != worker) continue;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, worker->event_fd_, nullptr);
+    removed_.push_back(std::move(*it));
+    workers_.erase(it);
+    return;
+  }
+}
+
+void UcxLoop::Destroy(UcxWorker* worker) {
+  // Destroys the worker's endpoints too, and completes (with an error) the
+  // requests still queued on them, whose callbacks run now.
+  ucp_worker_destroy(worker->worker_);
+  worker->worker_ = nullptr;
+}
+
+void UcxLoop::DestroyRemovedWorkers() {
+  // A destroyed worker's callbacks may remove more.
+  while (!removed_.empty()) {
+    std::vector<std::unique_ptr<UcxWorker>> removed;
+    removed.swap(removed_);
+    for (auto& worker : removed) Destroy(worker.get());
+  }
 }
 
 void UcxLoop::Stop(std::function<void()> before_stop) {
@@ -175,9 +227,25 @@ int UcxLoop::MillisecondsToNextTimer() const {
   return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 60000));
 }
 
+bool UcxLoop::ProgressWorkers() {
+  bool any = false;
+  // By index: a callback may add a worker (never remove one: removal waits).
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    while (ucp_worker_progress(workers_[i]->worker_) != 0) any = true;
+  }
+  return any;
+}
+
+bool UcxLoop::ArmWorkers() {
+  for (auto& worker : workers_) {
+    if (ucp_worker_arm(worker->worker_) == UCS_ERR_BUSY) return false;
+  }
+  return true;
+}
+
 void UcxLoop::ProgressUntil(const std::function<bool()>& done, absl::Time deadline) {
   while (!done() && absl::Now() < deadline) {
-    if (ucp_worker_progress(worker_) == 0) usleep(100);
+    if (!ProgressWorkers()) usleep(100);
   }
 }
 
@@ -189,9 +257,9 @@ void UcxLoop::WaitForEvents(int timeout_ms) {
     if (fd == wake_fd_) {
       uint64_t count;
       (void)!read(wake_fd_, &count, sizeof(count));
-    } else if (fd != worker_fd_) {
+    } else {
       auto it = watched_.find(fd);
-      if (it != watched_.end()) {
+      if (it != watched_.end()) {  // (not a worker's event fd: progress serves those)
         auto on_ready = it->second;  // it may unwatch itself
         on_ready(events[i].events);
       }
@@ -205,8 +273,9 @@ void UcxLoop::Run() {
   constexpr absl::Duration kLookAtSocketsEvery = absl::Microseconds(200);
   absl::Time sockets_seen;
   while (!stop_now_) {
+    DestroyRemovedWorkers();
     bool busy = RunPosted();
-    while (!stop_now_ && ucp_worker_progress(worker_) != 0) busy = true;
+    busy = ProgressWorkers() || busy;
     RunDueTimers();
     busy = RunPosted() || busy;  // what the progress's callbacks queued
     if (stop_now_) break;
@@ -215,13 +284,13 @@ void UcxLoop::Run() {
     // Right after work an answer is likely within microseconds: staying
     // awake that long saves the wake-ups (tens of microseconds each) that
     // would otherwise dominate small calls. Idle, the loop sleeps, unless
-    // the worker will not arm: it says events are pending (UCS_ERR_BUSY).
-    // It also says so, with nothing to progress, once a peer on shared
-    // memory died with sends queued to it (UCX 1.13 cannot cancel those;
-    // README, "The data plane"). The loop then stays awake, and must still
-    // look at its sockets: the liveness socket is what reports that peer.
+    // a worker will not arm: it says events are pending (UCS_ERR_BUSY).
+    // One also says so, with nothing to progress, once a peer on shared
+    // memory died with sends queued to it (UCX 1.13 cannot cancel those).
+    // The loop then stays awake, and must still look at its sockets: the
+    // liveness socket reports that peer, and its worker is then removed.
     const bool awake = busy || now - last_busy_ < stay_awake_;
-    if (!awake && ucp_worker_arm(worker_) != UCS_ERR_BUSY) {
+    if (!awake && ArmWorkers()) {
       sleeping_.store(true, std::memory_order_seq_cst);
       if (!has_posted_.load(std::memory_order_seq_cst)) WaitForEvents(MillisecondsToNextTimer());
       sleeping_.store(false, std::memory_order_relaxed);

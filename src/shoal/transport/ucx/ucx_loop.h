@@ -1,14 +1,22 @@
-// UcxLoop: one UCX worker and the thread that drives it, asleep when idle.
+// UcxLoop: a thread that drives UCX workers, asleep when idle.
 //
-// Every UCX call on the worker happens on the loop's thread (the worker is
+// A loop holds one UCX worker per connection (UcxWorker), so that a peer's
+// death takes only its own worker with it: UCX 1.13 cannot cancel sends
+// queued on a shared-memory endpoint to a dead peer, and a worker holding
+// such sends reports pending work for ever (it would keep the loop polling
+// and could stall new connections made through it). Destroying the worker
+// drops them.
+//
+// Every UCX call on a worker happens on the loop's thread (the workers are
 // single-threaded, so UCX takes no locks); other threads hand work over
-// with Post(). The thread sleeps in epoll_wait on the worker's event fd
+// with Post(). The thread sleeps in epoll_wait on the workers' event fds
 // (after ucp_worker_arm), on an eventfd that Post() writes, on the sockets
 // it was told to Watch(), and until the earliest timer (At()). It polls
 // only for a moment (`stay_awake`, microseconds) after it has worked, when
 // an answer is likely: an idle loop uses no CPU.
 //
-// Also the loop thread only: Watch/Unwatch, At/Cancel, worker().
+// Also the loop thread only: AddWorker/RemoveWorker, Watch/Unwatch,
+// At/Cancel.
 #ifndef SHOAL_TRANSPORT_UCX_UCX_LOOP_H_
 #define SHOAL_TRANSPORT_UCX_UCX_LOOP_H_
 
@@ -43,6 +51,29 @@ class UcxContext {
   ucp_context_h context_;
 };
 
+// One UCX worker of a loop, and the handlers of its active messages.
+class UcxWorker {
+ public:
+  // Header, header length, data, data length and UCX's receive parameters
+  // of one active message; the data is valid only during the call unless
+  // fetched.
+  using MessageHandler = std::function<void(const void*, size_t, void*, size_t, const ucp_am_recv_param_t*)>;
+
+  ucp_worker_h get() const { return worker_; }
+  // This worker's address (bytes a peer's ucp_ep_create takes).
+  const std::string& address() const { return address_; }
+  // Routes active messages `id` to `handler`.
+  void OnMessage(unsigned id, MessageHandler handler);
+
+ private:
+  friend class UcxLoop;
+  UcxWorker() = default;
+  ucp_worker_h worker_ = nullptr;
+  int event_fd_ = -1;
+  std::string address_;
+  std::map<unsigned, MessageHandler> handlers_;
+};
+
 class UcxLoop {
  public:
   // Starts the thread. `name` appears in errors. After any work the thread
@@ -50,7 +81,7 @@ class UcxLoop {
   static absl::StatusOr<std::unique_ptr<UcxLoop>> Create(std::shared_ptr<UcxContext> context, std::string name,
                                                          absl::Duration stay_awake);
   // Runs `before_stop` on the loop thread (closing endpoints), then stops
-  // and joins the thread and destroys the worker. Not from the loop thread.
+  // and joins the thread and destroys the workers. Not from the loop thread.
   ~UcxLoop();
   void Stop(std::function<void()> before_stop);
 
@@ -59,9 +90,13 @@ class UcxLoop {
   bool Post(std::function<void()> task);
   bool InLoopThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
-  ucp_worker_h worker() const { return worker_; }
-  // This worker's address (bytes a peer's ucp_ep_create takes). Thread-safe.
-  const std::string& address() const { return address_; }
+  // A new worker, progressed by this loop until RemoveWorker.
+  absl::StatusOr<UcxWorker*> AddWorker();
+  // Destroys `worker` and with it its endpoints and whatever they still had
+  // queued, once the loop is out of UCX's callbacks; its handlers get no
+  // more messages.
+  void RemoveWorker(UcxWorker* worker);
+  size_t worker_count() const { return workers_.size(); }
 
   // Calls `on_ready(events)` when `fd` has any of `events` (EPOLLIN...).
   void Watch(int fd, uint32_t events, std::function<void(uint32_t)> on_ready);
@@ -70,13 +105,17 @@ class UcxLoop {
   uint64_t At(absl::Time when, std::function<void()> fn);
   void Cancel(uint64_t id);
 
-  // Progresses the worker until it has nothing to do, or `deadline` (used
-  // while closing endpoints).
+  // Progresses the workers until `done`, or `deadline` (used while closing
+  // endpoints).
   void ProgressUntil(const std::function<bool()>& done, absl::Time deadline);
 
  private:
-  UcxLoop(std::shared_ptr<UcxContext> context, ucp_worker_h worker, std::string name);
+  UcxLoop(std::shared_ptr<UcxContext> context, std::string name);
   void Run();
+  bool ProgressWorkers();  // whether any had work
+  bool ArmWorkers();       // false: one has events pending (it must be progressed, not slept on)
+  void DestroyRemovedWorkers();
+  void Destroy(UcxWorker* worker);
   // Waits up to `timeout_ms` (0: not at all) for fds, and serves them.
   void WaitForEvents(int timeout_ms);
   bool RunPosted();  // whether there was any
@@ -84,18 +123,17 @@ class UcxLoop {
   int MillisecondsToNextTimer() const;
 
   std::shared_ptr<UcxContext> context_;
-  ucp_worker_h worker_;
   std::string name_;
-  std::string address_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: Post() wakes the thread
-  int worker_fd_ = -1;
 
   absl::Mutex mu_;
   std::vector<std::function<void()>> posted_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 
   // Loop thread only.
+  std::vector<std::unique_ptr<UcxWorker>> workers_;
+  std::vector<std::unique_ptr<UcxWorker>> removed_;  // destroyed at the next safe point
   std::map<int, std::function<void(uint32_t)>> watched_;
   std::map<std::pair<absl::Time, uint64_t>, std::function<void()>> timers_;
   std::map<uint64_t, absl::Time> timer_times_;

@@ -33,6 +33,9 @@ constexpr size_t kHeaderSlack = 16 << 20;  // room for headers beyond the tensor
 // that the receiver can decode every tensor in place.
 constexpr size_t kBodyAlignment = 8;
 constexpr int kMaxPendingHandshakes = 64;
+// Each connection has a UCX worker of its own (shared-memory queues and
+// all), so a server bounds how many it holds.
+constexpr size_t kMaxConnections = 256;
 // A server fetches at most this many largest messages' worth of requests at once.
 constexpr size_t kReceiveBudgetMessages = 2;
 constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
@@ -154,12 +157,12 @@ struct Incoming {
   }
 };
 
-void Receive(UcxLoop* loop, void* data, size_t length, const ucp_am_recv_param_t* param,
+void Receive(UcxLoop* loop, UcxWorker* worker, void* data, size_t length, const ucp_am_recv_param_t* param,
              std::function<void(std::shared_ptr<char>, size_t)> deliver) {
   auto* in = new Incoming{AllocateAligned(length), length, std::move(deliver), loop};
   const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   if (in->buffer == nullptr) {
-    if (rendezvous) ucp_am_data_release(loop->worker(), data);
+    if (rendezvous) ucp_am_data_release(worker->get(), data);
     in->Finish(false);
     return;
   }
@@ -175,7 +178,7 @@ void Receive(UcxLoop* loop, void* data, size_t length, const ucp_am_recv_param_t
     static_cast<Incoming*>(user_data)->Finish(status == UCS_OK);  // not OK: the peer went away
     ucp_request_free(request);
   };
-  ucs_status_ptr_t started = ucp_am_recv_data_nbx(loop->worker(), data, in->buffer.get(), length, &receive);
+  ucs_status_ptr_t started = ucp_am_recv_data_nbx(worker->get(), data, in->buffer.get(), length, &receive);
   if (started == nullptr) {
     in->Finish(true);
   } else if (UCS_PTR_IS_ERR(started)) {
@@ -184,8 +187,8 @@ void Receive(UcxLoop* loop, void* data, size_t length, const ucp_am_recv_param_t
 }
 
 // Drops an active message's data without fetching it.
-void Drop(UcxLoop* loop, void* data, const ucp_am_recv_param_t* param) {
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ucp_am_data_release(loop->worker(), data);
+void Drop(UcxWorker* worker, void* data, const ucp_am_recv_param_t* param) {
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ucp_am_data_release(worker->get(), data);
 }
 
 // The frame and the tensor bytes of a received message, as the codec's chunks.
@@ -200,22 +203,14 @@ absl::Status SplitReceived(const std::shared_ptr<char>& buffer, size_t length, u
   return absl::OkStatus();
 }
 
-// `force`: the peer is gone and the endpoint has UCX's peer-failure mode
-// (UCX refuses to force-close any other, and forcing is only safe when the
-// peer cannot receive anything any more); otherwise the endpoint flushes
-// what is in flight first.
-ucs_status_ptr_t CloseEndpoint(ucp_ep_h ep, bool force) {
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-  return ucp_ep_close_nbx(ep, &param);
-}
-
-// Closes endpoints and waits (at most kCloseTimeout) for them to finish.
-void CloseAll(UcxLoop* loop, const std::vector<std::pair<ucp_ep_h, bool>>& endpoints) {
+// Closes endpoints to live peers, flushing what is in flight, and waits (at
+// most kCloseTimeout) for them to finish. (A connection to a dead peer ends
+// by removing its worker instead, which drops what was queued to it.)
+void CloseAll(UcxLoop* loop, const std::vector<ucp_ep_h>& endpoints) {
   std::vector<void*> closing;
-  for (auto [ep, force] : endpoints) {
-    ucs_status_ptr_t request = CloseEndpoint(ep, force);
+  for (ucp_ep_h ep : endpoints) {
+    ucp_request_param_t param{};
+    ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
     if (UCS_PTR_IS_PTR(request)) closing.push_back(request);
   }
   loop->ProgressUntil(
@@ -229,17 +224,10 @@ void CloseAll(UcxLoop* loop, const std::vector<std::pair<ucp_ep_h, bool>>& endpo
   for (void* r : closing) ucp_request_free(r);
 }
 
-// Closes one endpoint in the background.
-void CloseSoon(ucp_ep_h ep, bool force) {
-  ucs_status_ptr_t request = CloseEndpoint(ep, force);
-  if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);  // it completes on its own
-}
-
 // An endpoint to a peer's worker. Peers on this host and network namespace
 // get every transport (shared memory among them); others need UCX's
-// peer-failure handling, which its shared-memory transports lack (so only
-// those endpoints can be force-closed: see CloseEndpoint).
-absl::StatusOr<ucp_ep_h> CreateEndpoint(UcxLoop* loop, const std::string& address, bool same_host,
+// peer-failure handling, which its shared-memory transports lack.
+absl::StatusOr<ucp_ep_h> CreateEndpoint(UcxWorker* worker, const std::string& address, bool same_host,
                                         ucp_err_handler_cb_t on_error, void* error_arg) {
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -251,7 +239,7 @@ absl::StatusOr<ucp_ep_h> CreateEndpoint(UcxLoop* loop, const std::string& addres
     params.err_handler.arg = error_arg;
   }
   ucp_ep_h ep = nullptr;
-  ucs_status_t status = ucp_ep_create(loop->worker(), &params, &ep);
+  ucs_status_t status = ucp_ep_create(worker->get(), &params, &ep);
   if (status != UCS_OK) return absl::UnavailableError("cannot reach its UCX worker: " + UcxError(status));
   return ep;
 }
@@ -301,23 +289,6 @@ std::string PeerName(int fd) {
   return absl::StrCat("ipv6:[", host, "]:", ntohs(in6->sin6_port));
 }
 
-// Routes active messages `id` on the loop's worker to `on_message` (whose
-// header, data and length UCX hands over; data is valid only during the
-// call unless fetched, see Receive).
-template <typename Owner, void (Owner::*on_message)(const void*, size_t, void*, size_t, const ucp_am_recv_param_t*)>
-void SetMessageHandler(UcxLoop* loop, unsigned id, Owner* owner) {
-  ucp_am_handler_param_t handler{};
-  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  handler.id = id;
-  handler.arg = owner;
-  handler.cb = [](void* arg, const void* header, size_t header_length, void* data, size_t length,
-                  const ucp_am_recv_param_t* param) {
-    (static_cast<Owner*>(arg)->*on_message)(header, header_length, data, length, param);
-    return UCS_OK;
-  };
-  ucp_worker_set_am_recv_handler(loop->worker(), &handler);
-}
-
 // ---------------------------------------------------------------- server
 
 class UcxServer final : public ServerHandle {
@@ -331,11 +302,8 @@ class UcxServer final : public ServerHandle {
 
   void PostForStart(std::function<void()> start) { loop_->Post(std::move(start)); }
 
-  // On the loop: listen, and take requests.
-  void Start() {
-    SetMessageHandler<UcxServer, &UcxServer::OnRequest>(loop_.get(), kRequestAm, this);
-    loop_->Watch(listen_fd_, EPOLLIN, [this](uint32_t) { Accept(); });
-  }
+  // On the loop: listen.
+  void Start() { loop_->Watch(listen_fd_, EPOLLIN, [this](uint32_t) { Accept(); }); }
 
   ~UcxServer() override {
     // Stop taking connections and requests, let the waiting requests (long
@@ -355,13 +323,13 @@ class UcxServer final : public ServerHandle {
       waiting_mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &waiting_));
     }
     loop_->Stop([this] {
-      std::vector<std::pair<ucp_ep_h, bool>> endpoints;
+      std::vector<ucp_ep_h> endpoints;
       for (auto& [id, connection] : connections_) {
         loop_->Unwatch(connection.fd);
         close(connection.fd);
-        endpoints.emplace_back(connection.ep, false);
+        endpoints.push_back(connection.ep);
       }
-      connections_.clear();
+      connections_.clear();  // their workers go with the loop
       for (auto& [fd, handshake] : handshakes_) {
         loop_->Unwatch(fd);
         close(fd);
@@ -376,11 +344,11 @@ class UcxServer final : public ServerHandle {
  private:
   struct Connection {
     int fd;
+    UcxWorker* worker;  // this connection's own
     ucp_ep_h ep;
     ConnectionSecret secret;
     std::string peer;
     bool contiguous;  // no shared memory to this peer: send one buffer
-    bool peer_failure_mode;  // another host: UCX reports its failure, and may force-close
   };
   struct Handshake {
     std::string bytes;
@@ -442,7 +410,7 @@ class UcxServer final : public ServerHandle {
     if (!welcome.status.ok() || !sent) {
       auto refused = connections_.find(welcome.connection_id);
       if (refused != connections_.end()) {
-        CloseSoon(refused->second.ep, refused->second.peer_failure_mode);
+        loop_->RemoveWorker(refused->second.worker);
         connections_.erase(refused);
       }
       close(fd);
@@ -461,18 +429,34 @@ class UcxServer final : public ServerHandle {
                                                                hello.token.empty() ? "no token" : "a wrong token"));
       return welcome;
     }
+    if (connections_.size() >= kMaxConnections) {
+      welcome.status = absl::ResourceExhaustedError(absl::StrCat(service_->options().task_name, " holds ",
+                                                                 kMaxConnections, " UCX connections, the most it takes"));
+      return welcome;
+    }
+    absl::StatusOr<UcxWorker*> worker = loop_->AddWorker();
+    if (!worker.ok()) {
+      welcome.status = worker.status();
+      return welcome;
+    }
+    const uint64_t id = next_connection_++;
+    (*worker)->OnMessage(kRequestAm, [this, id, w = *worker](const void* header, size_t header_length, void* data,
+                                                             size_t length, const ucp_am_recv_param_t* param) {
+      OnRequest(id, w, header, header_length, data, length, param);
+    });
     const bool same_host = hello.host_id == host_id_;
-    auto ep = CreateEndpoint(loop_.get(), hello.worker_address, same_host, &UcxServer::OnEndpointError, this);
+    auto ep = CreateEndpoint(*worker, hello.worker_address, same_host, &UcxServer::OnEndpointError, this);
     const bool contiguous = !(same_host && shared_memory_);
     if (!ep.ok()) {
+      loop_->RemoveWorker(*worker);
       welcome.status = Annotate(ep.status(), service_->options().task_name);
       return welcome;
     }
-    welcome.connection_id = next_connection_++;
+    welcome.connection_id = id;
     welcome.secret = DrawSecret();
     welcome.host_id = host_id_;
-    welcome.worker_address = loop_->address();
-    connections_[welcome.connection_id] = Connection{fd, *ep, welcome.secret, PeerName(fd), contiguous, !same_host};
+    welcome.worker_address = (*worker)->address();
+    connections_[id] = Connection{fd, *worker, *ep, welcome.secret, PeerName(fd), contiguous};
     return welcome;
   }
 
@@ -484,15 +468,17 @@ class UcxServer final : public ServerHandle {
     char byte;
     ssize_t n = recv(it->second.fd, &byte, 1, MSG_PEEK);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-    CloseConnection(id, /*peer_is_gone=*/n <= 0);
+    CloseConnection(id);
   }
 
-  void CloseConnection(uint64_t id, bool peer_is_gone) {
+  // The client is gone (or broke the protocol): its worker goes, with
+  // whatever was still queued to it.
+  void CloseConnection(uint64_t id) {
     auto it = connections_.find(id);
     if (it == connections_.end()) return;
     loop_->Unwatch(it->second.fd);
     close(it->second.fd);
-    CloseSoon(it->second.ep, peer_is_gone && it->second.peer_failure_mode);
+    loop_->RemoveWorker(it->second.worker);
     connections_.erase(it);
   }
 
@@ -501,27 +487,28 @@ class UcxServer final : public ServerHandle {
     for (auto& [id, connection] : server->connections_) {
       if (connection.ep == ep) {
         const uint64_t dead = id;
-        server->loop_->Post([server, dead] { server->CloseConnection(dead, true); });
+        server->loop_->Post([server, dead] { server->CloseConnection(dead); });
         return;
       }
     }
   }
 
-  void OnRequest(const void* header, size_t header_length, void* data, size_t length,
-                 const ucp_am_recv_param_t* param) {
+  // A request on connection `id`'s worker.
+  void OnRequest(uint64_t id, UcxWorker* worker, const void* header, size_t header_length, void* data,
+                 size_t length, const ucp_am_recv_param_t* param) {
     RequestAmHeader h;
     if (header_length != sizeof(h) || closing_) {
-      Drop(loop_.get(), data, param);
+      Drop(worker, data, param);
       return;
     }
     std::memcpy(&h, header, sizeof(h));
     auto it = connections_.find(h.connection_id);
-    if (it == connections_.end() || !SecretsEqual(it->second.secret, h.secret)) {
-      Drop(loop_.get(), data, param);  // not a client that passed the handshake: nothing is read
+    if (h.connection_id != id || it == connections_.end() || !SecretsEqual(it->second.secret, h.secret)) {
+      Drop(worker, data, param);  // not a client that passed the handshake: nothing is read
       return;
     }
     if (length > options_.max_message_bytes + kHeaderSlack) {
-      Drop(loop_.get(), data, param);
+      Drop(worker, data, param);
       Response refusal;
       SetErrorStatus(absl::ResourceExhaustedError(absl::StrCat("message of ", length, " bytes to ",
                                                                 service_->options().task_name,
@@ -534,7 +521,7 @@ class UcxServer final : public ServerHandle {
     // What all requests being received may hold at once: a flood of large
     // messages is refused, not buffered.
     if (receiving_bytes_ + length > kReceiveBudgetMessages * (options_.max_message_bytes + kHeaderSlack)) {
-      Drop(loop_.get(), data, param);
+      Drop(worker, data, param);
       Response refusal;
       SetErrorStatus(absl::ResourceExhaustedError(absl::StrCat(service_->options().task_name, " is receiving ",
                                                                 receiving_bytes_, " bytes already; try again")),
@@ -544,7 +531,7 @@ class UcxServer final : public ServerHandle {
     }
     receiving_bytes_ += length;
     const uint64_t connection_id = h.connection_id, call_id = h.call_id, frame_bytes = h.frame_bytes;
-    Receive(loop_.get(), data, length, param,
+    Receive(loop_.get(), worker, data, length, param,
             [this, connection_id, call_id, frame_bytes](std::shared_ptr<char> buffer, size_t length) {
               receiving_bytes_ -= length;
               if (buffer == nullptr) return;  // the client went away (or no memory): nothing to answer
@@ -648,11 +635,11 @@ class UcxClientSide {
     std::string where;
     enum { kIdle, kConnecting, kConnected } state = kIdle;
     int fd = -1;
+    UcxWorker* worker = nullptr;  // this connection's own, from connecting until disconnected
     ucp_ep_h ep = nullptr;
     uint64_t connection_id = 0;
     ConnectionSecret secret{};
     bool contiguous = true;  // no shared memory to this peer: send one buffer
-    bool peer_failure_mode = false;  // another host: UCX reports its failure, and may force-close
     std::vector<uint64_t> waiting;  // calls to send once connected
     std::set<uint64_t> in_flight;
     bool closed = false;
@@ -662,21 +649,18 @@ class UcxClientSide {
       : loop_(std::move(loop)), options_(options), host_id_(HostId()),
         shared_memory_(MayUseSharedMemory(options.ucx_transports)) {}
 
-  void PostForStart(std::function<void()> start) { loop_->Post(std::move(start)); }
-
-  // On the loop: take answers.
-  void Start() { SetMessageHandler<UcxClientSide, &UcxClientSide::OnResponse>(loop_.get(), kResponseAm, this); }
-
   // Fails every call and closes every connection; the loop stops.
   void Shutdown() {
     loop_->Stop([this] {
-      std::vector<std::pair<ucp_ep_h, bool>> endpoints;
+      std::vector<ucp_ep_h> endpoints;
       for (auto& channel : channels_) {
-        if (channel->ep != nullptr) endpoints.emplace_back(channel->ep, false);
+        if (channel->ep != nullptr) endpoints.push_back(channel->ep);
         channel->ep = nullptr;
-        Disconnect(channel.get(), absl::UnavailableError(channel->where + " is unavailable: the transport closed"));
       }
       CloseAll(loop_.get(), endpoints);
+      for (auto& channel : channels_) {
+        Disconnect(channel.get(), absl::UnavailableError(channel->where + " is unavailable: the transport closed"));
+      }
       // Calls still waiting for a connection being made: every call ends.
       while (!calls_.empty()) {
         const auto& [id, call] = *calls_.begin();
@@ -764,8 +748,18 @@ class UcxClientSide {
   // Connects on a thread of its own (a blocking connect and handshake,
   // bounded by the connect timeout), then hands the socket to the loop.
   void StartConnecting(std::shared_ptr<ChannelState> channel) {
+    absl::StatusOr<UcxWorker*> worker = loop_->AddWorker();
+    if (!worker.ok()) {
+      FailWaiting(channel.get(), Annotate(worker.status(), channel->where));
+      return;
+    }
     channel->state = ChannelState::kConnecting;
-    Hello hello{options_.token, host_id_, loop_->address()};
+    channel->worker = *worker;
+    (*worker)->OnMessage(kResponseAm, [this, w = *worker](const void* header, size_t header_length, void* data,
+                                                          size_t length, const ucp_am_recv_param_t* param) {
+      OnResponse(w, header, header_length, data, length, param);
+    });
+    Hello hello{options_.token, host_id_, (*worker)->address()};
     const absl::Time deadline = absl::Now() + options_.connect_timeout;
     std::thread([this, loop = loop_, channel, hello, deadline] {
       auto welcome = std::make_shared<Welcome>();
@@ -778,11 +772,13 @@ class UcxClientSide {
   void OnConnected(std::shared_ptr<ChannelState> channel, absl::StatusOr<int> fd, const Welcome& welcome) {
     if (channel->closed) {
       if (fd.ok()) close(*fd);
+      loop_->RemoveWorker(channel->worker);
+      channel->worker = nullptr;
       return;
     }
     absl::StatusOr<ucp_ep_h> ep = absl::UnknownError("not connected");
     if (fd.ok()) {
-      ep = CreateEndpoint(loop_.get(), welcome.worker_address, welcome.host_id == host_id_,
+      ep = CreateEndpoint(channel->worker, welcome.worker_address, welcome.host_id == host_id_,
                           &UcxClientSide::OnEndpointError, this);
       if (!ep.ok()) close(*fd);
     } else {
@@ -790,14 +786,12 @@ class UcxClientSide {
     }
     if (!ep.ok()) {
       channel->state = ChannelState::kIdle;
+      loop_->RemoveWorker(channel->worker);
+      channel->worker = nullptr;
       const absl::Status& s = ep.status();
-      const absl::Status failure =
-          absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)
-              ? absl::Status(s.code(), absl::StrCat(channel->task.ToString(), " at ", s.message()))
-              : Annotate(s, channel->where);
-      std::vector<uint64_t> waiting;
-      waiting.swap(channel->waiting);
-      for (uint64_t id : waiting) Finish(id, failure);
+      FailWaiting(channel.get(), absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)
+                                     ? absl::Status(s.code(), absl::StrCat(channel->task.ToString(), " at ", s.message()))
+                                     : Annotate(s, channel->where));
       return;
     }
     channel->state = ChannelState::kConnected;
@@ -805,7 +799,6 @@ class UcxClientSide {
     channel->ep = *ep;
     channel->connection_id = welcome.connection_id;
     channel->contiguous = !(welcome.host_id == host_id_ && shared_memory_);
-    channel->peer_failure_mode = welcome.host_id != host_id_;
     channel->secret = welcome.secret;
     loop_->Watch(channel->fd, EPOLLIN | EPOLLRDHUP, [this, channel](uint32_t) { CheckAlive(channel); });
     std::vector<uint64_t> waiting;
@@ -818,8 +811,7 @@ class UcxClientSide {
     ssize_t n = recv(channel->fd, &byte, 1, MSG_PEEK);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
     Disconnect(channel.get(),
-               absl::UnavailableError(channel->where + " is unavailable: the connection closed (the task ended?)"),
-               /*peer_is_gone=*/true);
+               absl::UnavailableError(channel->where + " is unavailable: the connection closed (the task ended?)"));
   }
 
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
@@ -828,8 +820,7 @@ class UcxClientSide {
       if (channel->ep == ep) {
         self->loop_->Post([self, channel, status] {
           self->Disconnect(channel.get(),
-                           absl::UnavailableError(absl::StrCat(channel->where, " is unavailable: ", UcxError(status))),
-                           true);
+                           absl::UnavailableError(absl::StrCat(channel->where, " is unavailable: ", UcxError(status))));
         });
         return;
       }
@@ -837,23 +828,31 @@ class UcxClientSide {
   }
 
   // Ends the connection (if any) and fails every call on it with `status`.
-  void Disconnect(ChannelState* channel, const absl::Status& status, bool peer_is_gone = false) {
+  // Its worker goes with it, and with that whatever was still queued to the
+  // peer (a connection being made keeps its worker until it is made).
+  void Disconnect(ChannelState* channel, const absl::Status& status) {
     if (channel->fd >= 0) {
       loop_->Unwatch(channel->fd);
       close(channel->fd);
       channel->fd = -1;
     }
-    if (channel->ep != nullptr) CloseSoon(channel->ep, peer_is_gone && channel->peer_failure_mode);
     channel->ep = nullptr;
-    if (channel->state != ChannelState::kConnecting) channel->state = ChannelState::kIdle;
+    if (channel->state != ChannelState::kConnecting) {
+      channel->state = ChannelState::kIdle;
+      if (channel->worker != nullptr) loop_->RemoveWorker(channel->worker);
+      channel->worker = nullptr;
+    }
     std::set<uint64_t> in_flight;
     in_flight.swap(channel->in_flight);
     for (uint64_t id : in_flight) Finish(id, status);
-    if (channel->state != ChannelState::kConnecting) {
-      std::vector<uint64_t> waiting;
-      waiting.swap(channel->waiting);
-      for (uint64_t id : waiting) Finish(id, status);
-    }
+    if (channel->state != ChannelState::kConnecting) FailWaiting(channel, status);
+  }
+
+  // Fails the calls waiting for a connection.
+  void FailWaiting(ChannelState* channel, const absl::Status& status) {
+    std::vector<uint64_t> waiting;
+    waiting.swap(channel->waiting);
+    for (uint64_t id : waiting) Finish(id, status);
   }
 
   void Send(uint64_t id) {
@@ -874,27 +873,28 @@ class UcxClientSide {
     }
   }
 
-  void OnResponse(const void* header, size_t header_length, void* data, size_t length,
+  // An answer on `worker`'s connection.
+  void OnResponse(UcxWorker* worker, const void* header, size_t header_length, void* data, size_t length,
                   const ucp_am_recv_param_t* param) {
     ResponseAmHeader h;
     if (header_length != sizeof(h)) {
-      Drop(loop_.get(), data, param);
+      Drop(worker, data, param);
       return;
     }
     std::memcpy(&h, header, sizeof(h));
     auto it = calls_.find(h.call_id);
-    if (it == calls_.end()) {
-      Drop(loop_.get(), data, param);  // late (its deadline passed) or unknown
+    if (it == calls_.end() || it->second->channel->worker != worker) {
+      Drop(worker, data, param);  // late (its deadline passed), unknown, or a call to another task
       return;
     }
     if (length > options_.max_message_bytes + kHeaderSlack) {
-      Drop(loop_.get(), data, param);
+      Drop(worker, data, param);
       Finish(h.call_id, absl::ResourceExhaustedError(absl::StrCat("answer of ", length, " bytes from ",
                                                                   it->second->channel->where, " exceeds the limit")));
       return;
     }
     const uint64_t id = h.call_id, frame_bytes = h.frame_bytes;
-    Receive(loop_.get(), data, length, param, [this, id, frame_bytes](std::shared_ptr<char> buffer, size_t length) {
+    Receive(loop_.get(), worker, data, length, param, [this, id, frame_bytes](std::shared_ptr<char> buffer, size_t length) {
       if (buffer == nullptr) {
         Finish(id, absl::ResourceExhaustedError(absl::StrCat("no memory for an answer of ", length, " bytes")));
         return;
@@ -1013,14 +1013,7 @@ absl::StatusOr<std::shared_ptr<Channel>> UcxTransport::Connect(const TaskId& tas
   absl::MutexLock lock(&state_->mu);
   if (!state_->client) {
     SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<UcxLoop> loop, UcxLoop::Create(state_->context, "UCX client", state_->options.stay_awake));
-    auto client = std::make_unique<UcxClientSide>(std::shared_ptr<UcxLoop>(std::move(loop)), state_->options);
-    absl::Notification started;
-    client->PostForStart([raw = client.get(), &started] {
-      raw->Start();
-      started.Notify();
-    });
-    started.WaitForNotification();
-    state_->client = std::move(client);
+    state_->client = std::make_unique<UcxClientSide>(std::shared_ptr<UcxLoop>(std::move(loop)), state_->options);
   }
   return std::shared_ptr<Channel>(new UcxChannel(task, state_->client.get(), state_->client->NewChannel(task, address)));
 }
