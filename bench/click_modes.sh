@@ -17,7 +17,7 @@ fi
 : > "$out/click_modes.jsonl"
 for round in $(seq "$rounds"); do
   for mode in async sync; do
-    build/shoal train --config configs/click.yaml --mode "$mode" --processes --quiet \
+    build/shoal train --config configs/click.yaml --mode "$mode" --processes --transport grpc --quiet \
       --result_file "$out/click_mode.json" >&2
     printf '{"mode": "%s", "round": %d, "result": %s}\n' "$mode" "$round" \
       "$(tr -d '\n' < "$out/click_mode.json")" >> "$out/click_modes.jsonl"
