@@ -172,8 +172,8 @@ TEST(ConfigTest, BadLocalAndHookValuesNameTheKey) {
 }
 
 TEST(ConfigTest, TheTransportKindIsCheckedAndUcxRefusesTls) {
-  EXPECT_EQ(ParseJobConfig("").value().transport.kind, "grpc");
-  EXPECT_EQ(ParseJobConfig("transport: {kind: auto}").value().transport.kind, "auto");
+  EXPECT_EQ(ParseJobConfig("").value().transport.kind, "auto");
+  EXPECT_EQ(ParseJobConfig("transport: {kind: grpc}").value().transport.kind, "grpc");
   const std::pair<const char*, const char*> cases[] = {
       {"transport: {kind: rdma}", "transport.kind"},
       {"transport: {kind: ucx}\nsecurity: {tls_ca_file: ca.pem}", "transport.kind ucx does not encrypt"},

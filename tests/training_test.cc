@@ -41,7 +41,9 @@ TEST(TrainingTest, AsyncInProcessThroughTheCodecLearnsWithPartitionsAndLocking) 
 }
 
 TEST(TrainingTest, TwoPsAndTwoWorkerProcessesOverGrpcLearn) {
-  auto report = TrainInLocalProcesses(QuickJob(), SHOAL_BINARY, /*show_progress=*/false);
+  JobConfig config = QuickJob();
+  config.transport.kind = "grpc";
+  auto report = TrainInLocalProcesses(config, SHOAL_BINARY, /*show_progress=*/false);
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_GE(report->global_step, 2 * 12000 / 64);
   EXPECT_GT(report->test_accuracy, 0.75);

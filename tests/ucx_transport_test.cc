@@ -369,6 +369,38 @@ TEST(UcxTransportTest, AFloodOfLongPollsIsBoundedAndCallsThatDoNotWaitAreStillSe
 }
 
 // No spinning: a server and a client that have talked, then wait, use no CPU.
+// Each connection costs the server a UCX worker: past its limit it refuses
+// the next, naming itself, and takes one again once a client has gone.
+TEST(UcxTransportTest, AServerRefusesConnectionsBeyondItsLimitAndTakesOneAgainWhenAClientLeaves) {
+  UcxOptions options;
+  options.max_connections = 3;
+  auto server_side = MakeUcx(options);
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = server_side->Serve("127.0.0.1:0", &service).value();
+  auto client_side = MakeUcx();
+  std::vector<std::shared_ptr<Channel>> channels;
+  for (int i = 0; i < 3; ++i) {
+    channels.push_back(client_side->Connect({"ps", 0}, server->address()).value());
+    Response response;
+    ASSERT_TRUE(CallAndWait(*channels.back(), LookupRequest(), &response, absl::Now() + absl::Seconds(5)).ok());
+  }
+  auto fourth = client_side->Connect({"ps", 0}, server->address()).value();
+  Response response;
+  absl::Status refused = CallAndWait(*fourth, LookupRequest(), &response, absl::Now() + absl::Seconds(5));
+  EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+  EXPECT_NE(refused.message().find("/job:ps/task:0 holds 3 UCX connections"), std::string::npos) << refused;
+  channels.pop_back();  // a client leaves; the server sees its socket close
+  absl::Status status = refused;
+  for (int attempt = 0; attempt < 50 && !status.ok(); ++attempt) {
+    absl::SleepFor(absl::Milliseconds(20));
+    status = CallAndWait(*fourth, LookupRequest(), &response, absl::Now() + absl::Seconds(5));
+  }
+  EXPECT_TRUE(status.ok()) << status;
+  for (auto& channel : channels) {
+    EXPECT_TRUE(CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(5)).ok());
+  }
+}
+
 TEST(UcxTransportTest, IdleLoopsUseNoCpu) {
   auto transport = MakeUcx();
   VariableService service(VariableServiceOptions{"/job:ps/task:0"});

@@ -24,12 +24,11 @@ namespace shoal {
 
 // How tasks reach each other (config `transport:`).
 struct TransportConfig {
-  // grpc: gRPC only (the default, until a peer dying on shared memory no
-  // longer wedges UCX 1.13's worker: README "The data plane"); auto: tensors over UCX
-  // (shared memory on a host, TCP between hosts), gRPC to reach each task,
-  // and gRPC for everything when TLS is on (UCX does not encrypt); ucx: as
-  // auto, refusing TLS.
-  std::string kind = "grpc";
+  // auto (the default): tensors over UCX (shared memory on a host, TCP
+  // between hosts), gRPC to reach each task, and gRPC for everything when
+  // TLS is on (UCX does not encrypt); grpc: gRPC only; ucx: as auto,
+  // refusing TLS.
+  std::string kind = "auto";
   double rpc_timeout_s = 60;
   double startup_timeout_s = 120;  // how long tasks wait for each other at start
   int64_t max_message_mb = 512;

@@ -33,9 +33,6 @@ constexpr size_t kHeaderSlack = 16 << 20;  // room for headers beyond the tensor
 // that the receiver can decode every tensor in place.
 constexpr size_t kBodyAlignment = 8;
 constexpr int kMaxPendingHandshakes = 64;
-// Each connection has a UCX worker of its own (shared-memory queues and
-// all), so a server bounds how many it holds.
-constexpr size_t kMaxConnections = 256;
 // A server fetches at most this many largest messages' worth of requests at once.
 constexpr size_t kReceiveBudgetMessages = 2;
 constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
@@ -429,9 +426,9 @@ class UcxServer final : public ServerHandle {
                                                                hello.token.empty() ? "no token" : "a wrong token"));
       return welcome;
     }
-    if (connections_.size() >= kMaxConnections) {
-      welcome.status = absl::ResourceExhaustedError(absl::StrCat(service_->options().task_name, " holds ",
-                                                                 kMaxConnections, " UCX connections, the most it takes"));
+    if (connections_.size() >= options_.max_connections) {
+      welcome.status = absl::ResourceExhaustedError(absl::StrCat(
+          service_->options().task_name, " holds ", options_.max_connections, " UCX connections, the most it takes"));
       return welcome;
     }
     absl::StatusOr<UcxWorker*> worker = loop_->AddWorker();

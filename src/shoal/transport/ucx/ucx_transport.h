@@ -49,6 +49,10 @@ struct UcxOptions {
   // UCX's own transport list (its UCX_TLS: "tcp", "posix,cma,tcp"...);
   // empty: UCX picks (or the UCX_TLS environment variable does).
   std::string ucx_transports;
+  // The most connections a server holds at once; each has a UCX worker of
+  // its own (about 1.1 MB of shared memory). The next is refused
+  // (RESOURCE_EXHAUSTED naming the task).
+  size_t max_connections = 256;
 };
 
 class UcxTransport final : public Transport {
