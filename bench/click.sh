@@ -43,7 +43,7 @@ sed 's/^    dim: 16$/    dim: 16\n    cache_rows: 200000\n    cache_staleness: 4
 : > "$out/click_peer.jsonl"
 for round in 1 2; do
   for config in configs/click.yaml "$out/click_cached.yaml"; do
-    rss=$(peak_ps_rss build/shoal train --config "$config" --processes --quiet \
+    rss=$(peak_ps_rss build/shoal train --config "$config" --processes --transport grpc --quiet \
       --result_file "$out/click_shoal_$round.json")
     printf '{"config": "%s", "result": %s, "ps_peak_rss_bytes": %s}\n' "$config" \
       "$(tr -d '\n' < "$out/click_shoal_$round.json")" "$rss" >> "$out/click_shoal.jsonl"

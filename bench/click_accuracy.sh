@@ -17,7 +17,7 @@ if [ ! -s "$data/planted.json" ]; then
 fi
 sed -e "s#bench/out/criteo/#$data/#" -e "s/learning_rate: 0.05}/learning_rate: $rate}/" configs/click.yaml \
   > "$data/click.yaml"
-build/shoal train --config "$data/click.yaml" --processes --quiet --result_file "$data/result.json" >&2
+build/shoal train --config "$data/click.yaml" --processes --transport grpc --quiet --result_file "$data/result.json" >&2
 /usr/bin/python3 - "$data" <<'PY'
 import json, sys
 d = sys.argv[1]

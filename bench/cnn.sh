@@ -15,7 +15,7 @@ build/bench/cnn_bench --steps 400 --repeats 3 > "$out/cnn_one_worker.json"
 for round in 1 2; do
   for mode in async sync; do
     steps=$([ "$mode" = sync ] && echo 350 || echo 700)
-    build/shoal train --config configs/cnn.yaml --mode "$mode" --processes --ps 1 --workers 2 \
+    build/shoal train --config configs/cnn.yaml --mode "$mode" --processes --transport grpc --ps 1 --workers 2 \
       --max_steps "$steps" --quiet --result_file "$out/cnn_$mode.json" >&2
     /usr/bin/python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(json.dumps({'mode': sys.argv[2], 'examples_per_second': r['steady_examples_per_second']}))" \
       "$out/cnn_$mode.json" "$mode" >> "$out/cnn_grpc.jsonl"
