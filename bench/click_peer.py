@@ -25,17 +25,26 @@ import torch
 
 
 def read_criteo(path, limit=0):
-    labels, integers, ids = [], [], []
+    """Labels, integers and ids, parsed into arrays made once (a 10M-line
+    log in Python lists would take ~9 GB; this takes its 3.1 GB)."""
+    with open(path, "rb") as f:
+        n = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 24), b""))
+    if limit:
+        n = min(n, limit)
+    labels = np.empty(n, dtype=np.float32)
+    integers = np.empty((n, 13), dtype=np.int64)
+    ids = np.empty((n, 26), dtype=np.int64)
+    features = np.arange(26, dtype=np.int64) << 32
     with open(path) as f:
-        for n, line in enumerate(f):
-            if limit and n >= limit:
+        for row, line in enumerate(f):
+            if row >= n:
                 break
             fields = line.rstrip("\n").split("\t")
-            labels.append(float(fields[0]))
-            integers.append([int(x) if x else 0 for x in fields[1:14]])
-            ids.append([(k << 32) | (int(h, 16) if h else 0) for k, h in enumerate(fields[14:40])])
-    return (torch.tensor(labels, dtype=torch.float32), torch.tensor(integers, dtype=torch.int64),
-            torch.tensor(ids, dtype=torch.int64))
+            labels[row] = float(fields[0])
+            integers[row] = [int(x) if x else 0 for x in fields[1:14]]
+            ids[row] = [int(h, 16) if h else 0 for h in fields[14:40]]
+    ids |= features
+    return torch.from_numpy(labels), torch.from_numpy(integers), torch.from_numpy(ids)
 
 
 def auc(scores, labels):
