@@ -46,7 +46,9 @@ absl::StatusOr<std::shared_ptr<UcxContext>> UcxContext::Create(const std::string
   return std::shared_ptr<UcxContext>(new UcxContext(context));
 }
 
-UcxContext::~UcxContext() { ucp_cleanup(context_); }
+UcxContext::~UcxContext() {
+  if (!worker_abandoned_) ucp_cleanup(context_);
+}
 
 absl::StatusOr<std::unique_ptr<UcxLoop>> UcxLoop::Create(std::shared_ptr<UcxContext> context, std::string name,
                                                           absl::Duration stay_awake) {
@@ -73,9 +75,13 @@ UcxLoop::UcxLoop(std::shared_ptr<UcxContext> context, std::string name)
 
 UcxLoop::~UcxLoop() {
   Stop(nullptr);
-  DestroyRemovedWorkers();
-  for (auto& worker : workers_) Destroy(worker.get());
-  workers_.clear();
+  for (auto* list : {&workers_, &retired_}) {
+    for (auto& worker : *list) {
+      if (!DestroyIfIdle(worker.get())) worker.release();  // UCX would abort: leave it (and the context)
+    }
+    list->clear();
+  }
+  for (auto& worker : abandoned_) worker.release();
   if (wake_fd_ >= 0) close(wake_fd_);
   if (epoll_fd_ >= 0) close(epoll_fd_);
 }
@@ -124,25 +130,49 @@ void UcxLoop::RemoveWorker(UcxWorker* worker) {
   for (auto it = workers_.begin(); it != workers_.end(); ++it) {
     if (it->get() != worker) continue;
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, worker->event_fd_, nullptr);
-    removed_.push_back(std::move(*it));
+    worker->retired_at_ = absl::Now();
+    retired_.push_back(std::move(*it));
     workers_.erase(it);
     return;
   }
 }
 
-void UcxLoop::Destroy(UcxWorker* worker) {
-  // Destroys the worker's endpoints too, and completes (with an error) the
-  // requests still queued on them, whose callbacks run now.
+bool UcxLoop::DestroyIfIdle(UcxWorker* worker) {
+  if (worker->requests_in_flight_ > 0) {
+    context_->WorkerAbandoned();
+    return false;
+  }
+  // Destroys the worker's endpoints too.
   ucp_worker_destroy(worker->worker_);
   worker->worker_ = nullptr;
+  return true;
 }
 
-void UcxLoop::DestroyRemovedWorkers() {
-  // A destroyed worker's callbacks may remove more.
-  while (!removed_.empty()) {
-    std::vector<std::unique_ptr<UcxWorker>> removed;
-    removed.swap(removed_);
-    for (auto& worker : removed) Destroy(worker.get());
+void UcxLoop::TendRetiredWorkers() {
+  // A retired worker is drained this often, so that requests to a live
+  // peer finish; one whose requests are still in flight after
+  // kGiveUpAfter had a peer that died holding them, and is abandoned.
+  constexpr absl::Duration kDrainEvery = absl::Milliseconds(20);
+  constexpr absl::Duration kGiveUpAfter = absl::Seconds(10);
+  if (retired_.empty()) return;
+  const absl::Time now = absl::Now();
+  const bool drain = now - retired_tended_ >= kDrainEvery;
+  if (drain) retired_tended_ = now;
+  for (size_t i = 0; i < retired_.size();) {
+    UcxWorker* worker = retired_[i].get();
+    if (worker->requests_in_flight_ > 0 && drain && now - worker->retired_at_ < kGiveUpAfter) {
+      ucp_worker_progress(worker->worker_);  // its callbacks may retire more (appended)
+    }
+    if (worker->requests_in_flight_ == 0) {
+      DestroyIfIdle(worker);
+    } else if (now - worker->retired_at_ >= kGiveUpAfter) {
+      context_->WorkerAbandoned();
+      abandoned_.push_back(std::move(retired_[i]));
+    } else {
+      ++i;
+      continue;
+    }
+    retired_.erase(retired_.begin() + i);
   }
 }
 
@@ -227,17 +257,22 @@ void UcxLoop::RunDueTimers() {
 }
 
 int UcxLoop::MillisecondsToNextTimer() const {
-  if (timers_.empty()) return -1;
+  // Retired workers still draining wake the loop every 20 ms (at most 10 s).
+  const int cap = retired_.empty() ? 60000 : 20;
+  if (timers_.empty()) return retired_.empty() ? -1 : cap;
   const absl::Duration left = timers_.begin()->first.first - absl::Now();
   if (left <= absl::ZeroDuration()) return 0;
-  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 60000));
+  return static_cast<int>(
+      std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), cap));
 }
 
 bool UcxLoop::ProgressWorkers() {
   bool any = false;
-  // By index: a callback may add a worker (never remove one: removal waits).
+  // By index: a callback may add a worker or retire one (moved to retired_,
+  // whose requests it then no longer progresses here).
   for (size_t i = 0; i < workers_.size(); ++i) {
-    while (ucp_worker_progress(workers_[i]->worker_) != 0) any = true;
+    ucp_worker_h worker = workers_[i]->worker_;  // retired meanwhile, it still lives until tended
+    while (ucp_worker_progress(worker) != 0) any = true;
   }
   return any;
 }
@@ -279,7 +314,7 @@ void UcxLoop::Run() {
   constexpr absl::Duration kLookAtSocketsEvery = absl::Microseconds(200);
   absl::Time sockets_seen;
   while (!stop_now_) {
-    DestroyRemovedWorkers();
+    TendRetiredWorkers();
     bool busy = RunPosted();
     busy = ProgressWorkers() || busy;
     RunDueTimers();

@@ -4,8 +4,12 @@
 // death takes only its own worker with it: UCX 1.13 cannot cancel sends
 // queued on a shared-memory endpoint to a dead peer, and a worker holding
 // such sends reports pending work for ever (it would keep the loop polling
-// and could stall new connections made through it). Destroying the worker
-// drops them.
+// and could stall new connections made through it). A connection that ends
+// retires its worker: the loop stops sleeping on it, drains it now and then
+// until the requests shoal started on it are done, then destroys it (UCX
+// aborts the process if a worker is destroyed with a rendezvous request in
+// flight). One whose requests never finish (its peer died holding them) is
+// left alone after a while: its memory stays until the process ends.
 //
 // Every UCX call on a worker happens on the loop's thread (the workers are
 // single-threaded, so UCX takes no locks); other threads hand work over
@@ -45,10 +49,14 @@ class UcxContext {
   static absl::StatusOr<std::shared_ptr<UcxContext>> Create(const std::string& transports);
   ~UcxContext();
   ucp_context_h get() const { return context_; }
+  // A worker of this context is left undestroyed (see UcxLoop): the
+  // context must then stay too.
+  void WorkerAbandoned() { worker_abandoned_ = true; }
 
  private:
   explicit UcxContext(ucp_context_h context) : context_(context) {}
   ucp_context_h context_;
+  std::atomic<bool> worker_abandoned_{false};
 };
 
 // One UCX worker of a loop, and the handlers of its active messages.
@@ -64,6 +72,10 @@ class UcxWorker {
   const std::string& address() const { return address_; }
   // Routes active messages `id` to `handler`.
   void OnMessage(unsigned id, MessageHandler handler);
+  // A UCX request shoal started on this worker (a send, a fetch) is in
+  // flight / has completed. The worker is destroyed only with none.
+  void RequestStarted() { ++requests_in_flight_; }
+  void RequestEnded() { --requests_in_flight_; }
 
  private:
   friend class UcxLoop;
@@ -72,6 +84,8 @@ class UcxWorker {
   int event_fd_ = -1;
   std::string address_;
   std::map<unsigned, MessageHandler> handlers_;
+  size_t requests_in_flight_ = 0;
+  absl::Time retired_at_;
 };
 
 class UcxLoop {
@@ -92,11 +106,9 @@ class UcxLoop {
 
   // A new worker, progressed by this loop until RemoveWorker.
   absl::StatusOr<UcxWorker*> AddWorker();
-  // Destroys `worker` and with it its endpoints and whatever they still had
-  // queued, once the loop is out of UCX's callbacks; its handlers get no
-  // more messages.
+  // Retires `worker` (its connection ended): see above. Its endpoints go
+  // with it; its handlers may still see messages while it drains.
   void RemoveWorker(UcxWorker* worker);
-  size_t worker_count() const { return workers_.size(); }
 
   // Calls `on_ready(events)` when `fd` has any of `events` (EPOLLIN...).
   void Watch(int fd, uint32_t events, std::function<void(uint32_t)> on_ready);
@@ -114,8 +126,12 @@ class UcxLoop {
   void Run();
   bool ProgressWorkers();  // whether any had work
   bool ArmWorkers();       // false: one has events pending (it must be progressed, not slept on)
-  void DestroyRemovedWorkers();
-  void Destroy(UcxWorker* worker);
+  // Drains retired workers (at most every kDrainEvery), destroys those with
+  // no request in flight, and gives up on those retired too long ago.
+  void TendRetiredWorkers();
+  // Destroys `worker` if no request of shoal's is in flight on it; false
+  // (and it is left as it is, leaked) otherwise.
+  bool DestroyIfIdle(UcxWorker* worker);
   // Waits up to `timeout_ms` (0: not at all) for fds, and serves them.
   void WaitForEvents(int timeout_ms);
   bool RunPosted();  // whether there was any
@@ -133,7 +149,9 @@ class UcxLoop {
 
   // Loop thread only.
   std::vector<std::unique_ptr<UcxWorker>> workers_;
-  std::vector<std::unique_ptr<UcxWorker>> removed_;  // destroyed at the next safe point
+  std::vector<std::unique_ptr<UcxWorker>> retired_;    // draining
+  std::vector<std::unique_ptr<UcxWorker>> abandoned_;  // requests that never finished: never touched again
+  absl::Time retired_tended_;
   std::map<int, std::function<void(uint32_t)>> watched_;
   std::map<std::pair<absl::Time, uint64_t>, std::function<void()>> timers_;
   std::map<uint64_t, absl::Time> timer_times_;

@@ -68,6 +68,7 @@ struct Outgoing {
   EncodedMessage encoded;
   std::vector<ucp_dt_iov_t> iov;
   std::shared_ptr<char> flat;  // the whole message in one buffer, when sent so
+  UcxWorker* worker = nullptr;  // while UCX holds it
 };
 
 const char kPadding[kBodyAlignment] = {};
@@ -106,14 +107,17 @@ void Flatten(Outgoing* out) {
   out->encoded.bodies.clear();
 }
 
-// Hands `out` to UCX. Returns the failure if UCX refused it at once.
-ucs_status_t SendAm(ucp_ep_h ep, unsigned id, std::unique_ptr<Outgoing> out, bool contiguous) {
+// Hands `out` to UCX, on `ep` of `worker`. Returns the failure if UCX
+// refused it at once.
+ucs_status_t SendAm(UcxWorker* worker, ucp_ep_h ep, unsigned id, std::unique_ptr<Outgoing> out, bool contiguous) {
   if (contiguous) Flatten(out.get());
   ucp_request_param_t param{};
   param.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
   param.cb.send = [](void* request, ucs_status_t, void* user_data) {
-    delete static_cast<Outgoing*>(user_data);
+    auto* sent = static_cast<Outgoing*>(user_data);
+    sent->worker->RequestEnded();
+    delete sent;
     ucp_request_free(request);
   };
   param.user_data = out.get();
@@ -129,6 +133,8 @@ ucs_status_t SendAm(ucp_ep_h ep, unsigned id, std::unique_ptr<Outgoing> out, boo
   ucs_status_ptr_t sent = ucp_am_send_nbx(ep, id, out->am_header.data(), out->am_header.size(), buffer, count, &param);
   if (sent == nullptr) return UCS_OK;  // done already; `out` goes now
   if (UCS_PTR_IS_ERR(sent)) return UCS_PTR_STATUS(sent);
+  out->worker = worker;
+  worker->RequestStarted();
   out.release();  // the callback deletes it
   return UCS_OK;
 }
@@ -143,6 +149,7 @@ struct Incoming {
   size_t length;
   std::function<void(std::shared_ptr<char>, size_t)> deliver;
   UcxLoop* loop;
+  UcxWorker* worker;
 
   // Hands the buffer (null: nothing) to `deliver` on the loop; deletes this.
   void Finish(bool received) {
@@ -156,7 +163,7 @@ struct Incoming {
 
 void Receive(UcxLoop* loop, UcxWorker* worker, void* data, size_t length, const ucp_am_recv_param_t* param,
              std::function<void(std::shared_ptr<char>, size_t)> deliver) {
-  auto* in = new Incoming{AllocateAligned(length), length, std::move(deliver), loop};
+  auto* in = new Incoming{AllocateAligned(length), length, std::move(deliver), loop, worker};
   const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   if (in->buffer == nullptr) {
     if (rendezvous) ucp_am_data_release(worker->get(), data);
@@ -172,7 +179,9 @@ void Receive(UcxLoop* loop, UcxWorker* worker, void* data, size_t length, const 
   receive.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   receive.user_data = in;
   receive.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
-    static_cast<Incoming*>(user_data)->Finish(status == UCS_OK);  // not OK: the peer went away
+    auto* fetched = static_cast<Incoming*>(user_data);
+    fetched->worker->RequestEnded();
+    fetched->Finish(status == UCS_OK);  // not OK: the peer went away
     ucp_request_free(request);
   };
   ucs_status_ptr_t started = ucp_am_recv_data_nbx(worker->get(), data, in->buffer.get(), length, &receive);
@@ -180,6 +189,8 @@ void Receive(UcxLoop* loop, UcxWorker* worker, void* data, size_t length, const 
     in->Finish(true);
   } else if (UCS_PTR_IS_ERR(started)) {
     in->Finish(false);
+  } else {
+    worker->RequestStarted();
   }
 }
 
@@ -595,8 +606,8 @@ class UcxServer final : public ServerHandle {
       if (!encoded.ok()) return;
     }
     ResponseAmHeader h{call_id, encoded->header_frame.size()};
-    SendAm(connection->second.ep, kResponseAm, MakeOutgoing(*std::move(encoded), &h, sizeof(h)),
-           connection->second.contiguous);
+    SendAm(connection->second.worker, connection->second.ep, kResponseAm,
+           MakeOutgoing(*std::move(encoded), &h, sizeof(h)), connection->second.contiguous);
   }
 
   std::unique_ptr<UcxLoop> loop_;
@@ -864,7 +875,8 @@ class UcxClientSide {
     header.call_id = id;
     std::memcpy(call.outgoing->am_header.data(), &header, sizeof(header));
     channel->in_flight.insert(id);
-    ucs_status_t status = SendAm(channel->ep, kRequestAm, std::move(call.outgoing), channel->contiguous);
+    ucs_status_t status =
+        SendAm(channel->worker, channel->ep, kRequestAm, std::move(call.outgoing), channel->contiguous);
     if (status != UCS_OK) {
       Finish(id, absl::UnavailableError(absl::StrCat(channel->where, " is unavailable: ", UcxError(status))));
     }
