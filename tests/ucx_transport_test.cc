@@ -253,7 +253,8 @@ double CpuSeconds() {
 // both ways: every call fails at once naming the task, and afterwards the
 // client's transport neither polls a core nor stalls new connections (the
 // dead peer's UCX worker, which UCX 1.13 leaves reporting pending sends for
-// ever, goes with its connection). The same transport serves every round.
+// ever, is retired with its connection and no longer slept on). The same
+// transport serves every round.
 TEST(UcxTransportTest, AServerKilledWhileAnsweringLargePullsFailsEveryCallAtOnce) {
   auto transport = MakeUcx();
   for (int round = 0; round < 3; ++round) {
