@@ -269,7 +269,8 @@ TEST(UcxTransportTest, AServerKilledWhileAnsweringLargePullsFailsEveryCallAtOnce
     wire::OptimizerConfig sgd;
     sgd.set_kind("sgd");
     const absl::Time created = absl::Now();
-    ASSERT_TRUE(client->CreateVariables({{"w", torch::ones({1 << 20}), sgd, true}}).ok());
+    absl::Status made = client->CreateVariables({{"w", torch::ones({1 << 20}), sgd, true}});
+    ASSERT_TRUE(made.ok()) << "round " << round << ": " << made;
     EXPECT_LT(absl::Now() - created, absl::Seconds(5)) << "round " << round << ": a new connection stalled";
     auto to_ps = transport->Connect({"ps", 0}, address).value();
     Request pull, push;
