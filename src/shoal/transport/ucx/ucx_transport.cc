@@ -212,8 +212,8 @@ absl::Status SplitReceived(const std::shared_ptr<char>& buffer, size_t length, u
 }
 
 // Closes endpoints to live peers, flushing what is in flight, and waits (at
-// most kCloseTimeout) for them to finish. (A connection to a dead peer ends
-// by removing its worker instead, which drops what was queued to it.)
+// most kCloseTimeout) for them to finish. (A connection that ends while its
+// transport goes on retires its worker instead: UcxLoop::RemoveWorker.)
 void CloseAll(UcxLoop* loop, const std::vector<ucp_ep_h>& endpoints) {
   std::vector<void*> closing;
   for (ucp_ep_h ep : endpoints) {
@@ -479,8 +479,7 @@ class UcxServer final : public ServerHandle {
     CloseConnection(id);
   }
 
-  // The client is gone (or broke the protocol): its worker goes, with
-  // whatever was still queued to it.
+  // The client is gone (or broke the protocol): its worker is retired.
   void CloseConnection(uint64_t id) {
     auto it = connections_.find(id);
     if (it == connections_.end()) return;
@@ -836,8 +835,8 @@ class UcxClientSide {
   }
 
   // Ends the connection (if any) and fails every call on it with `status`.
-  // Its worker goes with it, and with that whatever was still queued to the
-  // peer (a connection being made keeps its worker until it is made).
+  // Its worker is retired (a connection being made keeps its worker until
+  // it is made).
   void Disconnect(ChannelState* channel, const absl::Status& status) {
     if (channel->fd >= 0) {
       loop_->Unwatch(channel->fd);
