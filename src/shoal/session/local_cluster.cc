@@ -85,31 +85,69 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
   return report;
 }
 
+namespace {
+
+// Binds a fresh loopback TCP socket to `port` (0: the kernel picks); the
+// socket, or -1 if the port is taken.
+int BindLoopback(int port, int* bound_port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  *bound_port = ntohs(addr.sin_port);
+  return fd;
+}
+
+// The kernel's range for ports it picks itself (bind to port 0, outgoing
+// connections), or {0, 0} if unknown.
+std::pair<int, int> EphemeralPortRange() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  if (!(range >> low >> high)) return {0, 0};
+  return {low, high};
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<int>> FreeLoopbackPorts(int n) {
-  // Every socket stays bound until all are: the kernel may hand the same
-  // free port to two bind() calls in a row once the first socket is closed.
+  // Ports below the kernel's ephemeral range, where it can: the kernel never
+  // hands those to a bind() to port 0, which every UCX worker's TCP
+  // listener and many libraries do, so between this pick and the task's own
+  // bind (and across a task's restart) nothing else on the host takes them
+  // by chance. Every socket stays bound until all are picked: the kernel may
+  // hand the same free port to two bind() calls in a row.
+  constexpr int kLowestPort = 10000;
+  const auto [ephemeral_low, ephemeral_high] = EphemeralPortRange();
   std::vector<int> fds, ports;
-  absl::Status status;
-  for (int i = 0; i < n && status.ok(); ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) {
-      status = absl::InternalError("socket() failed");
-      break;
-    }
-    fds.push_back(fd);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      status = absl::InternalError("cannot find a free loopback port");
-    } else {
-      ports.push_back(ntohs(addr.sin_port));
+  if (ephemeral_low - kLowestPort >= 1000) {
+    const int span = ephemeral_low - kLowestPort;
+    std::mt19937 random(std::random_device{}() ^ static_cast<unsigned>(getpid()));
+    const int start = static_cast<int>(random() % static_cast<unsigned>(span));
+    for (int i = 0; i < span && static_cast<int>(ports.size()) < n; ++i) {
+      int port = 0;
+      const int fd = BindLoopback(kLowestPort + (start + i) % span, &port);
+      if (fd < 0) continue;
+      fds.push_back(fd);
+      ports.push_back(port);
     }
   }
+  while (static_cast<int>(ports.size()) < n) {  // no room below the range: the kernel's pick
+    int port = 0;
+    const int fd = BindLoopback(0, &port);
+    if (fd < 0) break;
+    fds.push_back(fd);
+    ports.push_back(port);
+  }
   for (int fd : fds) close(fd);
-  if (!status.ok()) return status;
+  if (static_cast<int>(ports.size()) < n) return absl::InternalError("cannot find free loopback ports");
   return ports;
 }
 

@@ -43,8 +43,9 @@ struct LocalJobFiles {
 };
 absl::StatusOr<LocalJobFiles> WriteLocalJobFiles(JobConfig config, const ClusterSpec& cluster);
 
-// Asks the kernel for `n` distinct loopback ports that are free now (another
-// process may still take one before it is bound again).
+// `n` distinct loopback ports that are free now, below the kernel's
+// ephemeral range where it can (so no bind to port 0 on the host takes one
+// before the task binds it; an explicit bind still could).
 absl::StatusOr<std::vector<int>> FreeLoopbackPorts(int n);
 
 }  // namespace shoal
