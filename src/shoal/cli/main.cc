@@ -49,8 +49,8 @@ usage:
                [--result_file FILE] [--quiet]
       Runs a job on a local cluster (default: 2 ps, 2 workers, async, the
       784-256-128-10 MLP on Fashion-MNIST for 5 epochs). --processes runs each
-      task as its own process talking gRPC on loopback (--transport auto:
-      tensors over UCX's shared memory). MODE: async, sync,
+      task as its own process, tensors over UCX's shared memory (--transport
+      grpc: everything over gRPC on loopback). MODE: async, sync,
       ssp, downpour, model_average, easgd, population, gated. With
       --checkpoint_dir the chief saves checkpoints there and resumes from the
       newest when the job starts again.
