@@ -1,5 +1,5 @@
 // End-to-end training on Fashion-MNIST: in-process, and as real processes
-// talking gRPC on loopback. Subsets keep these quick; the full default job
+// over gRPC and over UCX on loopback. Subsets keep these quick; the full default job
 // is measured by `shoal train` (see README).
 #include <gtest/gtest.h>
 
