@@ -106,13 +106,12 @@ int BindLoopback(int port, int* bound_port) {
   return fd;
 }
 
-// The kernel's range for ports it picks itself (bind to port 0, outgoing
-// connections), or {0, 0} if unknown.
-std::pair<int, int> EphemeralPortRange() {
+// The lowest port the kernel picks itself (bind to port 0, outgoing
+// connections), or 0 if unknown.
+int LowestEphemeralPort() {
   std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
-  int low = 0, high = 0;
-  if (!(range >> low >> high)) return {0, 0};
-  return {low, high};
+  int low = 0;
+  return range >> low ? low : 0;
 }
 
 }  // namespace
@@ -125,10 +124,9 @@ absl::StatusOr<std::vector<int>> FreeLoopbackPorts(int n) {
   // by chance. Every socket stays bound until all are picked: the kernel may
   // hand the same free port to two bind() calls in a row.
   constexpr int kLowestPort = 10000;
-  const auto [ephemeral_low, ephemeral_high] = EphemeralPortRange();
+  const int span = LowestEphemeralPort() - kLowestPort;
   std::vector<int> fds, ports;
-  if (ephemeral_low - kLowestPort >= 1000) {
-    const int span = ephemeral_low - kLowestPort;
+  if (span >= 1000) {
     std::mt19937 random(std::random_device{}() ^ static_cast<unsigned>(getpid()));
     const int start = static_cast<int>(random() % static_cast<unsigned>(span));
     for (int i = 0; i < span && static_cast<int>(ports.size()) < n; ++i) {
