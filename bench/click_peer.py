@@ -8,8 +8,8 @@ Same model, term for term: ids are (feature << 32) | hash folded into the
 table by id mod rows; each row is dim + 1 wide, its last column the id's
 wide weight; integers enter as log(1 + max(x, 0)); logit = the ids' wide
 weights + a linear map of the integers + an MLP over the pooled embeddings
-and the integers. Table Adagrad as TensorFlow's (accumulator from 0.1,
-epsilon 1e-7), rows uniform in [-0.01, 0.01].
+and the integers. Table Adagrad as TensorFlow's (epsilon 1e-7), its accumulator from
+configs/click.yaml's 1e-8, rows uniform in [-0.01, 0.01].
 
 Prints one JSON line: steady examples/s (after --warmup steps), the test
 AUC and log loss after one pass (or --steps), and the threads it used.
@@ -59,12 +59,16 @@ def auc(scores, labels):
 
 
 class WideDeep(torch.nn.Module):
-    def __init__(self, rows, dim, features, integers, hidden):
+    def __init__(self, rows, dim, features, integers, hidden, wide_only=False):
         super().__init__()
-        self.dim = dim
-        self.table = torch.nn.EmbeddingBag(rows, dim + 1, mode="sum", sparse=True)
+        self.dim = 0 if wide_only else dim
+        self.table = torch.nn.EmbeddingBag(rows, self.dim + 1, mode="sum", sparse=True)
         torch.nn.init.uniform_(self.table.weight, -0.01, 0.01)
         self.wide = torch.nn.Parameter(torch.zeros(integers, 1))
+        self.deep = None
+        if wide_only:
+            self.bias = torch.nn.Parameter(torch.zeros(1))
+            return
         layers, width = [], features * dim + integers
         for h in hidden:
             layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
@@ -79,6 +83,8 @@ class WideDeep(torch.nn.Module):
         pooled = rows.view(n, features, self.dim + 1)
         dense = torch.log1p(integers.clamp_min(0).float())
         wide = pooled[:, :, self.dim].sum(1) + (dense @ self.wide).view(n)
+        if self.deep is None:
+            return wide + self.bias
         return wide + self.deep(torch.cat([pooled[:, :, : self.dim].reshape(n, -1), dense], 1)).view(n)
 
 
@@ -89,10 +95,15 @@ def main():
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--hidden", default="64,32")
+    parser.add_argument("--wide_only", action="store_true",
+                        help="logistic regression on the ids' weights and the integers, no deep part: the "
+                             "generator's planted model's own form (bench/click_accuracy.sh's one-pass ceiling)")
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=0, help="0: one pass over the training log")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--table_lr", type=float, default=0.05)
+    parser.add_argument("--table_initial_accumulator", type=float, default=1e-8,
+                        help="the table Adagrad's accumulator at start (configs/click.yaml's)")
     parser.add_argument("--dense_lr", type=float, default=0.001)
     parser.add_argument("--threads", type=int, default=0, help="0: torch's default (the cores)")
     parser.add_argument("--train_examples", type=int, default=0)
@@ -103,8 +114,10 @@ def main():
 
     labels, integers, ids = read_criteo(args.train, args.train_examples)
     ids = ids.remainder(args.rows)
-    model = WideDeep(args.rows, args.dim, ids.shape[1], integers.shape[1], [int(h) for h in args.hidden.split(",")])
-    table_opt = torch.optim.Adagrad([model.table.weight], lr=args.table_lr, initial_accumulator_value=0.1, eps=1e-7)
+    model = WideDeep(args.rows, args.dim, ids.shape[1], integers.shape[1], [int(h) for h in args.hidden.split(",")],
+                     args.wide_only)
+    table_opt = torch.optim.Adagrad([model.table.weight], lr=args.table_lr,
+                                    initial_accumulator_value=args.table_initial_accumulator, eps=1e-7)
     dense_opt = torch.optim.Adam([p for name, p in model.named_parameters() if name != "table.weight"],
                                  lr=args.dense_lr)
     loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -131,7 +144,8 @@ def main():
         p = torch.sigmoid(model(test_integers, test_ids.remainder(args.rows))).numpy()
     y = test_labels.numpy()
     clipped = np.clip(p, 1e-7, 1 - 1e-7)
-    print(json.dumps({"peer": "pytorch EmbeddingBag(sparse) + Adagrad, one process", "steps": steps,
+    print(json.dumps({"peer": "pytorch EmbeddingBag(sparse) + Adagrad, one process", "wide_only": args.wide_only,
+                      "steps": steps,
                       "batch": args.batch, "steady_examples_per_second": steady,
                       "test_auc": auc(p, y),
                       "test_log_loss": float(-(y * np.log(clipped) + (1 - y) * np.log(1 - clipped)).mean()),

@@ -131,6 +131,18 @@ TEST(RequestLedgerTest, AServiceAppliesARepeatedGradientOnce) {
   service.Handle(apply, &response);
   service.Handle(apply, &response);
   EXPECT_EQ(service.store().AddToCounter("global_step", 0), 4);
+
+  // A push that asks for the values after it gets them on a repeat too (read
+  // then, not recorded), and is still applied once.
+  apply.header.set_request_id(3);
+  apply.header.mutable_apply_gradients()->set_read_after(true);
+  for (int copy = 0; copy < 2; ++copy) {
+    service.Handle(apply, &response);
+    ASSERT_EQ(response.header.status_code(), 0) << response.header.status_message();
+    ASSERT_EQ(response.tensors.size(), 1u) << "copy " << copy;
+    EXPECT_FLOAT_EQ(response.tensors[0].item<float>(), -5.0f) << "copy " << copy;
+  }
+  EXPECT_EQ(service.store().AddToCounter("global_step", 0), 5);
 }
 
 }  // namespace

@@ -107,6 +107,22 @@ TEST_P(TransportConformanceTest, AppliesAndAssignsAcrossTasks) {
   EXPECT_EQ(client_->AddToCounter("global_step", 0).value(), 1);
 }
 
+TEST_P(TransportConformanceTest, APushAnsweredWithTheValuesAfterItReassemblesEveryShard) {
+  auto applied = client_->ApplyGradientsAndRead({"big", "small"}, {torch::ones({64, 8}), torch::full({3}, -2.0f)},
+                                                {{"global_step", 1}});
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_EQ(applied->counters, std::vector<int64_t>{1});
+  ASSERT_EQ(applied->values.size(), 2u);
+  EXPECT_TRUE(applied->values[0].equal(torch::arange(512, torch::kFloat32).reshape({64, 8}) - 1));
+  EXPECT_TRUE(applied->values[1].equal(torch::full({3}, 2.0f)));
+  EXPECT_TRUE(Read("big").equal(applied->values[0]));
+  // A refused push brings nothing back and changes nothing.
+  torch::Tensor nan = torch::ones({3});
+  nan[1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(client_->ApplyGradientsAndRead({"small"}, {nan}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Read("small").equal(torch::full({3}, 2.0f)));
+}
+
 TEST_P(TransportConformanceTest, UnknownVariableIsNotFoundNamingTheTask) {
   Request request;
   request.header.mutable_read()->add_names("missing");

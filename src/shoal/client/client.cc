@@ -355,20 +355,24 @@ absl::StatusOr<Client::StepValues> Client::ReadAtStep(const std::vector<std::str
 }
 
 absl::Status Client::AddPerShard(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
-                                absl::string_view what, const AddName& add_name, TaskCalls* calls) const {
+                                absl::string_view what, const AddName& add_name, TaskCalls* calls,
+                                std::vector<VariablePlacement>* placements_out) const {
   if (names.size() != tensors.size()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", names.size(), " names but ", tensors.size(), " tensors"));
   }
   SHOAL_ASSIGN_OR_RETURN(auto placements, LocateAll(names));
   for (size_t i = 0; i < names.size(); ++i) {
     SHOAL_RETURN_IF_ERROR(CheckPartitionedShape(names[i], placements[i], tensors[i]));
-    for (const Shard& shard : placements[i].shards) {
+    for (size_t s = 0; s < placements[i].shards.size(); ++s) {
+      const Shard& shard = placements[i].shards[s];
       TaskCall& call = (*calls)[shard.task];
       torch::Tensor piece = Slice(tensors[i], placements[i], shard);
       add_name(call.request.header, shard.stored_name, i, piece);
       call.request.tensors.push_back(std::move(piece));
+      call.pieces.emplace_back(i, s);
     }
   }
+  if (placements_out != nullptr) *placements_out = std::move(placements);
   return absl::OkStatus();
 }
 
@@ -401,6 +405,14 @@ absl::StatusOr<std::vector<int64_t>> Client::ApplyGradients(const std::vector<st
   return Update(wire::UPDATE_OPTIMIZER, names, gradients, counters);
 }
 
+absl::StatusOr<Client::AppliedValues> Client::ApplyGradientsAndRead(const std::vector<std::string>& names,
+                                                                   const std::vector<torch::Tensor>& gradients,
+                                                                   const std::vector<CounterDelta>& counters) {
+  AppliedValues applied;
+  SHOAL_ASSIGN_OR_RETURN(applied.counters, Update(wire::UPDATE_OPTIMIZER, names, gradients, counters, &applied.values));
+  return applied;
+}
+
 absl::StatusOr<std::vector<int64_t>> Client::AddToVariables(const std::vector<std::string>& names,
                                                            const std::vector<torch::Tensor>& deltas,
                                                            const std::vector<CounterDelta>& counters) {
@@ -409,15 +421,18 @@ absl::StatusOr<std::vector<int64_t>> Client::AddToVariables(const std::vector<st
 
 absl::StatusOr<std::vector<int64_t>> Client::Update(wire::UpdateRule rule, const std::vector<std::string>& names,
                                                    const std::vector<torch::Tensor>& updates,
-                                                   const std::vector<CounterDelta>& counters) {
+                                                   const std::vector<CounterDelta>& counters,
+                                                   std::vector<torch::Tensor>* values) {
   TaskCalls calls;
+  std::vector<VariablePlacement> placements;
   SHOAL_RETURN_IF_ERROR(AddPerShard(names, updates, "apply",
-                                    [rule](wire::RequestHeader& h, const std::string& name, size_t,
-                                           const torch::Tensor&) {
+                                    [rule, values](wire::RequestHeader& h, const std::string& name, size_t,
+                                                   const torch::Tensor&) {
                                       h.mutable_apply_gradients()->add_names(name);
                                       h.mutable_apply_gradients()->set_rule(rule);
+                                      h.mutable_apply_gradients()->set_read_after(values != nullptr);
                                     },
-                                    &calls));
+                                    &calls, &placements));
   // The counters ride with the gradients to the counter task.
   if (!counters.empty()) {
     auto* apply = calls[placement_->counter_task()].request.header.mutable_apply_gradients();
@@ -428,9 +443,12 @@ absl::StatusOr<std::vector<int64_t>> Client::Update(wire::UpdateRule rule, const
     }
   }
   SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  if (values != nullptr) {
+    SHOAL_ASSIGN_OR_RETURN(*values, Reassemble(placements, calls));
+  }
   if (counters.empty()) return std::vector<int64_t>();
-  const auto& values = calls[placement_->counter_task()].response.header.apply_gradients().counter_values();
-  return std::vector<int64_t>(values.begin(), values.end());
+  const auto& counted = calls[placement_->counter_task()].response.header.apply_gradients().counter_values();
+  return std::vector<int64_t>(counted.begin(), counted.end());
 }
 
 absl::StatusOr<int64_t> Client::CallCounter(const wire::CounterRequest& request) {

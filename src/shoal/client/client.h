@@ -112,6 +112,18 @@ class Client {
                                                       const std::vector<torch::Tensor>& gradients,
                                                       const std::vector<CounterDelta>& counters = {});
 
+  // ApplyGradients whose answer also brings the variables' values as they
+  // are right after this apply: a push and the next step's pull in one
+  // round trip (ps-lite's push-pull). Under async training another
+  // worker's update may land between a push and a pull either way.
+  struct AppliedValues {
+    std::vector<int64_t> counters;
+    std::vector<torch::Tensor> values;
+  };
+  absl::StatusOr<AppliedValues> ApplyGradientsAndRead(const std::vector<std::string>& names,
+                                                      const std::vector<torch::Tensor>& gradients,
+                                                      const std::vector<CounterDelta>& counters = {});
+
   // Adds each delta to its variable's value (no optimizer; TensorFlow's
   // assign_add), then bumps `counters` as ApplyGradients does.
   absl::StatusOr<std::vector<int64_t>> AddToVariables(const std::vector<std::string>& names,
@@ -248,15 +260,20 @@ class Client {
                                                         TaskCalls& calls) const;
   // One counter request to the counter task; the counter's value after it.
   absl::StatusOr<int64_t> CallCounter(const wire::CounterRequest& request);
+  // Applies `updates` by `rule`, bumping `counters`; with `values`, the
+  // answers also bring the variables' values right after the apply.
   absl::StatusOr<std::vector<int64_t>> Update(wire::UpdateRule rule, const std::vector<std::string>& names,
                                               const std::vector<torch::Tensor>& updates,
-                                              const std::vector<CounterDelta>& counters);
+                                              const std::vector<CounterDelta>& counters,
+                                              std::vector<torch::Tensor>* values = nullptr);
   // Adds each variable's tensor, sliced per shard, to the call for the
-  // shard's task; `add_name` records the shard in that call's header, given
-  // the stored name, the variable's index and the slice.
+  // shard's task (and the shard to the call's `pieces`); `add_name` records
+  // the shard in that call's header, given the stored name, the variable's
+  // index and the slice. `placements` (optional) gets where each lives.
   using AddName = std::function<void(wire::RequestHeader&, const std::string&, size_t, const torch::Tensor&)>;
   absl::Status AddPerShard(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors,
-                           absl::string_view what, const AddName& add_name, TaskCalls* calls) const;
+                           absl::string_view what, const AddName& add_name, TaskCalls* calls,
+                           std::vector<VariablePlacement>* placements = nullptr) const;
 
   std::map<TaskId, std::shared_ptr<Channel>> channels_;
   std::shared_ptr<const Placement> placement_;

@@ -12,6 +12,12 @@ wire::OptimizerConfig DefaultTableOptimizer() {
   wire::OptimizerConfig o;
   o.set_kind("adagrad");
   o.set_learning_rate(0.05);
+  // The loss is the batch's mean, so a row's gradient is a batch-size
+  // fraction of its examples' sum; from TensorFlow's accumulator of 0.1 a
+  // row seen a few times would barely move. From 1e-8 each row's steps
+  // are scaled by its own gradients (one pass over 10M generated
+  // examples: test AUC 0.7606 -> 0.7704, bench/click_accuracy.sh).
+  o.set_initial_accumulator_value(1e-8);
   return o;
 }
 

@@ -159,11 +159,22 @@ void VariableService::Handle(const Request& request, Response* response) {
     if (!begun.ok()) return Conclude(begun.status(), response);
     if (begun->has_value()) {  // a repeat: the answer the original got
       response->header = **std::move(begun);
+      ReadAfterApply(request, response);
       return;
     }
   }
   Conclude(Dispatch(request, response), response);
   if (recorded) ledger_.Finish(h.client_id(), h.request_id(), response->header);
+  ReadAfterApply(request, response);
+}
+
+void VariableService::ReadAfterApply(const Request& request, Response* response) {
+  const wire::RequestHeader& h = request.header;
+  if (response->header.status_code() != 0 || !h.has_apply_gradients() || !h.apply_gradients().read_after()) return;
+  // The same variables as the gradients, so no larger than the request.
+  std::vector<int64_t> versions;
+  absl::Status read = store_.Read(Names(h.apply_gradients().names()), &response->tensors, &versions);
+  if (!read.ok()) Conclude(read, response);
 }
 
 void VariableService::Conclude(const absl::Status& status, Response* response) const {

@@ -74,6 +74,8 @@ class VariableService {
   absl::Status Dispatch(const Request& request, Response* response);
   // Writes the verdict, and this server's incarnation, into the header.
   void Conclude(const absl::Status& status, Response* response) const;
+  // An apply that asked for the values after it (read_after) gets them.
+  void ReadAfterApply(const Request& request, Response* response);
   static uint64_t DrawIncarnation();
 
   const VariableServiceOptions options_;

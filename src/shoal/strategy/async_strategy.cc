@@ -8,26 +8,37 @@ namespace shoal {
 namespace {
 
 // Hogwild against the ps: pull, compute, push; the push's counters say
-// where the job is.
+// where the job is. Each push brings back the values right after it
+// (Client::ApplyGradientsAndRead), which the next step uses instead of a
+// pull of its own: one round trip a step instead of two.
 class AsyncPolicy : public StepPolicy {
  public:
   explicit AsyncPolicy(WorkerContext& context) : context_(context) {}
   bool HasStepsLeft() const override { return !done_; }
   int64_t LocalStep() const override { return local_step_; }
   int64_t GlobalStep() const override { return global_step_; }
+  absl::Status Join(Model& /*model*/) override {
+    pushed_values_.clear();  // rejoining (a ps was lost and restored): pull afresh
+    return absl::OkStatus();
+  }
   absl::Status Pull(Model& model) override {
-    return PullVariables(*context_.client, model);
+    if (pushed_values_.empty()) return PullVariables(*context_.client, model);
+    model.Load(pushed_values_);
+    pushed_values_.clear();
+    return absl::OkStatus();
   }
   absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients, StepInfo& step,
                                    const UpdateCheck& check) override {
+    pushed_values_.clear();
     SHOAL_ASSIGN_OR_RETURN(bool send, check(model.variable_names(), gradients));
     if (!send) return PushOutcome::kStopped;
-    SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> counters,
-                           context_.client->ApplyGradients(model.variable_names(), gradients,
-                                                           {{kGlobalStep, 1}, {kStopRequested, 0}}));
-    step.global_step = global_step_ = counters[0];
+    SHOAL_ASSIGN_OR_RETURN(Client::AppliedValues applied,
+                           context_.client->ApplyGradientsAndRead(model.variable_names(), gradients,
+                                                                  {{kGlobalStep, 1}, {kStopRequested, 0}}));
+    step.global_step = global_step_ = applied.counters[0];
     ++local_step_;
-    done_ = counters[1] != 0 || global_step_ >= context_.max_steps;
+    done_ = applied.counters[1] != 0 || global_step_ >= context_.max_steps;
+    if (!done_) pushed_values_ = std::move(applied.values);
     return done_ ? PushOutcome::kLastStep : PushOutcome::kStepDone;
   }
 
@@ -35,6 +46,7 @@ class AsyncPolicy : public StepPolicy {
   WorkerContext& context_;
   int64_t global_step_ = 0, local_step_ = 0;
   bool done_ = false;
+  std::vector<torch::Tensor> pushed_values_;  // the last push's answer, for the next step
 };
 
 class Async final : public TrainingMode {
