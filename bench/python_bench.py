@@ -82,11 +82,12 @@ def client_loop(data, address):
     client = shoal.Client({"ps": [address]}, model.named_parameters())
     client.create(dict(model.named_parameters()), optimizer={"kind": "sgd", "learning_rate": 0.05})
     start = time.perf_counter()
+    client.pull(model.named_parameters())
     for x, y in data:
-        client.pull(model.named_parameters())
         model.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        client.apply({name: p.grad for name, p in model.named_parameters()})
+        # The push brings back the values the next step uses: one round trip a step.
+        client.apply_and_pull({name: p.grad for name, p in model.named_parameters()}, model.named_parameters())
     rate = len(data) / (time.perf_counter() - start)
     client.shutdown_servers()
     return rate

@@ -112,6 +112,7 @@ PYBIND11_MODULE(_shoal, m) {
       .def("read_into", &shoal::ClusterClient::ReadInto, py::call_guard<py::gil_scoped_release>())
       .def("assign", &shoal::ClusterClient::Assign, py::call_guard<py::gil_scoped_release>())
       .def("apply", &shoal::ClusterClient::Apply, py::call_guard<py::gil_scoped_release>())
+      .def("apply_and_read_into", &shoal::ClusterClient::ApplyAndReadInto, py::call_guard<py::gil_scoped_release>())
       .def("add_to_counter", &shoal::ClusterClient::AddToCounter, py::call_guard<py::gil_scoped_release>())
       .def("shutdown_servers", &shoal::ClusterClient::ShutdownServers, py::call_guard<py::gil_scoped_release>());
 

@@ -179,6 +179,10 @@ class ClusterClient {
   // `global_step`; returns its new value.
   int64_t Apply(const std::vector<std::string>& names, const std::vector<torch::Tensor>& gradients,
                 int64_t global_step_increment = 1);
+  // Apply, then the variables' values right after it straight into
+  // `destinations` (ReadInto): a push and the next pull in one round trip.
+  int64_t ApplyAndReadInto(const std::vector<std::string>& names, const std::vector<torch::Tensor>& gradients,
+                           const std::vector<torch::Tensor>& destinations, int64_t global_step_increment = 1);
   // Adds `delta` to a named counter (on the first ps task); returns its value.
   int64_t AddToCounter(const std::string& name, int64_t delta);
   // Asks every ps task to shut down (ends `shoal server` and VariableServer::Wait).

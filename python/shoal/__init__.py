@@ -195,6 +195,16 @@ class Client:
         names, tensors = self._split(gradients)
         return self._client.apply(names, tensors, global_step_increment)
 
+    def apply_and_pull(self, gradients, destinations, global_step_increment=1):
+        """apply(gradients), then pull(destinations) of the values right after it, in
+        one round trip to each ps: {name: gradient} and {name: tensor} (or pairs) with
+        the same names in the same order. Returns the new global step."""
+        names, tensors = self._split(gradients)
+        destination_names, destination_tensors = self._split(destinations)
+        if destination_names != names:
+            raise ValueError(f"apply_and_pull: the destinations name {destination_names}, the gradients {names}")
+        return self._client.apply_and_read_into(names, tensors, destination_tensors, global_step_increment)
+
     def add_to_counter(self, name, delta=1):
         return self._client.add_to_counter(name, delta)
 

@@ -123,6 +123,19 @@ def test_client_drives_a_server_by_hand_without_holding_the_gil():
         client.pull({"weight": torch.zeros(3, 2)})
     assert "'weight'" in str(error.value) and "[3, 2]" in str(error.value)
 
+    # A push and the next pull in one round trip.
+    step = client.apply_and_pull({"weight": torch.ones(2, 3), "bias": torch.ones(2)}, target.named_parameters())
+    assert step == 2
+    weight, bias = client.read()
+    assert torch.allclose(weight, model.weight.detach() - 1.0)
+    assert torch.equal(target.weight.detach(), weight) and torch.equal(target.bias.detach(), bias)
+    with pytest.raises(shoal.Error) as error:  # a destination of another shape: named, nothing applied
+        client.apply_and_pull({"weight": torch.ones(2, 3)}, {"weight": torch.zeros(3, 2)})
+    assert "'weight'" in str(error.value) and "[3, 2]" in str(error.value)
+    assert torch.equal(client.read(["weight"])[0], weight)
+    client.assign({"weight": model.weight.detach() - 0.5, "bias": model.bias.detach() - 0.5})
+    weight, bias = client.read()
+
     with pytest.raises(shoal.Error) as error:  # the wrong dtype: named, nothing applied
         client.apply({"weight": torch.ones(2, 3, dtype=torch.float64)})
     assert "float64" in str(error.value)

@@ -419,20 +419,51 @@ std::vector<torch::Tensor> ClusterClient::Read(const std::vector<std::string>& n
   return values;
 }
 
-void ClusterClient::ReadInto(const std::vector<std::string>& names, const std::vector<torch::Tensor>& destinations) {
-  CheckTensors("the destination", names, destinations, /*int64_too=*/true);
-  const std::vector<torch::Tensor> values = ValueOrThrow(state_->client->Read(names));
+namespace {
+
+// Throws unless each destination has the shape and dtype of its value.
+void CheckDestinations(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values,
+                       const std::vector<torch::Tensor>& destinations, absl::string_view values_are) {
   for (size_t i = 0; i < names.size(); ++i) {
     if (!destinations[i].sizes().equals(values[i].sizes()) || destinations[i].scalar_type() != values[i].scalar_type()) {
       throw Error("INVALID_ARGUMENT", absl::StrCat("the destination for '", names[i], "' is ",
                                                    DTypeName(destinations[i].scalar_type()), " ",
-                                                   ShapeString(destinations[i].sizes()), "; the variable is ",
+                                                   ShapeString(destinations[i].sizes()), "; ", values_are, " ",
                                                    DTypeName(values[i].scalar_type()), " ",
                                                    ShapeString(values[i].sizes())));
     }
   }
+}
+
+void CopyInto(const std::vector<torch::Tensor>& values, const std::vector<torch::Tensor>& destinations) {
   torch::NoGradGuard no_grad;  // a destination may be a parameter that requires a gradient
-  for (size_t i = 0; i < names.size(); ++i) destinations[i].copy_(values[i]);
+  for (size_t i = 0; i < values.size(); ++i) destinations[i].copy_(values[i]);
+}
+
+}  // namespace
+
+void ClusterClient::ReadInto(const std::vector<std::string>& names, const std::vector<torch::Tensor>& destinations) {
+  CheckTensors("the destination", names, destinations, /*int64_too=*/true);
+  const std::vector<torch::Tensor> values = ValueOrThrow(state_->client->Read(names));
+  CheckDestinations(names, values, destinations, "the variable is");
+  CopyInto(values, destinations);
+}
+
+int64_t ClusterClient::ApplyAndReadInto(const std::vector<std::string>& names,
+                                        const std::vector<torch::Tensor>& gradients,
+                                        const std::vector<torch::Tensor>& destinations,
+                                        int64_t global_step_increment) {
+  CheckTensors("the gradient", names, gradients, /*int64_too=*/false);
+  CheckTensors("the destination", names, destinations, /*int64_too=*/false);
+  // Before anything is applied: a gradient has its variable's shape and
+  // dtype (the ps refuses it otherwise), so the destination must have the
+  // gradient's.
+  CheckDestinations(names, gradients, destinations, "the gradient is");
+  std::vector<CounterDelta> counters;
+  if (global_step_increment != 0) counters.push_back(CounterDelta{"global_step", global_step_increment});
+  Client::AppliedValues applied = ValueOrThrow(state_->client->ApplyGradientsAndRead(names, gradients, counters));
+  CopyInto(applied.values, destinations);
+  return applied.counters.empty() ? 0 : applied.counters.front();
 }
 
 void ClusterClient::Assign(const std::vector<std::string>& names, const std::vector<torch::Tensor>& values) {

@@ -16,7 +16,8 @@ wire::OptimizerConfig DefaultTableOptimizer() {
   // fraction of its examples' sum; from TensorFlow's accumulator of 0.1 a
   // row seen a few times would barely move. From 1e-8 each row's steps
   // are scaled by its own gradients (one pass over 10M generated
-  // examples: test AUC 0.7606 -> 0.7704, bench/click_accuracy.sh).
+  // examples, 1M ids a feature: test AUC 0.7655 at 0.1's best rate, 0.7730;
+  // bench/click_accuracy.sh).
   o.set_initial_accumulator_value(1e-8);
   return o;
 }
