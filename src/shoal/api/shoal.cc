@@ -435,6 +435,12 @@ void CheckDestinations(const std::vector<std::string>& names, const std::vector<
   }
 }
 
+// What an apply adds to `global_step` (nothing for an increment of 0).
+std::vector<CounterDelta> GlobalStepCounters(int64_t increment) {
+  if (increment == 0) return {};
+  return {CounterDelta{"global_step", increment}};
+}
+
 void CopyInto(const std::vector<torch::Tensor>& values, const std::vector<torch::Tensor>& destinations) {
   torch::NoGradGuard no_grad;  // a destination may be a parameter that requires a gradient
   for (size_t i = 0; i < values.size(); ++i) destinations[i].copy_(values[i]);
@@ -459,9 +465,8 @@ int64_t ClusterClient::ApplyAndReadInto(const std::vector<std::string>& names,
   // dtype (the ps refuses it otherwise), so the destination must have the
   // gradient's.
   CheckDestinations(names, gradients, destinations, "the gradient is");
-  std::vector<CounterDelta> counters;
-  if (global_step_increment != 0) counters.push_back(CounterDelta{"global_step", global_step_increment});
-  Client::AppliedValues applied = ValueOrThrow(state_->client->ApplyGradientsAndRead(names, gradients, counters));
+  Client::AppliedValues applied =
+      ValueOrThrow(state_->client->ApplyGradientsAndRead(names, gradients, GlobalStepCounters(global_step_increment)));
   CopyInto(applied.values, destinations);
   return applied.counters.empty() ? 0 : applied.counters.front();
 }
@@ -474,9 +479,8 @@ void ClusterClient::Assign(const std::vector<std::string>& names, const std::vec
 int64_t ClusterClient::Apply(const std::vector<std::string>& names, const std::vector<torch::Tensor>& gradients,
                              int64_t global_step_increment) {
   CheckTensors("the gradient", names, gradients, /*int64_too=*/false);
-  std::vector<CounterDelta> counters;
-  if (global_step_increment != 0) counters.push_back(CounterDelta{"global_step", global_step_increment});
-  const std::vector<int64_t> values = ValueOrThrow(state_->client->ApplyGradients(names, gradients, counters));
+  const std::vector<int64_t> values =
+      ValueOrThrow(state_->client->ApplyGradients(names, gradients, GlobalStepCounters(global_step_increment)));
   return values.empty() ? 0 : values.front();
 }
 
