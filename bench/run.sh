@@ -13,8 +13,8 @@ scripts/bootstrap.sh  # python3-torch included, for the DDP peer
 out=bench/out
 mkdir -p "$out"
 
-echo "(a) transport push+pull (gRPC, UCX over shared memory and TCP) vs raw loopback TCP; UCX's own ceiling" >&2
-build/bench/transport_bench --benchmark_filter='RawTcp|PushPull' \
+echo "(a) transport push+pull, two calls and one (gRPC, UCX over shared memory and TCP) vs raw loopback TCP; UCX's own ceiling" >&2
+build/bench/transport_bench --benchmark_filter='RawTcp|PushPull|PushAndPull' \
   --benchmark_out="$out/transport.json" --benchmark_out_format=json >&2
 bench/ucx_ceiling.sh > "$out/ucx_ceiling.json"
 

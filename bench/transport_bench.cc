@@ -189,6 +189,15 @@ const ServerAddresses& ForkGrpcServers() {
   return *addresses;
 }
 
+// Plain SGD with a rate small enough that pushing the payload as a gradient
+// for as long as the bench runs leaves the values where they were.
+wire::OptimizerConfig TinySgd() {
+  wire::OptimizerConfig sgd;
+  sgd.set_kind("sgd");
+  sgd.set_learning_rate(1e-9);
+  return sgd;
+}
+
 // One ps task serving a variable of each size, and a client for it.
 struct Setup {
   InProcNetwork network;
@@ -223,7 +232,7 @@ struct Setup {
     for (int64_t bytes : kSizes) {
       payloads[bytes] = torch::rand({bytes / 4});
       specs.push_back({VariableName(bytes), {bytes / 4}});
-      inits.push_back({VariableName(bytes), payloads[bytes], wire::OptimizerConfig(), false});
+      inits.push_back({VariableName(bytes), payloads[bytes], TinySgd(), false});
     }
     auto placement = std::make_shared<const Placement>(Placement::Create(specs, cluster, {}).value());
     client = Client::Create(cluster, transport.get(), placement).value();
@@ -261,7 +270,24 @@ void PushPull(benchmark::State& state, Setup& setup) {
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 
+// The exchange of an async training step (AsyncPolicy): the gradient pushed
+// and the values after its apply brought back in one round trip.
+void PushAndPull(benchmark::State& state, Setup& setup) {
+  const int64_t bytes = state.range(0);
+  const std::vector<std::string> names = {VariableName(bytes)};
+  const std::vector<torch::Tensor> gradients = {setup.payloads[bytes]};
+  for (auto _ : state) {
+    auto applied = setup.client->ApplyGradientsAndRead(names, gradients);
+    if (!applied.ok()) state.SkipWithError(std::string(applied.status().ToString()).c_str());
+    benchmark::DoNotOptimize(applied);
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
 void BM_InProcPushPull(benchmark::State& state) { PushPull(state, InProcSetup()); }
+void BM_GrpcPushAndPull(benchmark::State& state) { PushAndPull(state, GrpcSetup()); }
+void BM_UcxShmPushAndPull(benchmark::State& state) { PushAndPull(state, UcxSetup()); }
+void BM_UcxTcpPushAndPull(benchmark::State& state) { PushAndPull(state, UcxTcpSetup()); }
 void BM_GrpcPushPull(benchmark::State& state) { PushPull(state, GrpcSetup()); }
 void BM_UcxShmPushPull(benchmark::State& state) { PushPull(state, UcxSetup()); }
 void BM_UcxTcpPushPull(benchmark::State& state) { PushPull(state, UcxTcpSetup()); }
@@ -432,6 +458,9 @@ BENCHMARK(BM_BareGrpcPushPull)->Apply(InFlight);
 BENCHMARK(BM_GrpcPushPull)->Apply(InFlight);
 BENCHMARK(BM_UcxShmPushPull)->Apply(InFlight);
 BENCHMARK(BM_UcxTcpPushPull)->Apply(InFlight);
+BENCHMARK(BM_GrpcPushAndPull)->Apply(InFlight);
+BENCHMARK(BM_UcxShmPushAndPull)->Apply(InFlight);
+BENCHMARK(BM_UcxTcpPushAndPull)->Apply(InFlight);
 
 // Diagnostics, outside bench/run.sh: each direction alone.
 void BM_GrpcPullOnly(benchmark::State& state) {
