@@ -70,8 +70,12 @@ click = json.loads((out / "click.json").read_text())
 embedding_bytes = [json.loads(l) for l in (out / "embedding_bytes.jsonl").read_text().split("\n") if l]
 
 
-def main_rate(how):
-    return statistics.median(r["result"]["steady_examples_per_second"] for r in main_runs if r["how"] == how)
+one_worker_runs = [json.loads(l) for l in (out / "one_worker.jsonl").read_text().split("\n") if l]
+main_cpu_shares = json.loads((out / "main_cpu_shares.json").read_text())
+
+
+def main_rate(how, runs=main_runs):
+    return statistics.median(r["result"]["steady_examples_per_second"] for r in runs if r["how"] == how)
 
 
 mib = a["1024KiB"]
@@ -115,6 +119,12 @@ ucx = {
     "main_job_examples_per_second": {how: round(main_rate(how), 1) for how in ("inproc", "ucx", "grpc")},
     "main_job_ucx_processes_vs_inproc": round(main_rate("ucx") / main_rate("inproc"), 3),
     "main_job_grpc_processes_vs_inproc": round(main_rate("grpc") / main_rate("inproc"), 3),
+    # what is left for compute when 4 processes share 2 cores
+    "main_job_ucx_cpu_shares": main_cpu_shares,
+    # one worker, one thread: the transport has a core to itself
+    "one_worker_examples_per_second": {how: round(main_rate(how, one_worker_runs), 1) for how in ("inproc", "ucx")},
+    "one_worker_ucx_processes_vs_inproc": round(main_rate("ucx", one_worker_runs) /
+                                                main_rate("inproc", one_worker_runs), 3),
 }
 b = json.loads((out / "train.json").read_text())
 # shoal's steady rate leaves out the first 50 global steps, as the DDP peer

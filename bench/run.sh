@@ -35,6 +35,20 @@ for round in 1 2 3; do
   done
 done
 
+echo "(e) where the CPU goes in the main job as processes over UCX" >&2
+/usr/bin/python3 bench/cpu_shares.py -- build/shoal train --processes --transport ucx --max_steps 12000 --quiet \
+  > "$out/main_cpu_shares.json"
+echo "(e) one worker with one thread, so that the transport has a core of its own: in-process vs processes" >&2
+: > "$out/one_worker.jsonl"
+for round in 1 2 3; do
+  for how in inproc ucx; do
+    flags=(--workers 1 --threads_per_task 1 --max_steps 3000 --quiet --result_file "$out/one_worker_$how.json")
+    [ "$how" != inproc ] && flags+=(--processes --transport "$how")
+    build/shoal train "${flags[@]}" >&2
+    printf '{"how": "%s", "result": %s}\n' "$how" "$(tr -d '\n' < "$out/one_worker_$how.json")" >> "$out/one_worker.jsonl"
+  done
+done
+
 echo "(b) one worker through shoal vs a plain libtorch loop; the compute ceiling; the main job" >&2
 build/bench/train_bench --steps 600 --repeats 3 > "$out/train.json"
 

@@ -1,5 +1,7 @@
 #include "shoal/transport/blocking_executor.h"
 
+#include <pthread.h>
+
 #include <thread>
 
 #include "absl/time/time.h"
@@ -37,6 +39,7 @@ bool BlockingExecutor::TrySubmit(std::function<void()> task) {
 }
 
 void BlockingExecutor::Work(State& s) {
+  pthread_setname_np(pthread_self(), "shoal blocking");
   absl::MutexLock lock(&s.mu);
   while (true) {
     ++s.idle;

@@ -1,15 +1,18 @@
 #include "shoal/transport/ucx/ucx_loop.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include <ucs/config/global_opts.h>
 
 namespace shoal {
@@ -308,7 +311,21 @@ void UcxLoop::WaitForEvents(int timeout_ms) {
   }
 }
 
+namespace {
+
+// The loop thread's name, as top and perf show it: "/job:ps/task:0" gives
+// "ucx ps:0" (a name holds at most 15 characters).
+std::string LoopThreadName(const std::string& loop_name) {
+  std::string name = absl::StrCat(
+      "ucx ", absl::StrReplaceAll(loop_name, {{"/job:", ""}, {"/task:", ":"}, {"UCX ", ""}}));
+  name.resize(std::min<size_t>(name.size(), 15));
+  return name;
+}
+
+}  // namespace
+
 void UcxLoop::Run() {
+  pthread_setname_np(pthread_self(), LoopThreadName(name_).c_str());
   // While awake the loop still looks at its sockets (new connections,
   // handshakes, peers gone) this often, however busy the worker keeps it.
   constexpr absl::Duration kLookAtSocketsEvery = absl::Microseconds(200);

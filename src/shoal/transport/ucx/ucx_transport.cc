@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -769,6 +770,7 @@ class UcxClientSide {
     Hello hello{options_.token, host_id_, (*worker)->address()};
     const absl::Time deadline = absl::Now() + options_.connect_timeout;
     std::thread([this, loop = loop_, channel, hello, deadline] {
+      pthread_setname_np(pthread_self(), "ucx connect");
       auto welcome = std::make_shared<Welcome>();
       absl::StatusOr<int> fd = ConnectAndGreet(channel->address, hello, deadline, welcome.get());
       const bool handed_over = loop->Post([this, channel, fd, welcome] { OnConnected(channel, fd, *welcome); });
