@@ -7,7 +7,8 @@
 # generated log with a planted model each (EXAMPLES, default 400,000; the
 # held-out log: 100,000): examples/s after warm-up, test AUC and log loss of
 # both and of the planted model, and each ps task's peak resident memory
-# against its share of the table and the Adagrad accumulator.
+# against its share of the table and the Adagrad accumulator (and beyond
+# what a process that only loads libtorch keeps resident).
 #
 #   bench/click.sh      # about 10 minutes on 2 cores
 source "$(dirname "$0")/common.sh"
@@ -52,5 +53,6 @@ for round in 1 2; do
     --threads "$(nproc)" >> "$out/click_peer.jsonl"
 done
 
+build/bench/torch_footprint > "$out/torch_footprint.json"
 /usr/bin/python3 bench/click_report.py "$out" > "$out/click.json"
 cat "$out/click.json"

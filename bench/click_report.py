@@ -3,7 +3,9 @@
 steady examples/s against the PyTorch peer's (medians over the rounds),
 with and without the workers' row cache; the test AUC of each against the
 planted model's and each other's; each ps task's peak resident memory
-against its share of the table and the Adagrad accumulator."""
+against its share of the table and the Adagrad accumulator, and what it
+holds beyond what loading libtorch alone keeps resident (torch_footprint.json,
+bench/torch_footprint.cc) against the same share."""
 import json
 import statistics
 import sys
@@ -13,6 +15,7 @@ out = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/out")
 shoal = [json.loads(l) for l in (out / "click_shoal.jsonl").read_text().splitlines() if l]
 peer = [json.loads(l) for l in (out / "click_peer.jsonl").read_text().splitlines() if l]
 planted = json.loads((out / "criteo" / "planted.json").read_text())
+footprint = json.loads((out / "torch_footprint.json").read_text())["rss_bytes"]
 rows, dim, ps = 10_000_000, 16 + 1, 2  # configs/click.yaml: wide & deep keeps the wide weight in the row
 share = rows * dim * 4 * 2 / ps  # the rows and Adagrad's accumulator, split over the ps tasks
 
@@ -43,5 +46,7 @@ for name, cached in (("shoal", False), ("shoal_cached", True)):
         "row_cache_hit_rate": median([x["result"].get("row_cache_hit_rate", 0) for x in r]),
         "ps_peak_rss_bytes": rss,
         "ps_rss_vs_share_and_slots": rss / share,
+        "libtorch_alone_rss_bytes": footprint,
+        "ps_rss_beyond_libtorch_vs_share_and_slots": (rss - footprint) / share,
     }
 print(json.dumps(summary, indent=2))
