@@ -68,7 +68,9 @@ class Hook {
 // What the chief reports at the end of a job.
 struct Report {
   double test_accuracy = 0;  // classification
-  double test_loss = 0;
+  double test_loss = 0;      // the mean loss on the test set (click models: log loss)
+  double test_auc = 0;       // click models (model.kind click): the AUC on the test set
+  double row_cache_hit_rate = 0;  // click models with model.click.cache_rows
   int64_t global_step = 0;
   double seconds = 0;
   double examples_per_second = 0;

@@ -87,6 +87,8 @@ Report ToReport(const TrainReport& internal) {
   Report report;
   report.test_accuracy = internal.test_accuracy;
   report.test_loss = internal.test_loss;
+  report.test_auc = internal.test_auc;
+  report.row_cache_hit_rate = internal.row_cache_hit_rate;
   report.global_step = internal.global_step;
   report.seconds = internal.seconds;
   report.examples_per_second = internal.examples_per_second;
