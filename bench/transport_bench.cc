@@ -4,6 +4,9 @@
 // A shoal iteration assigns a tensor of S bytes to a variable on a server
 // (push) and reads it back (pull), so S bytes cross in each direction; with
 // T threads, T such calls are in flight. bytes_per_second is per direction.
+// "PushAndPull" is an async training step's exchange instead: S bytes of
+// gradient pushed and the values after their apply (S bytes) brought back
+// in one call, as ucx_perftest's ping-pong moves S bytes each way.
 // Raw TCP baselines on one connection: "stream" sends S-byte messages one way
 // as fast as the socket takes them; "echo" sends S bytes and waits for S back
 // (request/response).
@@ -285,12 +288,12 @@ void PushAndPull(benchmark::State& state, Setup& setup) {
 }
 
 void BM_InProcPushPull(benchmark::State& state) { PushPull(state, InProcSetup()); }
-void BM_GrpcPushAndPull(benchmark::State& state) { PushAndPull(state, GrpcSetup()); }
-void BM_UcxShmPushAndPull(benchmark::State& state) { PushAndPull(state, UcxSetup()); }
-void BM_UcxTcpPushAndPull(benchmark::State& state) { PushAndPull(state, UcxTcpSetup()); }
 void BM_GrpcPushPull(benchmark::State& state) { PushPull(state, GrpcSetup()); }
 void BM_UcxShmPushPull(benchmark::State& state) { PushPull(state, UcxSetup()); }
 void BM_UcxTcpPushPull(benchmark::State& state) { PushPull(state, UcxTcpSetup()); }
+void BM_GrpcPushAndPull(benchmark::State& state) { PushAndPull(state, GrpcSetup()); }
+void BM_UcxShmPushAndPull(benchmark::State& state) { PushAndPull(state, UcxSetup()); }
+void BM_UcxTcpPushAndPull(benchmark::State& state) { PushAndPull(state, UcxTcpSetup()); }
 
 void BM_BareGrpcPushPull(benchmark::State& state) {
   const int64_t bytes = state.range(0);
