@@ -10,6 +10,8 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "inproc_servers.h"
 #include "quick_job.h"
 #include "saved_values.h"
@@ -456,6 +458,36 @@ TEST(GatedTrainingTest, DistributedLockstepReachesTheOneGraphParameters) {
     ExpectSameParameters(one_task.values, libtorch, StateNames(*ensemble), what + ", 1 task vs libtorch");
     // And they trained: the parameters moved from their initial values.
     EXPECT_FALSE(distributed.values.back().allclose(ensemble->variables().back().detach())) << what;
+  }
+}
+
+// What the hooks' BeforeUpdate sees of the master network's updates.
+class MasterUpdateRecorder : public TrainingHook {
+ public:
+  absl::Status BeforeUpdate(const std::vector<std::string>& names, const std::vector<torch::Tensor>& /*update*/,
+                            const StepInfo& step, StopRequest* /*stop*/) override {
+    absl::MutexLock lock(&mu);
+    if (!names.empty() && absl::StartsWith(names[0], "master/")) steps.push_back(step);
+    return absl::OkStatus();
+  }
+  absl::Mutex mu;
+  std::vector<StepInfo> steps ABSL_GUARDED_BY(mu);
+};
+
+TEST(GatedTrainingTest, HooksSeeTheMastersUpdateWithItsBatchAndNoAuc) {
+  JobConfig config = SmallGatedJob(false);
+  config.cluster.workers = 3;  // one per network
+  auto recorder = std::make_shared<MasterUpdateRecorder>();
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr,
+                               [&](WorkerContext& context) { context.extra_hooks.push_back(recorder); });
+  ASSERT_TRUE(report.ok()) << report.status();
+  absl::MutexLock lock(&recorder->mu);
+  ASSERT_FALSE(recorder->steps.empty());
+  for (const StepInfo& step : recorder->steps) {
+    EXPECT_GT(step.examples, 0) << "step " << step.global_step;  // the batch's rows (fewer in the last)
+    EXPECT_LE(step.examples, config.training.batch_size) << "step " << step.global_step;
+    EXPECT_EQ(step.auc, -1) << "step " << step.global_step;  // a click model's batch AUC only
+    EXPECT_GT(step.loss, 0) << "step " << step.global_step;
   }
 }
 

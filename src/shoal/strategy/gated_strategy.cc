@@ -263,7 +263,9 @@ class LockstepWorker {
     torch::Tensor master_loss = MasterLoss(weights, Correctness(inputs, labels), gated.master_loss);
     master_loss.backward();
     const std::vector<torch::Tensor> master_gradients = master.Gradients();
-    BatchResult batch{master_loss.item<double>(), 0, n};
+    BatchResult batch;  // no accuracy or AUC of the master's own
+    batch.loss = master_loss.item<double>();
+    batch.examples = n;
     StepInfo info = MakeStepInfo(t + 1, t, batch, master);
     WorkerResult unused;
     SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context_, master.variable_names(), master_gradients, info, &unused));
