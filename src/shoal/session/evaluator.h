@@ -4,6 +4,7 @@
 #ifndef SHOAL_SESSION_EVALUATOR_H_
 #define SHOAL_SESSION_EVALUATOR_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -16,11 +17,16 @@ struct CheckpointEvaluation {
   std::string checkpoint;
   int64_t global_step = 0;
   double test_accuracy = 0;
-  double test_loss = 0;  // mean cross-entropy
+  double test_loss = 0;  // the model's mean loss (click models: log loss)
+  std::optional<double> test_auc;  // click models
 };
 
 // Loads the configured model's variables from `checkpoint` (checking every
-// checksum) and evaluates them on `test_set`.
+// checksum) and evaluates them on `test_set`. A click model's tables come
+// from the table shards saved beside the variables: this process serves
+// them to itself (an in-process ps task restored from those shards, so it
+// holds the whole table and its slots in memory) and the model pulls each
+// batch's rows from it as in training.
 absl::StatusOr<CheckpointEvaluation> EvaluateCheckpoint(const JobConfig& config, const std::string& checkpoint,
                                                         const Dataset& test_set);
 

@@ -182,9 +182,10 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
       if (index.step > evaluated_step) {
         SHOAL_ASSIGN_OR_RETURN(CheckpointEvaluation evaluation, EvaluateCheckpoint(config, *latest, data.test));
         evaluated_step = evaluation.global_step;
-        absl::FPrintF(stderr, "%s: %s (global step %d): test accuracy %.2f%%, loss %.4f\n", task.ToString(),
+        absl::FPrintF(stderr, "%s: %s (global step %d): test accuracy %.2f%%, loss %.4f%s\n", task.ToString(),
                       evaluation.checkpoint, evaluation.global_step, 100 * evaluation.test_accuracy,
-                      evaluation.test_loss);
+                      evaluation.test_loss,
+                      evaluation.test_auc ? absl::StrFormat(", AUC %.4f", *evaluation.test_auc) : "");
         if (metrics.is_open()) metrics << EvaluationJsonLine(task.ToString(), evaluation) << std::endl;
       }
     }
