@@ -103,18 +103,20 @@ def main():
         sys.exit(f"the job ended before the window closed (exit {job.returncode}): run it longer")
     job.wait()
     capacity = os.cpu_count() * window
-    shares = {f"{task} {label}": round((after[key] - before.get(key, 0)) / capacity, 3)
-              for key in after for task, label in [key] if after[key] - before.get(key, 0) > 0}
+    # Each thread's share of the machine over the window (threads that did nothing left out).
+    shares = {key: (spent - before.get(key, 0)) / capacity for key, spent in after.items()}
+    shares = {key: share for key, share in shares.items() if share > 0}
     by_kind = collections.Counter()
-    for (task, label), spent in after.items():
-        by_kind[kind(task, label)] += (spent - before.get((task, label), 0)) / capacity
+    for (task, label), share in shares.items():
+        by_kind[kind(task, label)] += share
     print(json.dumps({
         "command": command,
         "window_s": round(window, 2),
         "cores": os.cpu_count(),
         "machine_idle": round((idle_after - idle_before) / capacity, 3),
-        "by_kind": {k: round(v, 3) for k, v in sorted(by_kind.items()) if v > 0},
-        "by_thread": dict(sorted(shares.items(), key=lambda item: -item[1])),
+        "by_kind": {k: round(v, 3) for k, v in sorted(by_kind.items())},
+        "by_thread": {f"{task} {label}": round(share, 3)
+                      for (task, label), share in sorted(shares.items(), key=lambda item: -item[1])},
     }, indent=2))
 
 

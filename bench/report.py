@@ -38,6 +38,7 @@ def transport():
             "grpc_best_vs_bare_grpc_best": round(grpc / bare, 3),
             "bare_grpc_best_vs_raw_tcp_push_pull_best": round(bare / raw, 3),
             "raw_tcp_push_pull_best_vs_tcp_stream": round(raw / row["RawTcpStream"], 3),
+            "raw_tcp_push_pull_best_vs_grpc_best": round(raw / grpc, 3),
             "inproc_vs_tcp_stream": round(row["InProcPushPull"] / row["RawTcpStream"], 3),
             "ucx_shm_best_vs_grpc_best": round(best("UcxShmPushPull") / grpc, 3),
             "ucx_tcp_best_vs_grpc_best": round(best("UcxTcpPushPull") / grpc, 3),
@@ -112,7 +113,7 @@ ucx = {
     # where it sits, 3x gRPC needs more than UCX's ping-pong gives.
     "ucx_tcp_ping_pong_sleep_vs_grpc_push_pull_t1": round(
         ceiling_ucx["tcp_sleep_1048576"]["round_trips_per_s"] / mib["push_pulls_per_s_t1"]["GrpcPushPull"], 3),
-    "raw_tcp_push_pull_best_vs_grpc_best": round(1 / mib["grpc_best_vs_raw_tcp_push_pull_best"], 3),
+    "raw_tcp_push_pull_best_vs_grpc_best": mib["raw_tcp_push_pull_best_vs_grpc_best"],
     "1KiB_push_pulls_per_s_one_in_flight": kib["push_pulls_per_s_t1"],
     "scaling_gb_per_s_per_ps": scaling,
     "idle": idle,

@@ -103,7 +103,7 @@ absl::StatusOr<CheckpointEvaluation> EvaluateCheckpoint(const JobConfig& config,
   SHOAL_ASSIGN_OR_RETURN(const Evaluation figures, Evaluate(model, test_set));
   result.test_accuracy = figures.accuracy;
   result.test_loss = figures.loss;
-  if (model.row_tables() != nullptr) result.test_auc = figures.auc;
+  if (tables != nullptr) result.test_auc = figures.auc;
   return result;
 }
 
