@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <tuple>
+
+#include <sys/mman.h>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -26,11 +29,23 @@ int64_t ShardOf(int64_t id, int64_t shards) { return ((id % shards) + shards) % 
 
 }  // namespace
 
+void RowArena::Unmap::operator()(float* chunk) const { munmap(chunk, bytes); }
+
+RowArena::Chunk RowArena::NewChunk() const {
+  const size_t bytes = static_cast<size_t>(kChunkRows * dim_) * sizeof(float);
+  void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) throw std::bad_alloc();
+  return Chunk(static_cast<float*>(memory), Unmap{bytes});
+}
+
 void RowArena::Resize(int64_t rows) {
-  while (static_cast<int64_t>(chunks_.size()) * kChunkRows < rows) {
-    chunks_.emplace_back(new float[kChunkRows * dim_]);
-    std::fill_n(chunks_.back().get(), kChunkRows * dim_, fill_);
+  while (static_cast<int64_t>(chunks_.size()) * kChunkRows < rows) chunks_.push_back(NewChunk());
+  // Fresh pages read as zeros and take no memory until written: a fill of 0
+  // writes nothing, and a table's last chunk holds only the rows it uses.
+  for (int64_t row = rows_; row < rows; ++row) {
+    if (fill_ != 0 || row < made_) std::fill_n(Row(row), dim_, fill_);
   }
+  made_ = std::max(made_, rows);
   rows_ = rows;
 }
 

@@ -51,11 +51,14 @@
 namespace shoal {
 
 // Rows of `dim` floats in chunks, so that a table grows without copying
-// what it holds and holds no more than it uses (plus one chunk).
+// what it holds and holds no more than it uses (plus one chunk). Chunks are
+// mapped pages of their own, not the allocator's: a table is most of a ps
+// task's memory and lives as long as the task, so its rows must not share
+// (and pin) the heaps that requests' short-lived buffers come and go in.
 class RowArena {
  public:
   explicit RowArena(int64_t dim, float fill = 0) : dim_(dim), fill_(fill) {}
-  // Makes room for rows [0, rows), each set to `fill`.
+  // Makes room for rows [0, rows), each row beyond rows() set to `fill`.
   void Resize(int64_t rows);
   int64_t rows() const { return rows_; }
   float* Row(int64_t index) { return chunks_[index / kChunkRows].get() + (index % kChunkRows) * dim_; }
@@ -65,11 +68,19 @@ class RowArena {
   int64_t bytes() const { return static_cast<int64_t>(chunks_.size()) * kChunkRows * dim_ * 4; }
 
  private:
+  struct Unmap {
+    size_t bytes;
+    void operator()(float* chunk) const;
+  };
+  using Chunk = std::unique_ptr<float[], Unmap>;
+  Chunk NewChunk() const;
+
   static constexpr int64_t kChunkRows = 1 << 14;
   int64_t dim_;
   float fill_;
   int64_t rows_ = 0;
-  std::vector<std::unique_ptr<float[]>> chunks_;
+  int64_t made_ = 0;  // rows ever set (those beyond are untouched zero pages)
+  std::vector<Chunk> chunks_;
 };
 
 class EmbeddingTable {
