@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # (g) Click-through training (configs/click.yaml): shoal's wide & deep model,
 # its 10M x 16 table (+1 wide weight per row) over 2 ps tasks, 2 workers, as
-# processes, against the single-process PyTorch peer (bench/click_peer.py:
+# processes over the default transport (and over gRPC alone), against the single-process PyTorch peer (bench/click_peer.py:
 # nn.EmbeddingBag(sparse=True) + Adagrad, the same model, log, batch and
 # hyper-parameters, all the cores), alternating, 2 rounds. One pass over a
 # generated log with a planted model each (EXAMPLES, default 400,000; the
@@ -43,10 +43,13 @@ sed 's/^    dim: 16$/    dim: 16\n    cache_rows: 200000\n    cache_staleness: 4
 : > "$out/click_shoal.jsonl"
 : > "$out/click_peer.jsonl"
 for round in 1 2; do
-  for config in configs/click.yaml "$out/click_cached.yaml"; do
-    rss=$(peak_ps_rss build/shoal train --config "$config" --processes --transport grpc --quiet \
+  # The default transport (auto: UCX between tasks on one host), with and
+  # without the row cache; and over gRPC alone, to compare.
+  for run in "configs/click.yaml auto" "$out/click_cached.yaml auto" "configs/click.yaml grpc"; do
+    read -r config transport <<< "$run"
+    rss=$(peak_ps_rss build/shoal train --config "$config" --processes --transport "$transport" --quiet \
       --result_file "$out/click_shoal_$round.json")
-    printf '{"config": "%s", "result": %s, "ps_peak_rss_bytes": %s}\n' "$config" \
+    printf '{"config": "%s", "transport": "%s", "result": %s, "ps_peak_rss_bytes": %s}\n' "$config" "$transport" \
       "$(tr -d '\n' < "$out/click_shoal_$round.json")" "$rss" >> "$out/click_shoal.jsonl"
   done
   /usr/bin/python3 bench/click_peer.py --train "$data/train.tsv" --test "$data/test.tsv" --rows 10000000 \

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Sums up bench/click.sh's runs (bench/out/click_*.jsonl) as JSON: shoal's
 steady examples/s against the PyTorch peer's (medians over the rounds),
-with and without the workers' row cache; the test AUC of each against the
+with and without the workers' row cache, over the default transport and
+over gRPC alone; the test AUC of each against the
 planted model's and each other's; each ps task's peak resident memory
 against its share of the table and the Adagrad accumulator, and what it
 holds beyond what loading libtorch alone keeps resident (torch_footprint.json,
@@ -24,20 +25,24 @@ def median(values):
     return statistics.median(values) if values else 0.0
 
 
-def runs(cached):
-    return [r for r in shoal if ("cached" in r["config"]) == cached]
+def runs(cached, transport):
+    return [r for r in shoal if ("cached" in r["config"]) == cached and r["transport"] == transport]
 
 
 peer_rate = median([p["steady_examples_per_second"] for p in peer])
 peer_auc = median([p["test_auc"] for p in peer])
 summary = {"planted_test_auc": planted["test"]["planted_auc"], "examples": planted["examples"],
            "peer_examples_per_second": peer_rate, "peer_test_auc": peer_auc}
-for name, cached in (("shoal", False), ("shoal_cached", True)):
-    r = runs(cached)
+for name, cached, transport in (("shoal", False, "auto"), ("shoal_cached", True, "auto"),
+                                ("shoal_grpc", False, "grpc")):
+    r = runs(cached, transport)
+    if not r:
+        continue
     rate = median([x["result"]["steady_examples_per_second"] for x in r])
     auc = median([x["result"]["test_auc"] for x in r])
     rss = max((b for x in r for b in x["ps_peak_rss_bytes"]), default=0)
     summary[name] = {
+        "transport": transport,
         "examples_per_second": rate,
         "vs_peer": rate / peer_rate if peer_rate else 0.0,
         "test_auc": auc,

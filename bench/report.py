@@ -188,5 +188,8 @@ print(json.dumps({
         "g_click_ps_rss_vs_share_and_slots_under_1_3": {
             "value": click["shoal"]["ps_rss_vs_share_and_slots"], "target": "< 1.3",
             "met": click["shoal"]["ps_rss_vs_share_and_slots"] < 1.3},
+        "g_click_over_grpc_ps_rss_vs_share_and_slots_under_1_3": {
+            "value": click["shoal_grpc"]["ps_rss_vs_share_and_slots"], "target": "< 1.3",
+            "met": click["shoal_grpc"]["ps_rss_vs_share_and_slots"] < 1.3},
     },
 }, indent=2))
