@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # (g) Click-through training (configs/click.yaml): shoal's wide & deep model,
 # its 10M x 16 table (+1 wide weight per row) over 2 ps tasks, 2 workers, as
-# processes over the default transport (and over gRPC alone), against the single-process PyTorch peer (bench/click_peer.py:
-# nn.EmbeddingBag(sparse=True) + Adagrad, the same model, log, batch and
-# hyper-parameters, all the cores), alternating, 2 rounds. One pass over a
-# generated log with a planted model each (EXAMPLES, default 400,000; the
-# held-out log: 100,000): examples/s after warm-up, test AUC and log loss of
-# both and of the planted model, and each ps task's peak resident memory
-# against its share of the table and the Adagrad accumulator (and beyond
-# what a process that only loads libtorch keeps resident).
+# processes over the default transport (and over gRPC alone), against the
+# single-process PyTorch peer (bench/click_peer.py: nn.EmbeddingBag(sparse=
+# True) + Adagrad, the same model, log, batch and hyper-parameters, all the
+# cores), alternating, 2 rounds. One pass over a generated log with a
+# planted model each (EXAMPLES, default 400,000; the held-out log: 100,000):
+# examples/s after warm-up, test AUC and log loss of both and of the planted
+# model, and each ps task's peak resident memory against its share of the
+# table and the Adagrad accumulator (and beyond what a process that only
+# loads libtorch keeps resident).
 #
 #   bench/click.sh      # about 10 minutes on 2 cores
 source "$(dirname "$0")/common.sh"

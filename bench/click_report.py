@@ -2,11 +2,11 @@
 """Sums up bench/click.sh's runs (bench/out/click_*.jsonl) as JSON: shoal's
 steady examples/s against the PyTorch peer's (medians over the rounds),
 with and without the workers' row cache, over the default transport and
-over gRPC alone; the test AUC of each against the
-planted model's and each other's; each ps task's peak resident memory
-against its share of the table and the Adagrad accumulator, and what it
-holds beyond what loading libtorch alone keeps resident (torch_footprint.json,
-bench/torch_footprint.cc) against the same share."""
+over gRPC alone; the test AUC of each against the planted model's and each
+other's; each ps task's peak resident memory against its share of the table
+and the Adagrad accumulator, and what it holds beyond what loading libtorch
+alone keeps resident (torch_footprint.json, bench/torch_footprint.cc)
+against the same share."""
 import json
 import statistics
 import sys

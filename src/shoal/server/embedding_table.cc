@@ -1,12 +1,12 @@
 #include "shoal/server/embedding_table.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <new>
 #include <tuple>
-
-#include <sys/mman.h>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
