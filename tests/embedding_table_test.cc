@@ -37,6 +37,24 @@ std::unique_ptr<EmbeddingTable> Make(const wire::TableDef& def) {
   return EmbeddingTable::Create(def, "/job:ps/task:0").value();
 }
 
+TEST(RowArenaTest, GrowingKeepsRowsInPlaceAndGivesNewRowsTheFill) {
+  constexpr int64_t kMoreThanAChunk = (1 << 14) + 7;  // RowArena's chunks hold 2^14 rows
+  for (float fill : {0.0f, 0.25f}) {
+    RowArena arena(3, fill);
+    arena.Grow(5);
+    float* kept = arena.Row(2);
+    for (int j = 0; j < 3; ++j) kept[j] = 7.0f + j;
+    arena.Grow(kMoreThanAChunk);
+    arena.Grow(3);  // never shrinks
+    ASSERT_EQ(arena.rows(), kMoreThanAChunk);
+    EXPECT_EQ(arena.Row(2), kept) << "growing moved a row";
+    for (int j = 0; j < 3; ++j) EXPECT_EQ(kept[j], 7.0f + j);
+    for (int64_t row : {int64_t{0}, int64_t{4}, int64_t{5}, int64_t{1} << 14, kMoreThanAChunk - 1}) {
+      for (int j = 0; j < 3; ++j) EXPECT_EQ(arena.Row(row)[j], fill) << "row " << row << " fill " << fill;
+    }
+  }
+}
+
 TEST(EmbeddingTableTest, RowsStartFromTheSeedWhateverTheShardCount) {
   auto whole = Make(Def("sgd", 10, 4, 0, 1));
   auto shard1 = Make(Def("sgd", 10, 4, 1, 3));

@@ -38,14 +38,15 @@ RowArena::Chunk RowArena::NewChunk() const {
   return Chunk(static_cast<float*>(memory), Unmap{bytes});
 }
 
-void RowArena::Resize(int64_t rows) {
+void RowArena::Grow(int64_t rows) {
+  if (rows <= rows_) return;
   while (static_cast<int64_t>(chunks_.size()) * kChunkRows < rows) chunks_.push_back(NewChunk());
-  // Fresh pages read as zeros and take no memory until written: a fill of 0
-  // writes nothing, and a table's last chunk holds only the rows it uses.
-  for (int64_t row = rows_; row < rows; ++row) {
-    if (fill_ != 0 || row < made_) std::fill_n(Row(row), dim_, fill_);
+  // Rows past rows_ have never been written, and fresh pages read as zeros
+  // and take no memory until written: a fill of 0 writes nothing, and a
+  // table's last chunk holds only the rows it uses.
+  if (fill_ != 0) {
+    for (int64_t row = rows_; row < rows; ++row) std::fill_n(Row(row), dim_, fill_);
   }
-  made_ = std::max(made_, rows);
   rows_ = rows;
 }
 
@@ -116,8 +117,8 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wir
     // This shard's rows: ids shard, shard + num_shards, ...
     const int64_t local = (table->def_.rows() - table->def_.shard() + table->def_.num_shards() - 1) /
                           table->def_.num_shards();
-    table->values_.Resize(local);
-    for (RowArena& slot : table->slots_) slot.Resize(local);
+    table->values_.Grow(local);
+    for (RowArena& slot : table->slots_) slot.Grow(local);
     for (int64_t i = 0; i < local; ++i) {
       InitialRow(table->def_, i * table->def_.num_shards() + table->def_.shard(), table->values_.Row(i));
     }
@@ -239,8 +240,8 @@ int64_t EmbeddingTable::MakeRow(int64_t id) {
     free_rows_.pop_back();
   } else {
     index = values_.rows();
-    values_.Resize(index + 1);
-    for (RowArena& slot : slots_) slot.Resize(index + 1);
+    values_.Grow(index + 1);
+    for (RowArena& slot : slots_) slot.Grow(index + 1);
     last_push_.push_back(0);
   }
   InitialRow(def_, id, values_.Row(index));

@@ -58,8 +58,9 @@ namespace shoal {
 class RowArena {
  public:
   explicit RowArena(int64_t dim, float fill = 0) : dim_(dim), fill_(fill) {}
-  // Makes room for rows [0, rows), each row beyond rows() set to `fill`.
-  void Resize(int64_t rows);
+  // Makes room for rows [0, rows), each new row set to `fill`. Never
+  // shrinks: a smaller `rows` changes nothing.
+  void Grow(int64_t rows);
   int64_t rows() const { return rows_; }
   float* Row(int64_t index) { return chunks_[index / kChunkRows].get() + (index % kChunkRows) * dim_; }
   const float* Row(int64_t index) const {
@@ -79,7 +80,6 @@ class RowArena {
   int64_t dim_;
   float fill_;
   int64_t rows_ = 0;
-  int64_t made_ = 0;  // rows ever set (those beyond are untouched zero pages)
   std::vector<Chunk> chunks_;
 };
 
