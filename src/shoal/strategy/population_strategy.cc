@@ -118,6 +118,20 @@ std::vector<std::string> AllNames(const Member& member) {
   return names;
 }
 
+// A member's lineage event, by field name: LineageEvent keeps growing
+// fields, and a positional initializer would shift them silently.
+LineageEvent MemberEvent(int member, int64_t step, const char* kind, double fitness, double loss,
+                         const Hyperparameters& h) {
+  LineageEvent event;
+  event.member = member;
+  event.step = step;
+  event.event = kind;
+  event.fitness = fitness;
+  event.loss = loss;
+  event.hyperparameters = h;
+  return event;
+}
+
 // The job's counters as `index` saved them, where the counter task has
 // fewer: in a population they only grow, and the global step is the sum of
 // the member steps saved.
@@ -334,7 +348,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
   SHOAL_ASSIGN_OR_RETURN(int64_t step, client.AddToCounter(MemberStepCounter(me), 0));
   if (lead) {
     SHOAL_ASSIGN_OR_RETURN(lineage, LineageLog::Open(pc.lineage_dir, me, /*append=*/step > 0));
-    SHOAL_RETURN_IF_ERROR(lineage->Write({me, step, "start", -1, 0, -1, "", h}));
+    SHOAL_RETURN_IF_ERROR(lineage->Write(MemberEvent(me, step, "start", -1, 0, h)));
   }
   auto batches = std::make_unique<BatchIterator>(context.train_shard, h.batch_size,
                                                  config.training.seed * 1000003 + context.worker_index);
@@ -358,7 +372,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     SHOAL_RETURN_IF_ERROR(client.Assign({own.fitness}, {torch::tensor({static_cast<float>(fitness),
                                                                        static_cast<float>(loss),
                                                                        static_cast<float>(step)})}));
-    return lineage->Write({me, step, "eval", fitness, loss, -1, "", h});
+    return lineage->Write(MemberEvent(me, step, "eval", fitness, loss, h));
   };
 
   // Every member's latest fitness. Policies that rank by fitness first wait
@@ -422,7 +436,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
   auto decide = [&]() -> absl::Status {
     std::vector<int64_t> published_at;
     SHOAL_ASSIGN_OR_RETURN(std::vector<MemberStatus> statuses, read_statuses(&published_at));
-    LineageEvent decided{me, step, "keep", fitness, loss, -1, "", h};
+    LineageEvent decided = MemberEvent(me, step, "keep", fitness, loss, h);
     for (const MemberStatus& s : statuses) decided.seen.push_back(s.reachable && s.evaluated ? s.fitness : -1);
     decided.seen_steps = published_at;
     const ExploitDecision decision = DecideExploit(pc, me, statuses, rng);
@@ -534,7 +548,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
   }));
   if (lead) {
     SHOAL_RETURN_IF_ERROR(evaluate());
-    SHOAL_RETURN_IF_ERROR(lineage->Write({me, step, "end", fitness, loss, -1, "", h}));
+    SHOAL_RETURN_IF_ERROR(lineage->Write(MemberEvent(me, step, "end", fitness, loss, h)));
   }
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kPeerBytes, peers.bytes_moved()).status());
   return result;
