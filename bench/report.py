@@ -44,6 +44,7 @@ def transport():
             "ucx_tcp_best_vs_grpc_best": round(best("UcxTcpPushPull") / grpc, 3),
             "ucx_shm_best_gb_per_s": round(best("UcxShmPushPull"), 3),
             "ucx_tcp_best_gb_per_s": round(best("UcxTcpPushPull"), 3),
+            "grpc_best_gb_per_s": round(grpc, 3),
             # the async step's exchange: gradient pushed, values back, one round trip
             "ucx_shm_push_and_pull_best_vs_grpc_push_and_pull_best": round(
                 best("UcxShmPushAndPull") / best("GrpcPushAndPull"), 3),
@@ -110,9 +111,14 @@ ucx = {
     "shm_1MiB_push_pull_best_vs_perftest_figure_sleep": vs_perftest_figure(mib["ucx_shm_best_gb_per_s"],
                                                                            "shm_sleep_1048576"),
     # UCX's own event-mode ping-pong against shoal over gRPC, like for like:
-    # where it sits, 3x gRPC needs more than UCX's ping-pong gives.
+    # where it sits, 3x gRPC needs more than one UCX ping-pong gives.
     "ucx_tcp_ping_pong_sleep_vs_grpc_push_pull_t1": round(
         ceiling_ucx["tcp_sleep_1048576"]["round_trips_per_s"] / mib["push_pulls_per_s_t1"]["GrpcPushPull"], 3),
+    # Two such ping-pongs at once (separate processes) against gRPC's best:
+    # what UCX gives over TCP when its streams run in parallel.
+    "ucx_tcp_two_ping_pongs_sleep_vs_grpc_best": round(
+        ceiling_ucx["tcp_sleep_1048576_two_at_once"]["gb_per_s_per_direction"] /
+        mib["grpc_best_gb_per_s"], 3),
     "raw_tcp_push_pull_best_vs_grpc_best": mib["raw_tcp_push_pull_best_vs_grpc_best"],
     "1KiB_push_pulls_per_s_one_in_flight": kib["push_pulls_per_s_t1"],
     "scaling_gb_per_s_per_ps": scaling,

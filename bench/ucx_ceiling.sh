@@ -4,11 +4,15 @@
 # shoal's push then pull) at 1 KiB and 1 MiB, over TCP and over shared
 # memory, both in UCX's default busy-polling mode and in the event-driven
 # mode shoal uses (-E sleep). Prints one JSON object: per direction GB/s
-# (size / one-way time) and round trips per second.
+# (size / one-way time) and round trips per second; and two TCP ping-pongs
+# at once in event mode (their sum: per direction GB/s counting each byte
+# once, and round trips per second).
 #
 #   bench/ucx_ceiling.sh > bench/out/ucx_ceiling.json
 set -euo pipefail
 port=$((20000 + RANDOM % 20000))
+pair_a=$(mktemp) pair_b=$(mktemp)
+trap 'rm -f "$pair_a" "$pair_b"' EXIT
 
 # run TLS SIZE MODE -> "bandwidth_MiB_per_s round_trips_per_s"
 run() {
@@ -43,5 +47,19 @@ for tls in tcp posix,cma,self; do
     done
   done
 done
-echo
+echo ","
+# Two 1 MiB ping-pongs over TCP at once, event mode: what UCX gives shoal's
+# 1 MiB calls over TCP when two run side by side (as the transport bench's
+# best of 1-8 in flight may), counted as one exchange per round trip (each
+# byte once per direction).
+run tcp 1048576 sleep > "$pair_a" &
+first_pair=$!
+port=$((port + 1))
+run tcp 1048576 sleep > "$pair_b"
+wait "$first_pair"
+read -r _ rtps_a < "$pair_a"
+read -r _ rtps_b < "$pair_b"
+awk -v a="$rtps_a" -v b="$rtps_b" 'BEGIN {
+  printf "  \"tcp_sleep_1048576_two_at_once\": {\"gb_per_s_per_direction\": %.3f, \"round_trips_per_s\": %.0f}\n",
+    (a + b) * 1048576 / 1e9, a + b }'
 echo "}"
