@@ -55,6 +55,20 @@ TEST(RowArenaTest, GrowingKeepsRowsInPlaceAndGivesNewRowsTheFill) {
   }
 }
 
+// A read-only table (an evaluator's copy) keeps no optimizer slots: its
+// rows alone, whatever the optimizer; the rows start as a trained table's.
+TEST(EmbeddingTableTest, AReadOnlyTableHoldsItsRowsWithoutSlots) {
+  for (const std::string kind : {"adagrad", "lazy_adam", "ftrl"}) {
+    wire::TableDef def = Def(kind, 100);
+    const auto trained = Make(def);
+    def.set_read_only(true);
+    const auto read_only = Make(def);
+    const int64_t slots = kind == "adagrad" ? 1 : 2;
+    EXPECT_EQ(trained->bytes(), (1 + slots) * read_only->bytes()) << kind;
+    EXPECT_TRUE(read_only->Pull(Ids({0, 42, 99})).value().equal(trained->Pull(Ids({0, 42, 99})).value())) << kind;
+  }
+}
+
 TEST(EmbeddingTableTest, RowsStartFromTheSeedWhateverTheShardCount) {
   auto whole = Make(Def("sgd", 10, 4, 0, 1));
   auto shard1 = Make(Def("sgd", 10, 4, 1, 3));

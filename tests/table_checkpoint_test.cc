@@ -141,5 +141,30 @@ TEST(TableCheckpointTest, AFlippedByteOrAnotherWidthIsRefusedAndChangesNoTable) 
   EXPECT_NE(refused.status().message().find("table 'dynamic' not found"), std::string::npos) << refused.status();
 }
 
+// An evaluator's copy: read-only tables take the rows of an Adagrad and a
+// LazyAdam checkpoint without their slots, and refuse pushes unchanged.
+TEST(TableCheckpointTest, ReadOnlyTablesRestoreAnyOptimizersRowsAndRefusePushes) {
+  const fs::path dir = FreshTempDir("shoal_tables_", "read_only");
+  std::vector<wire::TableDef> defs = TwoTables();
+  PsTasks two(2, dir);
+  ASSERT_TRUE(two.client->CreateTables(defs).ok());
+  Train(*two.client);
+  ASSERT_TRUE(SaveCheckpoint(*two.client, dir.string(), 3).ok());
+
+  for (wire::TableDef& def : defs) def.set_read_only(true);
+  PsTasks reader(1, dir);
+  ASSERT_TRUE(reader.client->CreateTables(defs).ok());
+  auto rows = reader.client->RestoreTables(3, {0, 1});
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(*rows, 1000 + 5);
+  ExpectSameRows(*reader.client, *two.client);
+  const torch::Tensor restored = reader.client->PullRows("fixed", Ids(kFixedIds)).value();
+  absl::StatusOr<int64_t> refused = reader.client->PushRows("fixed", Ids(kFixedIds), torch::ones({10, 4}));
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("table 'fixed'"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("read-only"), std::string::npos) << refused.status();
+  EXPECT_TRUE(reader.client->PullRows("fixed", Ids(kFixedIds)).value().equal(restored));
+}
+
 }  // namespace
 }  // namespace shoal

@@ -139,6 +139,7 @@ EmbeddingTable::EmbeddingTable(wire::TableDef def, std::string task_name)
       where_(absl::StrCat("table '", def_.name(), "' on ", task_name)),
       dim_(def_.dim()),
       values_(def_.dim()) {
+  if (def_.read_only()) return;  // no optimizer state: nothing will be pushed
   const float initial_accumulator = static_cast<float>(def_.optimizer().initial_accumulator_value());
   if (rule_ == Rule::kAdagrad) slots_.emplace_back(dim_, initial_accumulator);
   if (rule_ == Rule::kLazyAdam) {
@@ -315,6 +316,9 @@ void EmbeddingTable::ApplyRow(int64_t index, const float* g) {
 }
 
 absl::StatusOr<int64_t> EmbeddingTable::Push(const torch::Tensor& ids, const torch::Tensor& gradients) {
+  if (def_.read_only()) {
+    return absl::FailedPreconditionError(absl::StrCat(where_, " is read-only (an evaluator's copy): pushes are refused"));
+  }
   torch::Tensor contiguous_ids = ids.defined() ? ids.contiguous() : ids;
   torch::Tensor contiguous_gradients = gradients.defined() ? gradients.contiguous() : gradients;
   absl::Status checked = Check(contiguous_ids, &contiguous_gradients, /*distinct=*/true);
@@ -371,7 +375,8 @@ absl::Status EmbeddingTable::CheckRestore(const wire::TableChunk& chunk, const t
     return absl::InvalidArgumentError(absl::StrCat(where_, ": the checkpoint's rows are ", chunk.dim(),
                                                    " wide, the table's ", dim_, " (model.click.dim changed?)"));
   }
-  if (chunk.optimizer() != def_.optimizer().kind() || chunk.slots() != static_cast<int>(slots_.size())) {
+  if (!def_.read_only() &&
+      (chunk.optimizer() != def_.optimizer().kind() || chunk.slots() != static_cast<int>(slots_.size()))) {
     return absl::InvalidArgumentError(absl::StrCat(where_, ": the checkpoint's rows were trained by '",
                                                    chunk.optimizer(), "' (", chunk.slots(), " slots), the table's by '",
                                                    def_.optimizer().kind(), "' (", slots_.size(), ")"));

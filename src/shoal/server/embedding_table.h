@@ -95,7 +95,7 @@ class EmbeddingTable {
 
   // Applies `gradients` ([n, dim] float32, finite) to the rows of `ids`
   // (int64 [n], distinct) with the table's optimizer. Returns the table's
-  // push count after this one.
+  // push count after this one. A read-only table refuses (FailedPrecondition).
   absl::StatusOr<int64_t> Push(const torch::Tensor& ids, const torch::Tensor& gradients);
 
   // Checkpoints (server/table_checkpoint.h). The rows this shard holds,
@@ -108,7 +108,8 @@ class EmbeddingTable {
       const std::function<absl::Status(const torch::Tensor& ids, const torch::Tensor& rows,
                                         const std::vector<torch::Tensor>& slots, int64_t pushes)>& write) const;
   // Whether a checkpoint chunk of this table could be restored here: its
-  // rows as wide and its slots those of this optimizer, every id inside a
+  // rows as wide and its slots those of this optimizer (any optimizer's,
+  // for a read-only table, which leaves the slots), every id inside a
   // fixed table (InvalidArgument naming the table, the file's figure and
   // the table's). Changes nothing.
   absl::Status CheckRestore(const wire::TableChunk& chunk, const torch::Tensor& ids) const;

@@ -36,12 +36,14 @@ namespace {
 
 // A checkpoint's embedding tables, served to this process by an in-process
 // ps task that restored them from the table shards (any ps count saved
-// them), and a client for them.
+// them), and a client for them. The tables are read-only: their rows come
+// back without the optimizer's slots, which would double (Adagrad) or
+// triple (LazyAdam, FTRL) what evaluating holds.
 class CheckpointTables {
  public:
   static absl::StatusOr<std::unique_ptr<CheckpointTables>> Restore(const std::string& checkpoint,
                                                                    const CheckpointIndex& index, const Model& model,
-                                                                   const std::vector<wire::TableDef>& tables) {
+                                                                   std::vector<wire::TableDef> tables) {
     if (index.table_shards.empty()) {
       return absl::NotFoundError(absl::StrCat("checkpoint ", checkpoint, " holds no tables for the click model"));
     }
@@ -61,6 +63,7 @@ class CheckpointTables {
     SHOAL_ASSIGN_OR_RETURN(served->client_,
                            Client::Create(cluster, served->transport_.get(),
                                           std::make_shared<const Placement>(std::move(placement))));
+    for (wire::TableDef& table : tables) table.set_read_only(true);
     SHOAL_RETURN_IF_ERROR(served->client_->CreateTables(tables));
     SHOAL_RETURN_IF_ERROR(served->client_->RestoreTables(index.step, index.table_shards).status());
     return served;
