@@ -317,7 +317,7 @@ void EmbeddingTable::ApplyRow(int64_t index, const float* g) {
 
 absl::StatusOr<int64_t> EmbeddingTable::Push(const torch::Tensor& ids, const torch::Tensor& gradients) {
   if (def_.read_only()) {
-    return absl::FailedPreconditionError(absl::StrCat(where_, " is read-only (an evaluator's copy): pushes are refused"));
+    return absl::FailedPreconditionError(absl::StrCat(where_, " is read-only: pushes are refused"));
   }
   torch::Tensor contiguous_ids = ids.defined() ? ids.contiguous() : ids;
   torch::Tensor contiguous_gradients = gradients.defined() ? gradients.contiguous() : gradients;
