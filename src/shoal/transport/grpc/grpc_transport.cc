@@ -31,7 +31,7 @@ int MessageLimit(size_t max_tensor_bytes) {
 // Bulk tensors: the largest frames HTTP/2 allows, a flow-control lookahead
 // that lets a 16 MiB message go without waiting for window updates, and
 // socket reads that may grow to 16 MB. They start at 1 MB: each connection
-// keeps its read buffer, and starting at 4 MB held about 10 MB more per ps
+// keeps its read buffer, and starting at 4 MB held 12-17 MB more per ps
 // task for no measured speed; applied through `set_int` to channels and
 // servers.
 template <typename SetInt>
