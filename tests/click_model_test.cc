@@ -321,6 +321,11 @@ TEST(ClickTrainingTest, AClickJobRestoredOntoThreePsTasksEvaluatesAsItEnded) {
   EXPECT_NEAR(*evaluated->test_auc, first->test_auc, 1e-4);
   EXPECT_NEAR(evaluated->test_loss, first->test_loss, 1e-4);
   EXPECT_NE(EvaluationJsonLine("/job:evaluator/task:0", *evaluated).find("\"test_auc\":"), std::string::npos);
+  // It restored only the rows of the ids the test set holds.
+  auto model = MakeModel(config.model).value();
+  const int64_t test_ids = model->row_tables()->TableIds(test_set.images).value()[0].numel();
+  EXPECT_EQ(evaluated->table_rows, test_ids);
+  EXPECT_LT(test_ids, config.model.click.rows / 100);
   config.cluster.ps = 3;
   // A job started at its last step still takes one; steps too small to
   // move anything keep the evaluation the restored state's.

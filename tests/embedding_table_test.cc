@@ -55,17 +55,42 @@ TEST(RowArenaTest, GrowingKeepsRowsInPlaceAndGivesNewRowsTheFill) {
   }
 }
 
-// A read-only table (an evaluator's copy) keeps no optimizer slots: its
-// rows alone, whatever the optimizer; the rows start as a trained table's.
-TEST(EmbeddingTableTest, AReadOnlyTableHoldsItsRowsWithoutSlots) {
+// A read-only table (an evaluator's copy) keeps no optimizer slots and
+// holds only the rows restored into it, here those of two ids of a trained
+// fixed table's checkpoint chunks; any other id reads as its initial row.
+TEST(EmbeddingTableTest, AReadOnlyTableHoldsOnlyTheRowsRestoredIntoItWithoutSlots) {
   for (const std::string kind : {"adagrad", "lazy_adam", "ftrl"}) {
     wire::TableDef def = Def(kind, 100);
     const auto trained = Make(def);
+    ASSERT_TRUE(trained->Push(Ids({0, 42, 99}), torch::ones({3, 4})).ok());
     def.set_read_only(true);
     const auto read_only = Make(def);
-    const int64_t slots = kind == "adagrad" ? 1 : 2;
-    EXPECT_EQ(trained->bytes(), (1 + slots) * read_only->bytes()) << kind;
-    EXPECT_TRUE(read_only->Pull(Ids({0, 42, 99})).value().equal(trained->Pull(Ids({0, 42, 99})).value())) << kind;
+    EXPECT_EQ(read_only->size(), 0) << kind;
+    EXPECT_EQ(read_only->bytes(), 0) << kind;
+    const std::vector<int64_t> only = {0, 42};
+    ASSERT_TRUE(trained
+                    ->ForEachChunk(64,
+                                   [&](const torch::Tensor& ids, const torch::Tensor& rows,
+                                       const std::vector<torch::Tensor>& slots, int64_t pushes) {
+                                     wire::TableChunk chunk;
+                                     chunk.set_table("emb");
+                                     chunk.set_dim(4);
+                                     chunk.set_optimizer(kind);
+                                     chunk.set_slots(static_cast<int>(slots.size()));
+                                     chunk.set_pushes(pushes);
+                                     EXPECT_TRUE(read_only->CheckRestore(chunk, ids).ok()) << kind;
+                                     read_only->Restore(chunk, ids, rows, slots, &only);
+                                     return absl::OkStatus();
+                                   })
+                    .ok());
+    EXPECT_EQ(read_only->size(), 2) << kind;
+    const int64_t slot_count = kind == "adagrad" ? 1 : 2;
+    EXPECT_EQ(trained->bytes(), (1 + slot_count) * read_only->bytes()) << kind;  // one chunk of values alone
+    EXPECT_TRUE(read_only->Pull(Ids({0, 42})).value().equal(trained->Pull(Ids({0, 42})).value())) << kind;
+    torch::Tensor initial = torch::empty({1, 4});
+    EmbeddingTable::InitialRow(def, 99, initial.data_ptr<float>());
+    EXPECT_TRUE(read_only->Pull(Ids({99})).value().equal(initial)) << kind;
+    EXPECT_FALSE(trained->Pull(Ids({99})).value().equal(initial)) << kind;  // 99 trained, but was not restored
   }
 }
 

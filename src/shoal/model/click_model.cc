@@ -142,7 +142,7 @@ void ClickModel::SetTraining(bool training) {
   if (dense_) dense_->SetTraining(training);
 }
 
-absl::Status ClickModel::Pull(const torch::Tensor& input) {
+absl::StatusOr<torch::Tensor> ClickModel::CategoricalColumns(const torch::Tensor& input) const {
   const int64_t columns = config_.integer_features + config_.categorical_features * config_.bag_size;
   if (input.dim() != 2 || input.scalar_type() != torch::kInt64 || input.size(1) != columns) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -150,10 +150,21 @@ absl::Status ClickModel::Pull(const torch::Tensor& input) {
         config_.categorical_features, " categorical features of ", config_.bag_size, " ids each); the batch is ",
         c10::toString(input.scalar_type()), " ", ShapeString(input.sizes())));
   }
+  return input.narrow(1, config_.integer_features, columns - config_.integer_features);
+}
+
+absl::Status ClickModel::Pull(const torch::Tensor& input) {
+  SHOAL_ASSIGN_OR_RETURN(const torch::Tensor ids, CategoricalColumns(input));
   if (client_ == nullptr) return absl::FailedPreconditionError("the click model's tables have no client (Bind)");
-  SHOAL_RETURN_IF_ERROR(bag_.Pull(*client_, input.narrow(1, config_.integer_features, columns - config_.integer_features)));
+  SHOAL_RETURN_IF_ERROR(bag_.Pull(*client_, ids));
   pulled_input_ = input;
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<torch::Tensor>> ClickModel::TableIds(const torch::Tensor& input) const {
+  SHOAL_ASSIGN_OR_RETURN(const torch::Tensor ids, CategoricalColumns(input));
+  SHOAL_ASSIGN_OR_RETURN(torch::Tensor keys, bag_.DistinctKeys(ids));
+  return std::vector<torch::Tensor>{std::move(keys)};
 }
 
 absl::Status ClickModel::Push() {

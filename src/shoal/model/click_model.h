@@ -94,6 +94,7 @@ class ClickModel final : public Model, public RowTables {
   std::vector<wire::TableDef> TableDefs() const override { return {bag_.table()}; }
   void Bind(Client* client) override { client_ = client; }
   absl::Status Pull(const torch::Tensor& input) override;
+  absl::StatusOr<std::vector<torch::Tensor>> TableIds(const torch::Tensor& input) const override;
   absl::Status Push() override;
   CacheStats cache_stats() const override;
 
@@ -101,6 +102,8 @@ class ClickModel final : public Model, public RowTables {
   const RemoteEmbeddingBag& bag() const { return bag_; }
 
  private:
+  // `input`'s categorical columns (the bag's ids), after checking its shape.
+  absl::StatusOr<torch::Tensor> CategoricalColumns(const torch::Tensor& input) const;
   ClickModel(const ClickConfig& config, wire::TableDef table);
 
   ClickConfig config_;

@@ -63,7 +63,7 @@ RemoteEmbeddingBag::RemoteEmbeddingBag(wire::TableDef table, int64_t bag_size, P
                                        std::unique_ptr<RowCache> cache)
     : table_(std::move(table)), bag_size_(bag_size), pooling_(pooling), cache_(std::move(cache)) {}
 
-absl::Status RemoteEmbeddingBag::Pull(Client& client, const torch::Tensor& ids) {
+absl::Status RemoteEmbeddingBag::Keys(const torch::Tensor& ids, torch::Tensor* keys, torch::Tensor* present) const {
   if (ids.dim() != 2 || ids.scalar_type() != torch::kInt64 || ids.size(1) % bag_size_ != 0) {
     return absl::InvalidArgumentError(absl::StrCat("table '", table_.name(), "': the ids must be int64 [N, bags * ",
                                                    bag_size_, "], not ", c10::toString(ids.scalar_type()), " ",
@@ -77,9 +77,22 @@ absl::Status RemoteEmbeddingBag::Pull(Client& client, const torch::Tensor& ids) 
                                                    " in example ", at / ids.size(1), ", column ", at % ids.size(1),
                                                    " is negative (-1 marks an empty slot)"));
   }
-  const torch::Tensor present = flat.ge(0);
-  torch::Tensor keys = flat.masked_select(present);
-  if (table_.rows() > 0) keys = keys.remainder(table_.rows());
+  *present = flat.ge(0);
+  *keys = flat.masked_select(*present);
+  if (table_.rows() > 0) *keys = keys->remainder(table_.rows());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<torch::Tensor> RemoteEmbeddingBag::DistinctKeys(const torch::Tensor& ids) const {
+  torch::Tensor keys, present;
+  SHOAL_RETURN_IF_ERROR(Keys(ids, &keys, &present));
+  return std::get<0>(torch::_unique(keys, /*sorted=*/false));
+}
+
+absl::Status RemoteEmbeddingBag::Pull(Client& client, const torch::Tensor& ids) {
+  torch::Tensor keys, present;
+  SHOAL_RETURN_IF_ERROR(Keys(ids, &keys, &present));
+  const torch::Tensor flat = ids.contiguous().view({-1});
   auto [distinct, inverse] = torch::_unique(keys, /*sorted=*/false, /*return_inverse=*/true);
   const int64_t step = ++pulls_;
   torch::Tensor rows = torch::empty({distinct.numel(), table_.dim()});

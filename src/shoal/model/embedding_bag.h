@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "shoal/wire.pb.h"
 
 namespace shoal {
@@ -70,6 +71,10 @@ class RemoteEmbeddingBag {
   // the column and the id for an id below -1. Each Pull is a step for the
   // cache.
   absl::Status Pull(Client& client, const torch::Tensor& ids);
+  // The distinct keys (int64 [U]) of `ids`, as the table keys them and as
+  // Pull would pull them: empty slots left out, a fixed table's ids folded
+  // into it. The same errors as Pull.
+  absl::StatusOr<torch::Tensor> DistinctKeys(const torch::Tensor& ids) const;
   // The pooled features of the ids last pulled: [N, bags, dim], with
   // gradients flowing to the pulled rows.
   torch::Tensor Pooled() const;
@@ -82,6 +87,10 @@ class RemoteEmbeddingBag {
   const RowCache* cache() const { return cache_.get(); }
 
  private:
+  // Checks `ids` (as Pull); its present ids as the table keys them, and
+  // where they sit (bool [N * bags * bag_size]).
+  absl::Status Keys(const torch::Tensor& ids, torch::Tensor* keys, torch::Tensor* present) const;
+
   wire::TableDef table_;
   int64_t bag_size_;
   Pooling pooling_;

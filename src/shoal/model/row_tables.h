@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "shoal/wire.pb.h"
 
 namespace shoal {
@@ -33,6 +34,10 @@ class RowTables {
   // them (and fails on any other input). InvalidArgument for an id the
   // tables cannot hold; the client's error for a failed call.
   virtual absl::Status Pull(const torch::Tensor& input) = 0;
+  // The distinct ids (int64 [U], as the table keys them) of each table, in
+  // TableDefs' order, that Pull(input) would pull. Pulls nothing; the same
+  // errors as Pull for a bad input.
+  virtual absl::StatusOr<std::vector<torch::Tensor>> TableIds(const torch::Tensor& input) const = 0;
   // Pushes the gradients the last backward() left on the rows last pulled,
   // one row per distinct id. Nothing for rows no loss reached.
   virtual absl::Status Push() = 0;

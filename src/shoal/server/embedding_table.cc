@@ -113,7 +113,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wir
   if (o.beta2() == 0) o.set_beta2(0.999);
   if (o.learning_rate_power() == 0) o.set_learning_rate_power(-0.5);
   auto table = std::make_unique<EmbeddingTable>(std::move(filled), task_name);
-  if (table->def_.rows() > 0) {
+  if (table->dense_) {
     // This shard's rows: ids shard, shard + num_shards, ...
     const int64_t local = (table->def_.rows() - table->def_.shard() + table->def_.num_shards() - 1) /
                           table->def_.num_shards();
@@ -135,6 +135,7 @@ EmbeddingTable::Rule EmbeddingTable::RuleOf(const std::string& kind) {
 
 EmbeddingTable::EmbeddingTable(wire::TableDef def, std::string task_name)
     : def_(std::move(def)),
+      dense_(def_.rows() > 0 && !def_.read_only()),
       rule_(RuleOf(def_.optimizer().kind())),
       where_(absl::StrCat("table '", def_.name(), "' on ", task_name)),
       dim_(def_.dim()),
@@ -153,7 +154,7 @@ EmbeddingTable::EmbeddingTable(wire::TableDef def, std::string task_name)
 }
 
 int64_t EmbeddingTable::Find(int64_t id) const {
-  if (def_.rows() > 0) return id / def_.num_shards();
+  if (dense_) return id / def_.num_shards();
   auto it = index_.find(id);
   return it == index_.end() ? -1 : it->second;
 }
@@ -329,7 +330,7 @@ absl::StatusOr<int64_t> EmbeddingTable::Push(const torch::Tensor& ids, const tor
   std::unique_lock<std::shared_mutex> lock(mu_);
   ++pushes_;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t index = def_.rows() > 0 ? Find(id[i]) : FindOrAdmit(id[i]);
+    const int64_t index = dense_ ? Find(id[i]) : FindOrAdmit(id[i]);
     if (index >= 0) ApplyRow(index, g + i * dim_);  // not admitted yet: its gradient is dropped
   }
   // Eviction sweeps the table: every steps_to_live / 4 pushes keeps its cost
@@ -344,10 +345,9 @@ absl::Status EmbeddingTable::ForEachChunk(
     const std::function<absl::Status(const torch::Tensor&, const torch::Tensor&, const std::vector<torch::Tensor>&,
                                      int64_t)>& write) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  // Nothing lists the rows whole: a fixed table walks its row indexes (row
-  // `index` holds id index * shards + shard), a dynamic one its map.
-  const bool fixed = def_.rows() > 0;
-  const int64_t held = fixed ? values_.rows() : static_cast<int64_t>(index_.size());
+  // Nothing lists the rows whole: a dense table walks its row indexes (row
+  // `index` holds id index * shards + shard), any other its map.
+  const int64_t held = dense_ ? values_.rows() : static_cast<int64_t>(index_.size());
   auto next_dynamic = index_.begin();
   for (int64_t begin = 0; begin < held; begin += chunk_rows) {
     const int64_t k = std::min(chunk_rows, held - begin);
@@ -358,7 +358,7 @@ absl::Status EmbeddingTable::ForEachChunk(
     for (int64_t i = 0; i < k; ++i) {
       int64_t index = begin + i;
       int64_t id = index * def_.num_shards() + def_.shard();
-      if (!fixed) std::tie(id, index) = *next_dynamic++;
+      if (!dense_) std::tie(id, index) = *next_dynamic++;
       ids.data_ptr<int64_t>()[i] = id;
       std::memcpy(rows.data_ptr<float>() + i * dim_, values_.Row(index), dim_ * sizeof(float));
       for (size_t s = 0; s < slots_.size(); ++s) {
@@ -394,12 +394,13 @@ absl::Status EmbeddingTable::CheckRestore(const wire::TableChunk& chunk, const t
 }
 
 int64_t EmbeddingTable::Restore(const wire::TableChunk& chunk, const torch::Tensor& ids, const torch::Tensor& rows,
-                                const std::vector<torch::Tensor>& slots) {
+                                const std::vector<torch::Tensor>& slots, const std::vector<int64_t>* only) {
   std::unique_lock<std::shared_mutex> lock(mu_);
   const int64_t* id = ids.data_ptr<int64_t>();
   int64_t taken = 0;
   for (int64_t i = 0; i < ids.numel(); ++i) {
     if (ShardOf(id[i], def_.num_shards()) != def_.shard()) continue;
+    if (only != nullptr && !std::binary_search(only->begin(), only->end(), id[i])) continue;
     int64_t index = Find(id[i]);
     if (index < 0) index = MakeRow(id[i]);
     std::memcpy(values_.Row(index), rows.data_ptr<float>() + i * dim_, dim_ * sizeof(float));
@@ -414,7 +415,7 @@ int64_t EmbeddingTable::Restore(const wire::TableChunk& chunk, const torch::Tens
 
 int64_t EmbeddingTable::size() const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  return def_.rows() > 0 ? values_.rows() : static_cast<int64_t>(index_.size());
+  return dense_ ? values_.rows() : static_cast<int64_t>(index_.size());
 }
 
 int64_t EmbeddingTable::pushes() const {

@@ -114,11 +114,11 @@ class EmbeddingTable {
   // the table's). Changes nothing.
   absl::Status CheckRestore(const wire::TableChunk& chunk, const torch::Tensor& ids) const;
   // Sets the rows and slots of the chunk's ids that map to this shard
-  // (others are left to their own shards), making a dynamic table's rows;
-  // the push count becomes at least the chunk's. CheckRestore first.
-  // Returns the rows set.
+  // (others are left to their own shards), making a dynamic or read-only
+  // table's rows; with `only` (sorted), of those ids alone. The push count
+  // becomes at least the chunk's. CheckRestore first. Returns the rows set.
   int64_t Restore(const wire::TableChunk& chunk, const torch::Tensor& ids, const torch::Tensor& rows,
-                  const std::vector<torch::Tensor>& slots);
+                  const std::vector<torch::Tensor>& slots, const std::vector<int64_t>* only = nullptr);
 
   const wire::TableDef& def() const { return def_; }
   // Rows held (a fixed table: all of its shard).
@@ -133,13 +133,14 @@ class EmbeddingTable {
   EmbeddingTable(wire::TableDef def, std::string task_name);
 
  private:
-  // Where `id`'s row lives: its index in the arenas, or -1 (dynamic, absent).
+  // Where `id`'s row lives: its index in the arenas, or -1 (not held).
   int64_t Find(int64_t id) const;
   // Validates ids (and gradients, if given) whole; names the first bad one.
   absl::Status Check(const torch::Tensor& ids, const torch::Tensor* gradients, bool distinct) const;
   // Dynamic tables: the row for `id`, made if admitted now; -1 if not yet.
   int64_t FindOrAdmit(int64_t id);
-  // Dynamic tables: a new row for `id` (not yet held), from its initial value.
+  // Tables that are not dense: a new row for `id` (not yet held), from its
+  // initial value.
   int64_t MakeRow(int64_t id);
   // Dynamic tables: drops rows (and sightings) untouched for steps_to_live pushes.
   void Evict();
@@ -150,6 +151,10 @@ class EmbeddingTable {
   static Rule RuleOf(const std::string& kind);
 
   const wire::TableDef def_;
+  // Rows at index id / shards, all made at creation: a fixed table that is
+  // not read-only. Otherwise rows are made as ids come (a dynamic table's
+  // pushes, a read-only table's restore) and found through `index_`.
+  const bool dense_;
   const Rule rule_;
   const std::string where_;  // "table 'name' on /job:ps/task:0"
   const int64_t dim_;
@@ -157,7 +162,7 @@ class EmbeddingTable {
   RowArena values_;
   std::vector<RowArena> slots_;  // adagrad: accumulator; lazy_adam: m, v; ftrl: z, n
   int64_t pushes_ = 0;
-  // Dynamic tables only.
+  // Tables that are not dense only.
   std::unordered_map<int64_t, int64_t> index_;  // id -> row index
   std::vector<int64_t> free_rows_;
   std::vector<int64_t> last_push_;  // per row index: the push that last touched it

@@ -183,4 +183,65 @@ absl::Status ReadTableCheckpoint(const std::string& path,
   }
 }
 
+namespace {
+
+// Rows per chunk of a table checkpoint: 64Ki rows of 16 floats and two
+// slots are 12 MiB in memory at a time, whatever the table.
+constexpr int64_t kTableChunkRows = 1 << 16;
+
+}  // namespace
+
+absl::StatusOr<bool> SaveTables(const TableStore& tables, const std::string& path) {
+  const std::vector<EmbeddingTable*> all = tables.All();
+  if (all.empty()) return false;
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<TableCheckpointWriter> writer, TableCheckpointWriter::Open(path));
+  for (const EmbeddingTable* table : all) {
+    SHOAL_RETURN_IF_ERROR(table->ForEachChunk(
+        kTableChunkRows, [&](const torch::Tensor& ids, const torch::Tensor& rows,
+                             const std::vector<torch::Tensor>& slots, int64_t pushes) {
+          TableChunkData chunk;
+          chunk.header.set_table(table->def().name());
+          chunk.header.set_dim(table->def().dim());
+          chunk.header.set_optimizer(table->def().optimizer().kind());
+          chunk.header.set_pushes(pushes);
+          chunk.ids = ids;
+          chunk.rows = rows;
+          chunk.slots = slots;
+          return writer->Append(std::move(chunk));
+        }));
+  }
+  SHOAL_RETURN_IF_ERROR(writer->Finish());
+  return true;
+}
+
+absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vector<std::string>& files,
+                                      const std::map<std::string, std::vector<int64_t>>* only) {
+  auto table_of = [&](const TableChunkData& chunk, const std::string& file) -> absl::StatusOr<EmbeddingTable*> {
+    auto table = tables.Find(chunk.header.table());
+    if (!table.ok()) return Annotate(table.status(), absl::StrCat("restoring '", file, "'"));
+    return *table;
+  };
+  for (const std::string& file : files) {
+    SHOAL_RETURN_IF_ERROR(ReadTableCheckpoint(file, [&](const TableChunkData& chunk) -> absl::Status {
+      SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, table_of(chunk, file));
+      return Annotate(table->CheckRestore(chunk.header, chunk.ids), absl::StrCat("restoring '", file, "'"));
+    }));
+  }
+  int64_t taken = 0;
+  for (const std::string& file : files) {
+    SHOAL_RETURN_IF_ERROR(ReadTableCheckpoint(file, [&](const TableChunkData& chunk) -> absl::Status {
+      SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, table_of(chunk, file));
+      const std::vector<int64_t>* ids_wanted = nullptr;
+      if (only != nullptr) {
+        auto wanted = only->find(chunk.header.table());
+        if (wanted == only->end()) return absl::OkStatus();  // no row of this table is wanted
+        ids_wanted = &wanted->second;
+      }
+      taken += table->Restore(chunk.header, chunk.ids, chunk.rows, chunk.slots, ids_wanted);
+      return absl::OkStatus();
+    }));
+  }
+  return taken;
+}
+
 }  // namespace shoal

@@ -1,7 +1,8 @@
 // Table checkpoint files: a ps task's shards of its embedding tables, which
 // it streams a chunk of rows at a time into ckpt-<step>/tables-<n>.ckpt
 // beside its variables' shard (server/checkpoint_shard.h), so that no
-// process ever copies a whole table.
+// process ever copies a whole table. SaveTables and RestoreTables move a
+// task's tables to and from such files.
 //
 // Layout (little-endian):
 //   "SHOALTBL", u32 format version,
@@ -23,10 +24,12 @@
 
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "shoal/server/embedding_table.h"
 #include "shoal/wire.pb.h"
 
 namespace shoal {
@@ -65,6 +68,18 @@ class TableCheckpointWriter {
 // read with an error); at most one chunk is in memory at a time.
 absl::Status ReadTableCheckpoint(const std::string& path,
                                  const std::function<absl::Status(const TableChunkData&)>& visit);
+
+// Streams every table `tables` holds to `path`, a chunk at a time; false,
+// and no file, when it holds none.
+absl::StatusOr<bool> SaveTables(const TableStore& tables, const std::string& path);
+
+// Restores `tables` from table checkpoint `files`: each file is read twice,
+// first to check all of it (checksums, every chunk's table known here, its
+// width, optimizer and ids), then to set the rows that map to this task, so
+// a corrupt or mismatched checkpoint changes no table. With `only`, just
+// the ids it lists (sorted) of the tables it names. Returns the rows set.
+absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vector<std::string>& files,
+                                      const std::map<std::string, std::vector<int64_t>>* only = nullptr);
 
 }  // namespace shoal
 

@@ -26,62 +26,6 @@ absl::Status NeedsCheckpointDir(const VariableServiceOptions& options, absl::str
       options.task_name, " was started without a checkpoint directory (checkpoint.dir) and ", does));
 }
 
-// Rows per chunk of a table checkpoint: 64Ki rows of 16 floats and two
-// slots are 12 MiB in memory at a time, whatever the table.
-constexpr int64_t kTableChunkRows = 1 << 16;
-
-// Streams every table `tables` holds to `path` (server/table_checkpoint.h);
-// false, and no file, when it holds none.
-absl::StatusOr<bool> SaveTables(const TableStore& tables, const std::string& path) {
-  const std::vector<EmbeddingTable*> all = tables.All();
-  if (all.empty()) return false;
-  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<TableCheckpointWriter> writer, TableCheckpointWriter::Open(path));
-  for (const EmbeddingTable* table : all) {
-    SHOAL_RETURN_IF_ERROR(table->ForEachChunk(
-        kTableChunkRows, [&](const torch::Tensor& ids, const torch::Tensor& rows,
-                             const std::vector<torch::Tensor>& slots, int64_t pushes) {
-          TableChunkData chunk;
-          chunk.header.set_table(table->def().name());
-          chunk.header.set_dim(table->def().dim());
-          chunk.header.set_optimizer(table->def().optimizer().kind());
-          chunk.header.set_pushes(pushes);
-          chunk.ids = ids;
-          chunk.rows = rows;
-          chunk.slots = slots;
-          return writer->Append(std::move(chunk));
-        }));
-  }
-  SHOAL_RETURN_IF_ERROR(writer->Finish());
-  return true;
-}
-
-// Restores `tables` from table checkpoint `files`: each file is read twice,
-// first to check all of it (checksums, every chunk's table known here, its
-// width, optimizer and ids), then to set the rows that map to this task, so
-// a corrupt or mismatched checkpoint changes no table. Returns the rows set.
-absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vector<std::string>& files) {
-  auto table_of = [&](const TableChunkData& chunk, const std::string& file) -> absl::StatusOr<EmbeddingTable*> {
-    auto table = tables.Find(chunk.header.table());
-    if (!table.ok()) return Annotate(table.status(), absl::StrCat("restoring '", file, "'"));
-    return *table;
-  };
-  for (const std::string& file : files) {
-    SHOAL_RETURN_IF_ERROR(ReadTableCheckpoint(file, [&](const TableChunkData& chunk) -> absl::Status {
-      SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, table_of(chunk, file));
-      return Annotate(table->CheckRestore(chunk.header, chunk.ids), absl::StrCat("restoring '", file, "'"));
-    }));
-  }
-  int64_t taken = 0;
-  for (const std::string& file : files) {
-    SHOAL_RETURN_IF_ERROR(ReadTableCheckpoint(file, [&](const TableChunkData& chunk) -> absl::Status {
-      SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, table_of(chunk, file));
-      taken += table->Restore(chunk.header, chunk.ids, chunk.rows, chunk.slots);
-      return absl::OkStatus();
-    }));
-  }
-  return taken;
-}
-
 std::vector<std::string> Names(const google::protobuf::RepeatedPtrField<std::string>& names) {
   return {names.begin(), names.end()};
 }

@@ -19,14 +19,15 @@ struct CheckpointEvaluation {
   double test_accuracy = 0;
   double test_loss = 0;  // the model's mean loss (click models: log loss)
   std::optional<double> test_auc;  // click models
+  int64_t table_rows = 0;  // click models: the table rows restored, those the test set reads
 };
 
 // Loads the configured model's variables from `checkpoint` (checking every
 // checksum) and evaluates them on `test_set`. A click model's tables come
 // from the table shards saved beside the variables: this process serves
-// them to itself (an in-process ps task restored from those shards, so it
-// holds the whole table and its slots in memory) and the model pulls each
-// batch's rows from it as in training.
+// them to itself (an in-process ps task that restores, read-only and
+// without slots, only the rows of the ids `test_set` holds) and the model
+// pulls each batch's rows from it as in training.
 absl::StatusOr<CheckpointEvaluation> EvaluateCheckpoint(const JobConfig& config, const std::string& checkpoint,
                                                         const Dataset& test_set);
 
