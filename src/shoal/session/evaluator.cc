@@ -94,7 +94,9 @@ class CheckpointTables {
     // The shards' files, named from the index's numbers, read in this
     // process: only the wanted rows are kept.
     std::vector<std::string> files;
-    for (int shard : index.table_shards) files.push_back((std::filesystem::path(checkpoint) / TableFileName(shard)).string());
+    for (int shard : index.table_shards) {
+      files.push_back((std::filesystem::path(checkpoint) / TableFileName(shard)).string());
+    }
     SHOAL_ASSIGN_OR_RETURN(served->rows_, RestoreTables(served->service_->tables(), files, &wanted));
     return served;
   }
