@@ -92,7 +92,6 @@ absl::StatusOr<torch::Tensor> RemoteEmbeddingBag::DistinctKeys(const torch::Tens
 absl::Status RemoteEmbeddingBag::Pull(Client& client, const torch::Tensor& ids) {
   torch::Tensor keys, present;
   SHOAL_RETURN_IF_ERROR(Keys(ids, &keys, &present));
-  const torch::Tensor flat = ids.contiguous().view({-1});
   auto [distinct, inverse] = torch::_unique(keys, /*sorted=*/false, /*return_inverse=*/true);
   const int64_t step = ++pulls_;
   torch::Tensor rows = torch::empty({distinct.numel(), table_.dim()});
@@ -117,7 +116,7 @@ absl::Status RemoteEmbeddingBag::Pull(Client& client, const torch::Tensor& ids) 
   distinct_ids_ = distinct;
   rows_ = rows.detach().requires_grad_(true);
   // Empty slots point one past the rows, at a zero row appended in Pooled().
-  slot_rows_ = torch::full({flat.numel()}, distinct.numel(), torch::kInt64);
+  slot_rows_ = torch::full({present.numel()}, distinct.numel(), torch::kInt64);
   slot_rows_.masked_scatter_(present, inverse);
   bag_counts_ = present.view({examples_, bags_, bag_size_}).sum(2, /*keepdim=*/true).clamp_min(1).to(torch::kFloat32);
   return absl::OkStatus();
