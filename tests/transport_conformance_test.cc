@@ -123,6 +123,17 @@ TEST_P(TransportConformanceTest, APushAnsweredWithTheValuesAfterItReassemblesEve
   EXPECT_TRUE(Read("small").equal(torch::full({3}, 2.0f)));
 }
 
+TEST_P(TransportConformanceTest, SeveralCountersMoveInOneRequestInOrder) {
+  ASSERT_TRUE(client_->AddToCounter("b", 5).ok());
+  // Each value is its counter's right after its own delta: "a" read after
+  // it was bumped, "b" read as it was.
+  auto values = client_->AddToCounters({{"a", 2}, {"b", 0}, {"a", 0}, {"a", 3}});
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(*values, (std::vector<int64_t>{2, 5, 2, 5}));
+  EXPECT_EQ(client_->AddToCounter("a", 0).value(), 5);
+  EXPECT_TRUE(client_->AddToCounters({}).value().empty());
+}
+
 TEST_P(TransportConformanceTest, UnknownVariableIsNotFoundNamingTheTask) {
   Request request;
   request.header.mutable_read()->add_names("missing");

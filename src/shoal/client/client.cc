@@ -465,6 +465,12 @@ absl::StatusOr<int64_t> Client::AddToCounter(const std::string& name, int64_t de
   return CallCounter(request);
 }
 
+absl::StatusOr<std::vector<int64_t>> Client::AddToCounters(const std::vector<CounterDelta>& counters) {
+  if (counters.empty()) return std::vector<int64_t>();
+  // An update of no variables: its counters are all it carries.
+  return Update(wire::UPDATE_OPTIMIZER, {}, {}, counters);
+}
+
 absl::StatusOr<int64_t> Client::PollCounter(const std::string& name, int64_t at_least, absl::Duration wait) {
   wire::CounterRequest request;
   request.mutable_counter()->set_name(name);

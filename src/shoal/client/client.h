@@ -133,6 +133,11 @@ class Client {
   // Adds `delta` to a counter on the counter task; returns the new value.
   absl::StatusOr<int64_t> AddToCounter(const std::string& name, int64_t delta);
 
+  // Adds each delta to its counter, in order, in one request to the counter
+  // task (applied once, like any numbered request; a delta of 0 reads);
+  // returns each counter's value after its own addition.
+  absl::StatusOr<std::vector<int64_t>> AddToCounters(const std::vector<CounterDelta>& counters);
+
   // Sets a counter on the counter task to `value`, in one operation.
   absl::StatusOr<int64_t> SetCounter(const std::string& name, int64_t value);
 
