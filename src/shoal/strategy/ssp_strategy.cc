@@ -42,8 +42,8 @@ absl::StatusOr<bool> WaitForStepDone(WorkerContext& context, int64_t generation,
 // Stale synchronous parallel: async pushes, with each worker's clock kept
 // on the counter task and a wait at the staleness bound.
 //
-// A step makes three round trips: its pull, its push, and one counter
-// request after the push that moves this worker's clock, marks its step
+// A step makes at most three round trips: its pull, its push, and one
+// counter request after the push that moves this worker's clock, marks its step
 // done, counts its gap, and reads what the next steps need to know (the
 // workers' clocks, and whether the steps the bound waits for are done).
 // The "done" mark must follow the push's answer, so that a worker who
@@ -83,9 +83,9 @@ class SspPolicy : public StepPolicy {
 
   absl::StatusOr<bool> Barrier() override {
     // What the last step's counter request read, if it was about this step.
-    const bool known = known_.has_value() && known_->step == step_;
-    const bool next_bound_done = known && known_->next_bound_done;
-    if (MustWait(step_) && !(known && known_->bound_done)) {
+    const Known* known = KnownAbout(step_);
+    const bool next_bound_done = known != nullptr && known->next_bound_done;
+    if (MustWait(step_) && !(known != nullptr && known->bound_done)) {
       pushed_values_.clear();  // read before the wait: too old for this step
       SHOAL_ASSIGN_OR_RETURN(bool go_on, WaitForStepDone(context_, generation_, step_ - staleness_ - 1, timeout_));
       if (!go_on) return false;
@@ -93,8 +93,8 @@ class SspPolicy : public StepPolicy {
     }
     // The gap is measured from the workers' own clocks, not from the wait.
     std::vector<int64_t> clocks;
-    if (known_.has_value() && known_->step == step_) {
-      clocks = known_->clocks;
+    if (const Known* still_known = KnownAbout(step_)) {
+      clocks = still_known->clocks;
     } else {
       for (int w = 0; w < context_.num_workers; ++w) {
         SHOAL_ASSIGN_OR_RETURN(int64_t clock, client_.AddToCounter(ClockCounter(generation_, w), 0));
@@ -149,6 +149,9 @@ class SspPolicy : public StepPolicy {
   };
 
   bool MustWait(int64_t step) const { return staleness_ >= 0 && step - base_ > staleness_; }
+  const Known* KnownAbout(int64_t step) const {
+    return known_.has_value() && known_->step == step ? &*known_ : nullptr;
+  }
 
   // After the push: this worker's clock and step-done mark, its step's gap,
   // and reads for the next step, in one request.
