@@ -121,6 +121,9 @@ absl::StatusOr<UcxWorker*> UcxLoop::AddWorker() {
   }
   worker->address_.assign(reinterpret_cast<const char*>(address), length);
   ucp_worker_release_address(worker->worker_, address);
+  ucp_worker_attr_t attributes{};
+  attributes.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+  if (ucp_worker_query(worker->worker_, &attributes) == UCS_OK) worker->max_am_header_ = attributes.max_am_header;
   epoll_event event{};
   event.events = EPOLLIN;
   event.data.fd = worker->event_fd_;

@@ -70,6 +70,8 @@ class UcxWorker {
   ucp_worker_h get() const { return worker_; }
   // This worker's address (bytes a peer's ucp_ep_create takes).
   const std::string& address() const { return address_; }
+  // The longest header an active message from this worker may have.
+  size_t max_am_header() const { return max_am_header_; }
   // Routes active messages `id` to `handler`.
   void OnMessage(unsigned id, MessageHandler handler);
   // A UCX request shoal started on this worker (a send, a fetch) is in
@@ -83,6 +85,7 @@ class UcxWorker {
   ucp_worker_h worker_ = nullptr;
   int event_fd_ = -1;
   std::string address_;
+  size_t max_am_header_ = 0;
   std::map<unsigned, MessageHandler> handlers_;
   size_t requests_in_flight_ = 0;
   absl::Time retired_at_;

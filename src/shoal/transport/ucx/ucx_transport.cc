@@ -40,11 +40,18 @@ constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
 // How long closing endpoints may take when a loop stops.
 constexpr absl::Duration kCloseTimeout = absl::Seconds(1);
 
+// shoal's fixed headers of an active message. The codec's header frame
+// (`frame_bytes`) follows the fixed header in the active message's header
+// when it fits (UCX's max_am_header): the data is then the tensors alone,
+// and one tensor goes from its own memory, in one buffer, with no copy of
+// shoal's. Otherwise the frame leads the data, and the tensor bytes follow
+// it at the next alignment. The receiver tells the two apart by the
+// header's length.
 struct RequestAmHeader {
   uint64_t connection_id;
   ConnectionSecret secret;
   uint64_t call_id;
-  uint64_t frame_bytes;  // the codec's header frame; tensor bytes follow at the next alignment
+  uint64_t frame_bytes;
 };
 struct ResponseAmHeader {
   uint64_t call_id;
@@ -62,10 +69,10 @@ std::shared_ptr<char> AllocateAligned(size_t bytes) {
 }
 
 // A message on its way out: UCX reads the header and the I/O vector (the
-// codec's header frame, padding, then the tensors' own memory) until the
-// send completes, so all of it lives here until then.
+// codec's header frame unless the header carries it, then the tensors' own
+// memory) until the send completes, so all of it lives here until then.
 struct Outgoing {
-  std::string am_header;
+  std::string am_header;  // the fixed header; then the frame, if it fits
   EncodedMessage encoded;
   std::vector<ucp_dt_iov_t> iov;
   std::shared_ptr<char> flat;  // the whole message in one buffer, when sent so
@@ -78,15 +85,25 @@ std::unique_ptr<Outgoing> MakeOutgoing(EncodedMessage encoded, const void* heade
   auto out = std::make_unique<Outgoing>();
   out->am_header.assign(static_cast<const char*>(header), header_bytes);
   out->encoded = std::move(encoded);
+  return out;
+}
+
+// Lays `out` out for `worker`: the frame into the header if it fits there,
+// else at the head of the data (see RequestAmHeader).
+void LayOut(const UcxWorker& worker, Outgoing* out) {
   const std::string& frame = out->encoded.header_frame;
-  out->iov.push_back({const_cast<char*>(frame.data()), frame.size()});
-  if (AlignUp(frame.size()) != frame.size()) {
-    out->iov.push_back({const_cast<char*>(kPadding), AlignUp(frame.size()) - frame.size()});
+  out->iov.clear();
+  if (out->am_header.size() + frame.size() <= worker.max_am_header()) {
+    out->am_header += frame;
+  } else {
+    out->iov.push_back({const_cast<char*>(frame.data()), frame.size()});
+    if (AlignUp(frame.size()) != frame.size()) {
+      out->iov.push_back({const_cast<char*>(kPadding), AlignUp(frame.size()) - frame.size()});
+    }
   }
   for (torch::Tensor& body : out->encoded.bodies) {
     if (body.nbytes() > 0) out->iov.push_back({body.data_ptr(), body.nbytes()});
   }
-  return out;
 }
 
 // Copies the message into one contiguous buffer. UCX 1.13 moves an I/O
@@ -111,6 +128,7 @@ void Flatten(Outgoing* out) {
 // Hands `out` to UCX, on `ep` of `worker`. Returns the failure if UCX
 // refused it at once.
 ucs_status_t SendAm(UcxWorker* worker, ucp_ep_h ep, unsigned id, std::unique_ptr<Outgoing> out, bool contiguous) {
+  LayOut(*worker, out.get());
   if (contiguous) Flatten(out.get());
   ucp_request_param_t param{};
   param.op_attr_mask =
@@ -124,7 +142,10 @@ ucs_status_t SendAm(UcxWorker* worker, ucp_ep_h ep, unsigned id, std::unique_ptr
   param.user_data = out.get();
   const void* buffer = out->iov.data();
   size_t count = out->iov.size();
-  if (count == 1) {
+  if (count == 0) {
+    param.datatype = ucp_dt_make_contig(1);
+    buffer = nullptr;
+  } else if (count == 1) {
     param.datatype = ucp_dt_make_contig(1);
     buffer = out->iov[0].buffer;
     count = out->iov[0].length;
@@ -200,9 +221,36 @@ void Drop(UcxWorker* worker, void* data, const ucp_am_recv_param_t* param) {
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ucp_am_data_release(worker->get(), data);
 }
 
-// The frame and the tensor bytes of a received message, as the codec's chunks.
-absl::Status SplitReceived(const std::shared_ptr<char>& buffer, size_t length, uint64_t frame_bytes,
-                           std::vector<absl::string_view>* views, std::vector<ChunkOwner>* owners) {
+// The codec's header frame of a message whose active-message header is
+// `header` (`fixed` bytes of shoal's header, then perhaps the frame): a
+// copy of it (the header lives only during UCX's callback), or null when
+// the frame leads the data. DataLoss for a header of any other length.
+absl::StatusOr<std::shared_ptr<char>> FrameFromHeader(const void* header, size_t header_length, size_t fixed,
+                                                      uint64_t frame_bytes) {
+  if (header_length == fixed) return nullptr;
+  if (header_length < fixed || header_length - fixed != frame_bytes) {
+    return absl::DataLossError(absl::StrCat("garbled message: a header of ", header_length, " bytes"));
+  }
+  std::shared_ptr<char> frame = AllocateAligned(frame_bytes);
+  if (frame == nullptr) return absl::ResourceExhaustedError("no memory for a message's header");
+  std::memcpy(frame.get(), static_cast<const char*>(header) + fixed, frame_bytes);
+  return frame;
+}
+
+// The frame and the tensor bytes of a received message, as the codec's
+// chunks: the frame from the header (`header_frame`) or from the data.
+absl::Status SplitReceived(const std::shared_ptr<char>& header_frame, const std::shared_ptr<char>& buffer,
+                           size_t length, uint64_t frame_bytes, std::vector<absl::string_view>* views,
+                           std::vector<ChunkOwner>* owners) {
+  if (header_frame != nullptr) {
+    views->emplace_back(header_frame.get(), frame_bytes);
+    owners->push_back(header_frame);
+    if (length > 0) {
+      views->emplace_back(buffer.get(), length);
+      owners->push_back(buffer);
+    }
+    return absl::OkStatus();
+  }
   if (frame_bytes > length || (length > frame_bytes && AlignUp(frame_bytes) > length)) {
     return absl::DataLossError(absl::StrCat("garbled message: a header frame of ", frame_bytes, " bytes in ", length));
   }
@@ -505,7 +553,7 @@ class UcxServer final : public ServerHandle {
   void OnRequest(uint64_t id, UcxWorker* worker, const void* header, size_t header_length, void* data,
                  size_t length, const ucp_am_recv_param_t* param) {
     RequestAmHeader h;
-    if (header_length != sizeof(h) || closing_) {
+    if (header_length < sizeof(h) || closing_) {
       Drop(worker, data, param);
       return;
     }
@@ -513,6 +561,15 @@ class UcxServer final : public ServerHandle {
     auto it = connections_.find(h.connection_id);
     if (h.connection_id != id || it == connections_.end() || !SecretsEqual(it->second.secret, h.secret)) {
       Drop(worker, data, param);  // not a client that passed the handshake: nothing is read
+      return;
+    }
+    absl::StatusOr<std::shared_ptr<char>> header_frame = FrameFromHeader(header, header_length, sizeof(h), h.frame_bytes);
+    if (!header_frame.ok()) {
+      Drop(worker, data, param);
+      Response refusal;
+      SetErrorStatus(Annotate(header_frame.status(), absl::StrCat("request to ", service_->options().task_name)),
+                     &refusal);
+      Answer(h.connection_id, h.call_id, std::move(refusal));
       return;
     }
     if (length > options_.max_message_bytes + kHeaderSlack) {
@@ -540,10 +597,11 @@ class UcxServer final : public ServerHandle {
     receiving_bytes_ += length;
     const uint64_t connection_id = h.connection_id, call_id = h.call_id, frame_bytes = h.frame_bytes;
     Receive(loop_.get(), worker, data, length, param,
-            [this, connection_id, call_id, frame_bytes](std::shared_ptr<char> buffer, size_t length) {
+            [this, connection_id, call_id, frame_bytes, frame = *std::move(header_frame)](
+                std::shared_ptr<char> buffer, size_t length) {
               receiving_bytes_ -= length;
               if (buffer == nullptr) return;  // the client went away (or no memory): nothing to answer
-              Serve(connection_id, call_id, std::move(buffer), length, frame_bytes);
+              Serve(connection_id, call_id, frame, std::move(buffer), length, frame_bytes);
             });
   }
 
@@ -552,15 +610,15 @@ class UcxServer final : public ServerHandle {
     response->header.set_status_message(std::string(status.message()));
   }
 
-  void Serve(uint64_t connection_id, uint64_t call_id, std::shared_ptr<char> buffer, size_t length,
-             uint64_t frame_bytes) {
+  void Serve(uint64_t connection_id, uint64_t call_id, const std::shared_ptr<char>& header_frame,
+             std::shared_ptr<char> buffer, size_t length, uint64_t frame_bytes) {
     auto connection = connections_.find(connection_id);
     if (connection == connections_.end() || closing_) return;  // closing: the client sees the connection end
     auto request = std::make_shared<Request>();
     request->peer = connection->second.peer;
     std::vector<absl::string_view> views;
     std::vector<ChunkOwner> owners;
-    absl::Status decoded = SplitReceived(buffer, length, frame_bytes, &views, &owners);
+    absl::Status decoded = SplitReceived(header_frame, buffer, length, frame_bytes, &views, &owners);
     if (decoded.ok()) decoded = DecodeRequest(views, options_.max_message_bytes + kHeaderSlack, request.get(), owners);
     Response response;
     if (!decoded.ok()) {
@@ -887,7 +945,7 @@ class UcxClientSide {
   void OnResponse(UcxWorker* worker, const void* header, size_t header_length, void* data, size_t length,
                   const ucp_am_recv_param_t* param) {
     ResponseAmHeader h;
-    if (header_length != sizeof(h)) {
+    if (header_length < sizeof(h)) {
       Drop(worker, data, param);
       return;
     }
@@ -903,23 +961,31 @@ class UcxClientSide {
                                                                   it->second->channel->where, " exceeds the limit")));
       return;
     }
+    absl::StatusOr<std::shared_ptr<char>> header_frame = FrameFromHeader(header, header_length, sizeof(h), h.frame_bytes);
+    if (!header_frame.ok()) {
+      Drop(worker, data, param);
+      Finish(h.call_id, Annotate(header_frame.status(), absl::StrCat("answer from ", it->second->channel->where)));
+      return;
+    }
     const uint64_t id = h.call_id, frame_bytes = h.frame_bytes;
-    Receive(loop_.get(), worker, data, length, param, [this, id, frame_bytes](std::shared_ptr<char> buffer, size_t length) {
-      if (buffer == nullptr) {
-        Finish(id, absl::ResourceExhaustedError(absl::StrCat("no memory for an answer of ", length, " bytes")));
-        return;
-      }
-      Complete(id, std::move(buffer), length, frame_bytes);
-    });
+    Receive(loop_.get(), worker, data, length, param,
+            [this, id, frame_bytes, frame = *std::move(header_frame)](std::shared_ptr<char> buffer, size_t length) {
+              if (buffer == nullptr) {
+                Finish(id, absl::ResourceExhaustedError(absl::StrCat("no memory for an answer of ", length, " bytes")));
+                return;
+              }
+              Complete(id, frame, std::move(buffer), length, frame_bytes);
+            });
   }
 
-  void Complete(uint64_t id, std::shared_ptr<char> buffer, size_t length, uint64_t frame_bytes) {
+  void Complete(uint64_t id, const std::shared_ptr<char>& header_frame, std::shared_ptr<char> buffer, size_t length,
+                uint64_t frame_bytes) {
     auto it = calls_.find(id);
     if (it == calls_.end()) return;
     PendingCall& call = *it->second;
     std::vector<absl::string_view> views;
     std::vector<ChunkOwner> owners;
-    absl::Status status = SplitReceived(buffer, length, frame_bytes, &views, &owners);
+    absl::Status status = SplitReceived(header_frame, buffer, length, frame_bytes, &views, &owners);
     if (status.ok()) status = DecodeResponse(views, SIZE_MAX, call.response, owners);
     status = status.ok() ? ResponseStatus(call.response->header)
                          : Annotate(status, absl::StrCat("answer from ", call.channel->where));
