@@ -145,7 +145,11 @@ ucs_status_t SendAm(UcxWorker* worker, ucp_ep_h ep, unsigned id, std::unique_ptr
   if (count == 0) {
     param.datatype = ucp_dt_make_contig(1);
     buffer = nullptr;
-  } else if (count == 1) {
+  } else if (count == 1 && contiguous) {
+    // To a peer over shared memory even one buffer goes as an I/O vector:
+    // UCX 1.13 then pipelines it through its FIFO, both sides copying at
+    // once, where one buffer is read by the receiver alone (cma), which
+    // measured 10-30% slower here for 1 MiB.
     param.datatype = ucp_dt_make_contig(1);
     buffer = out->iov[0].buffer;
     count = out->iov[0].length;
