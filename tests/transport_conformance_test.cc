@@ -140,9 +140,9 @@ TEST_P(TransportConformanceTest, SeveralCountersMoveInOneRequestInOrder) {
 
 TEST_P(TransportConformanceTest, MessagesWithHeadersLongerThanUcxsHeaderLimitRoundTrip) {
   // 600 variables with long names: a request or answer naming all of them
-  // has a header frame over 11 KiB per ps task (UCX carries up to about 8 KiB of it in
-  // its active message's header; more goes in the data), one naming one
-  // a short frame.
+  // has a header frame over 11 KiB per ps task (UCX carries up to about
+  // 8 KiB of it in its active message's header; more goes in the data),
+  // one naming one a short frame.
   std::vector<VariableSpec> shapes;
   std::vector<std::string> names;
   std::vector<VariableInit> inits;
