@@ -21,12 +21,7 @@ class AsyncPolicy : public StepPolicy {
     pushed_values_.clear();  // rejoining (a ps was lost and restored): pull afresh
     return absl::OkStatus();
   }
-  absl::Status Pull(Model& model) override {
-    if (pushed_values_.empty()) return PullVariables(*context_.client, model);
-    model.Load(pushed_values_);
-    pushed_values_.clear();
-    return absl::OkStatus();
-  }
+  absl::Status Pull(Model& model) override { return PullUnlessPushed(*context_.client, model, &pushed_values_); }
   absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients, StepInfo& step,
                                    const UpdateCheck& check) override {
     pushed_values_.clear();

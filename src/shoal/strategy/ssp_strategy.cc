@@ -110,12 +110,7 @@ class SspPolicy : public StepPolicy {
     return true;
   }
 
-  absl::Status Pull(Model& model) override {
-    if (pushed_values_.empty()) return PullVariables(client_, model);
-    model.Load(pushed_values_);
-    pushed_values_.clear();
-    return absl::OkStatus();
-  }
+  absl::Status Pull(Model& model) override { return PullUnlessPushed(client_, model, &pushed_values_); }
 
   absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients, StepInfo& step,
                                    const UpdateCheck& check) override {

@@ -51,6 +51,13 @@ absl::Status PullVariables(Client& client, Model& model) {
   return absl::OkStatus();
 }
 
+absl::Status PullUnlessPushed(Client& client, Model& model, std::vector<torch::Tensor>* pushed_values) {
+  if (pushed_values->empty()) return PullVariables(client, model);
+  model.Load(*pushed_values);
+  pushed_values->clear();
+  return absl::OkStatus();
+}
+
 absl::Status PullVariablesAndBuffers(Client& client, Model& model) {
   SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(model.StateNames()));
   model.LoadState(values);

@@ -133,6 +133,11 @@ BatchResult ComputeGradients(Model& model, const torch::Tensor& input, const tor
 // Reads the model's variables from the ps into it: a step's pull.
 absl::Status PullVariables(Client& client, Model& model);
 
+// A step's pull where the last push may have brought the values back
+// (Client::ApplyGradientsAndRead): loads those, leaving `pushed_values`
+// empty, or else pulls (PullVariables).
+absl::Status PullUnlessPushed(Client& client, Model& model, std::vector<torch::Tensor>* pushed_values);
+
 // Reads the model's variables and buffers from the ps (one call) into it:
 // what evaluation and the local-replica modes' fetch use.
 absl::Status PullVariablesAndBuffers(Client& client, Model& model);
