@@ -6,6 +6,7 @@
 
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "shoal/client/client.h"
 #include "shoal/transport/grpc/grpc_transport.h"
 #include "shoal/transport/inproc/inproc_transport.h"
@@ -15,8 +16,10 @@ namespace shoal {
 namespace {
 
 // kUcx: shared memory between the tasks (one host); kUcxTcp: UCX told to
-// use TCP only, as between hosts (each message sent as one buffer).
-enum class Kind { kInProc, kInProcSerialized, kGrpc, kUcx, kUcxTcp };
+// use TCP only, as between hosts (each message sent as one buffer);
+// kUcxTwoLanes: two connections to each task and two server loops
+// (connections_per_peer), which overlapping calls spread over.
+enum class Kind { kInProc, kInProcSerialized, kGrpc, kUcx, kUcxTcp, kUcxTwoLanes };
 
 constexpr size_t kMaxMessageBytes = 4 << 20;
 
@@ -34,10 +37,12 @@ class TransportConformanceTest : public ::testing::TestWithParam<Kind> {
         transport_ = std::make_unique<GrpcTransport>(GrpcOptions{kMaxMessageBytes, 2});
         break;
       case Kind::kUcx:
-      case Kind::kUcxTcp: {
+      case Kind::kUcxTcp:
+      case Kind::kUcxTwoLanes: {
         UcxOptions options;
         options.max_message_bytes = kMaxMessageBytes;
         if (GetParam() == Kind::kUcxTcp) options.ucx_transports = "tcp";
+        if (GetParam() == Kind::kUcxTwoLanes) options.connections_per_peer = 2;
         transport_ = UcxTransport::Create(options).value();
         break;
       }
@@ -247,6 +252,25 @@ TEST_P(TransportConformanceTest, ConcurrentClientsApplyEveryUpdateWithLocking) {
   EXPECT_EQ(client_->AddToCounter("global_step", 0).value(), kThreads * kSteps);
 }
 
+// One client's calls overlapping on the same channels (each thread's
+// answers are its own, every update lands).
+TEST_P(TransportConformanceTest, OverlappingCallsOfOneClientEachGetTheirOwnAnswer) {
+  constexpr int kThreads = 4, kSteps = 25;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kSteps; ++i) {
+        ASSERT_TRUE(client_->ApplyGradients({"big"}, {torch::full({64, 8}, -1.0f)}).ok());
+        auto counter = client_->AddToCounter(absl::StrCat("thread_", t), 1);
+        ASSERT_TRUE(counter.ok()) << counter.status();
+        EXPECT_EQ(*counter, i + 1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(Read("big").equal(torch::arange(512, torch::kFloat32).reshape({64, 8}) + kThreads * kSteps));
+}
+
 TEST_P(TransportConformanceTest, ShutdownRequestIsDelivered) {
   ASSERT_TRUE(client_->Shutdown({"ps", 1}).ok());
   const TaskId ps0{"ps", 0}, ps1{"ps", 1};
@@ -256,7 +280,7 @@ TEST_P(TransportConformanceTest, ShutdownRequestIsDelivered) {
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, TransportConformanceTest,
                          ::testing::Values(Kind::kInProc, Kind::kInProcSerialized, Kind::kGrpc, Kind::kUcx,
-                                           Kind::kUcxTcp),
+                                           Kind::kUcxTcp, Kind::kUcxTwoLanes),
                          [](const ::testing::TestParamInfo<Kind>& info) {
                            switch (info.param) {
                              case Kind::kInProc: return std::string("InProc");
@@ -264,6 +288,7 @@ INSTANTIATE_TEST_SUITE_P(AllTransports, TransportConformanceTest,
                              case Kind::kGrpc: return std::string("GrpcLoopback");
                              case Kind::kUcx: return std::string("Ucx");
                              case Kind::kUcxTcp: return std::string("UcxTcp");
+                             case Kind::kUcxTwoLanes: return std::string("UcxTwoLanes");
                            }
                            return std::string("Unknown");
                          });

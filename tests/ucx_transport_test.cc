@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "shoal/client/client.h"
 #include "shoal/transport/fast_path_transport.h"
 #include "shoal/transport/grpc/grpc_transport.h"
@@ -401,6 +402,52 @@ TEST(UcxTransportTest, AServerRefusesConnectionsBeyondItsLimitAndTakesOneAgainWh
   for (auto& channel : channels) {
     EXPECT_TRUE(CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(5)).ok());
   }
+}
+
+// connections_per_peer: a call made while another is in flight takes the
+// next lane (its own connection), and one at a time keeps to the first. A
+// server that takes one connection shows which lane a call took.
+TEST(UcxTransportTest, ACallMadeWhileAnotherIsInFlightTakesTheNextLane) {
+  UcxOptions server_options;
+  server_options.max_connections = 1;
+  auto server_side = MakeUcx(server_options);
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = server_side->Serve("127.0.0.1:0", &service).value();
+  UcxOptions two_lanes;
+  two_lanes.connections_per_peer = 2;
+  auto client_side = MakeUcx(two_lanes);
+  auto channel = client_side->Connect({"ps", 0}, server->address()).value();
+  Response response;
+  for (int i = 0; i < 3; ++i) {  // one at a time: lane 0, the one connection
+    ASSERT_TRUE(CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(5)).ok());
+  }
+  Request poll;
+  poll.header.mutable_counter()->mutable_counter()->set_name("never");
+  poll.header.mutable_counter()->set_wait_until_at_least(1);
+  poll.header.mutable_counter()->set_wait_ms(300);
+  Response poll_response;
+  absl::Notification poll_done;
+  absl::Status poll_status;
+  channel->Call(poll, &poll_response, absl::Now() + absl::Seconds(5), [&](absl::Status status) {
+    poll_status = status;
+    poll_done.Notify();
+  });
+  // Lane 0 holds the poll: this call takes lane 1, a second connection,
+  // which the server refuses.
+  absl::Status second = CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(5));
+  EXPECT_TRUE(absl::IsResourceExhausted(second)) << second;
+  EXPECT_NE(second.message().find("holds 1 UCX connections"), std::string::npos) << second;
+  ASSERT_TRUE(poll_done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(poll_status.ok()) << poll_status;  // the wait ran out: the counter's value, 0
+  EXPECT_TRUE(CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(5)).ok());
+}
+
+TEST(UcxTransportTest, ACountOfLanesBelowOneIsRefused) {
+  UcxOptions options;
+  options.connections_per_peer = 0;
+  absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(options);
+  EXPECT_TRUE(absl::IsInvalidArgument(transport.status())) << transport.status();
+  EXPECT_NE(transport.status().message().find("connections_per_peer"), std::string::npos);
 }
 
 TEST(UcxTransportTest, IdleLoopsUseNoCpu) {

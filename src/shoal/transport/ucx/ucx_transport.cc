@@ -351,52 +351,74 @@ std::string PeerName(int fd) {
 
 // ---------------------------------------------------------------- server
 
+// A server runs `connections_per_peer` loops (lanes), each serving the
+// connections given to it: a client's lanes, and different clients, are
+// then served on different threads. Lane 0 also listens; each accepted
+// socket goes to the lane with the fewest, which does the handshake and
+// everything after it on its own loop.
 class UcxServer final : public ServerHandle {
  public:
-  UcxServer(std::unique_ptr<UcxLoop> loop, int listen_fd, std::string address, VariableService* service,
-            const UcxOptions& options)
-      : loop_(std::move(loop)), listen_fd_(listen_fd), address_(std::move(address)), service_(service),
-        options_(options), host_id_(HostId()), shared_memory_(MayUseSharedMemory(options.ucx_transports)) {
+  UcxServer(std::vector<std::unique_ptr<UcxLoop>> loops, int listen_fd, std::string address,
+            VariableService* service, const UcxOptions& options)
+      : listen_fd_(listen_fd), address_(std::move(address)), service_(service), options_(options),
+        host_id_(HostId()), shared_memory_(MayUseSharedMemory(options.ucx_transports)) {
     executor_ = options.executor ? options.executor : BlockingExecutor::Shared();
+    for (auto& loop : loops) {
+      lanes_.push_back(std::make_unique<Lane>());
+      lanes_.back()->server = this;
+      lanes_.back()->loop = std::move(loop);
+    }
   }
 
-  void PostForStart(std::function<void()> start) { loop_->Post(std::move(start)); }
-
-  // On the loop: listen.
-  void Start() { loop_->Watch(listen_fd_, EPOLLIN, [this](uint32_t) { Accept(); }); }
+  // Listens, on lane 0's loop; returns once it does.
+  void Start() {
+    absl::Notification started;
+    lanes_[0]->loop->Post([this, &started] {
+      lanes_[0]->loop->Watch(listen_fd_, EPOLLIN, [this](uint32_t) { Accept(); });
+      started.Notify();
+    });
+    started.WaitForNotification();
+  }
 
   ~UcxServer() override {
     // Stop taking connections and requests, let the waiting requests (long
     // polls) finish and answer, then close every connection.
-    // Once `closing_` is set (on the loop) no request is served, so no new
-    // waiting request starts on the executor.
-    absl::Notification closed;
-    loop_->Post([this, &closed] {
-      loop_->Unwatch(listen_fd_);
-      close(listen_fd_);
-      closing_ = true;
-      closed.Notify();
-    });
-    closed.WaitForNotification();
+    // Once a lane's `closing` is set (on its loop) it serves no request, so
+    // no new waiting request starts on the executor. Lane 0 stops
+    // listening first: no socket is handed to a lane after that.
+    for (auto& lane : lanes_) {
+      absl::Notification closed;
+      lane->loop->Post([this, lane = lane.get(), &closed] {
+        if (lane == lanes_[0].get()) {
+          lane->loop->Unwatch(listen_fd_);
+          close(listen_fd_);
+        }
+        lane->closing = true;
+        closed.Notify();
+      });
+      closed.WaitForNotification();
+    }
     {
       absl::MutexLock lock(&waiting_mu_);
       waiting_mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &waiting_));
     }
-    loop_->Stop([this] {
-      std::vector<ucp_ep_h> endpoints;
-      for (auto& [id, connection] : connections_) {
-        loop_->Unwatch(connection.fd);
-        close(connection.fd);
-        endpoints.push_back(connection.ep);
-      }
-      connections_.clear();  // their workers go with the loop
-      for (auto& [fd, handshake] : handshakes_) {
-        loop_->Unwatch(fd);
-        close(fd);
-      }
-      handshakes_.clear();
-      CloseAll(loop_.get(), endpoints);
-    });
+    for (auto& lane : lanes_) {
+      lane->loop->Stop([lane = lane.get()] {
+        std::vector<ucp_ep_h> endpoints;
+        for (auto& [id, connection] : lane->connections) {
+          lane->loop->Unwatch(connection.fd);
+          close(connection.fd);
+          endpoints.push_back(connection.ep);
+        }
+        lane->connections.clear();  // their workers go with the loop
+        for (auto& [fd, handshake] : lane->handshakes) {
+          lane->loop->Unwatch(fd);
+          close(fd);
+        }
+        lane->handshakes.clear();
+        CloseAll(lane->loop.get(), endpoints);
+      });
+    }
   }
 
   std::string address() const override { return address_; }
@@ -414,41 +436,68 @@ class UcxServer final : public ServerHandle {
     std::string bytes;
     uint64_t timer;
   };
+  struct Lane {
+    UcxServer* server;
+    std::unique_ptr<UcxLoop> loop;
+    // Sockets given to this lane and not yet closed (handshakes and
+    // connections): how the listener picks a lane. Any thread.
+    std::atomic<size_t> sockets{0};
+    // The lane's loop thread only.
+    std::map<uint64_t, Connection> connections;
+    std::map<int, Handshake> handshakes;
+    bool closing = false;
+  };
 
+  // On lane 0's loop: hands each new socket to the lane with the fewest.
   void Accept() {
     while (true) {
       int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;
-      if (closing_ || static_cast<int>(handshakes_.size()) >= kMaxPendingHandshakes) {
-        close(fd);
-        continue;
+      Lane* lane = lanes_[0].get();
+      for (auto& other : lanes_) {
+        if (other->sockets < lane->sockets) lane = other.get();
       }
-      int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      const uint64_t timer = loop_->At(absl::Now() + kHandshakeTimeout, [this, fd] { DropHandshake(fd); });
-      handshakes_[fd] = Handshake{std::string(), timer};
-      loop_->Watch(fd, EPOLLIN | EPOLLRDHUP, [this, fd](uint32_t) { ReadHandshake(fd); });
+      ++lane->sockets;
+      if (!lane->loop->Post([this, lane, fd] { Adopt(lane, fd); })) {
+        close(fd);
+        --lane->sockets;
+      }
     }
   }
 
-  void DropHandshake(int fd) {
-    auto it = handshakes_.find(fd);
-    if (it == handshakes_.end()) return;
-    loop_->Cancel(it->second.timer);
-    handshakes_.erase(it);
-    loop_->Unwatch(fd);
-    close(fd);
+  // On `lane`'s loop: waits for the socket's Hello.
+  void Adopt(Lane* lane, int fd) {
+    if (lane->closing || static_cast<int>(lane->handshakes.size()) >= kMaxPendingHandshakes) {
+      close(fd);
+      --lane->sockets;
+      return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    const uint64_t timer = lane->loop->At(absl::Now() + kHandshakeTimeout, [this, lane, fd] { DropHandshake(lane, fd); });
+    lane->handshakes[fd] = Handshake{std::string(), timer};
+    lane->loop->Watch(fd, EPOLLIN | EPOLLRDHUP, [this, lane, fd](uint32_t) { ReadHandshake(lane, fd); });
   }
 
-  void ReadHandshake(int fd) {
-    auto it = handshakes_.find(fd);
-    if (it == handshakes_.end()) return;
+  void DropHandshake(Lane* lane, int fd) {
+    auto it = lane->handshakes.find(fd);
+    if (it == lane->handshakes.end()) return;
+    lane->loop->Cancel(it->second.timer);
+    lane->handshakes.erase(it);
+    lane->loop->Unwatch(fd);
+    close(fd);
+    --lane->sockets;
+  }
+
+  void ReadHandshake(Lane* lane, int fd) {
+    auto it = lane->handshakes.find(fd);
+    if (it == lane->handshakes.end()) return;
     std::string& bytes = it->second.bytes;
     char chunk[4096];
     const size_t room = kMaxHelloBytes - bytes.size();
     ssize_t n = recv(fd, chunk, std::min(sizeof(chunk), std::max<size_t>(room, 1)), 0);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-      DropHandshake(fd);
+      DropHandshake(lane, fd);
       return;
     }
     if (n < 0) return;
@@ -457,58 +506,66 @@ class UcxServer final : public ServerHandle {
     bool complete = false;
     absl::Status parsed = ParseHello(bytes, &hello, &complete);
     if (!parsed.ok() || bytes.size() > kMaxHelloBytes) {
-      DropHandshake(fd);
+      DropHandshake(lane, fd);
       return;
     }
     if (!complete) return;
-    loop_->Cancel(it->second.timer);
-    handshakes_.erase(it);
-    loop_->Unwatch(fd);
-    Welcome welcome = Greet(fd, hello);
+    lane->loop->Cancel(it->second.timer);
+    lane->handshakes.erase(it);
+    lane->loop->Unwatch(fd);
+    Welcome welcome = Greet(lane, fd, hello);
     const std::string answer = EncodeWelcome(welcome);
     const bool sent = send(fd, answer.data(), answer.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(answer.size());
     if (!welcome.status.ok() || !sent) {
-      auto refused = connections_.find(welcome.connection_id);
-      if (refused != connections_.end()) {
-        loop_->RemoveWorker(refused->second.worker);
-        connections_.erase(refused);
+      auto refused = lane->connections.find(welcome.connection_id);
+      if (refused != lane->connections.end()) {
+        lane->loop->RemoveWorker(refused->second.worker);
+        lane->connections.erase(refused);
+        --connections_held_;
       }
       close(fd);
+      --lane->sockets;
       return;
     }
     const uint64_t id = welcome.connection_id;
-    loop_->Watch(fd, EPOLLIN | EPOLLRDHUP, [this, id](uint32_t) { CheckAlive(id); });
+    lane->loop->Watch(fd, EPOLLIN | EPOLLRDHUP, [this, lane, id](uint32_t) { CheckAlive(lane, id); });
   }
 
   // Checks the token (in constant time) before anything is made for the
   // client, then makes its connection.
-  Welcome Greet(int fd, const Hello& hello) {
+  Welcome Greet(Lane* lane, int fd, const Hello& hello) {
     Welcome welcome;
     if (!options_.token.empty() && (hello.token.empty() || !ConstantTimeEquals(hello.token, options_.token))) {
       welcome.status = absl::UnauthenticatedError(absl::StrCat(service_->options().task_name, " refused a connection with ",
                                                                hello.token.empty() ? "no token" : "a wrong token"));
       return welcome;
     }
-    if (connections_.size() >= options_.max_connections) {
+    // A place among the connections, taken before the worker is made (the
+    // lanes greet at once), and given back if none is.
+    if (connections_held_.fetch_add(1) >= options_.max_connections) {
+      --connections_held_;
       welcome.status = absl::ResourceExhaustedError(absl::StrCat(
           service_->options().task_name, " holds ", options_.max_connections, " UCX connections, the most it takes"));
       return welcome;
     }
-    absl::StatusOr<UcxWorker*> worker = loop_->AddWorker();
+    absl::StatusOr<UcxWorker*> worker = lane->loop->AddWorker();
     if (!worker.ok()) {
+      --connections_held_;
       welcome.status = worker.status();
       return welcome;
     }
     const uint64_t id = next_connection_++;
-    (*worker)->OnMessage(kRequestAm, [this, id, w = *worker](const void* header, size_t header_length, void* data,
-                                                             size_t length, const ucp_am_recv_param_t* param) {
-      OnRequest(id, w, header, header_length, data, length, param);
+    (*worker)->OnMessage(kRequestAm, [this, lane, id, w = *worker](const void* header, size_t header_length,
+                                                                   void* data, size_t length,
+                                                                   const ucp_am_recv_param_t* param) {
+      OnRequest(lane, id, w, header, header_length, data, length, param);
     });
     const bool same_host = hello.host_id == host_id_;
-    auto ep = CreateEndpoint(*worker, hello.worker_address, same_host, &UcxServer::OnEndpointError, this);
+    auto ep = CreateEndpoint(*worker, hello.worker_address, same_host, &UcxServer::OnEndpointError, lane);
     const bool contiguous = !(same_host && shared_memory_);
     if (!ep.ok()) {
-      loop_->RemoveWorker(*worker);
+      lane->loop->RemoveWorker(*worker);
+      --connections_held_;
       welcome.status = Annotate(ep.status(), service_->options().task_name);
       return welcome;
     }
@@ -516,53 +573,62 @@ class UcxServer final : public ServerHandle {
     welcome.secret = DrawSecret();
     welcome.host_id = host_id_;
     welcome.worker_address = (*worker)->address();
-    connections_[id] = Connection{fd, *worker, *ep, welcome.secret, PeerName(fd), contiguous};
+    lane->connections[id] = Connection{fd, *worker, *ep, welcome.secret, PeerName(fd), contiguous};
     return welcome;
   }
 
   // The handshake socket of a connection became readable: the client went
   // away (or broke the protocol). Either way the connection ends.
-  void CheckAlive(uint64_t id) {
-    auto it = connections_.find(id);
-    if (it == connections_.end()) return;
+  void CheckAlive(Lane* lane, uint64_t id) {
+    auto it = lane->connections.find(id);
+    if (it == lane->connections.end()) return;
     char byte;
     ssize_t n = recv(it->second.fd, &byte, 1, MSG_PEEK);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-    CloseConnection(id);
+    CloseConnection(lane, id);
   }
 
   // The client is gone (or broke the protocol): its worker is retired.
-  void CloseConnection(uint64_t id) {
-    auto it = connections_.find(id);
-    if (it == connections_.end()) return;
-    loop_->Unwatch(it->second.fd);
+  void CloseConnection(Lane* lane, uint64_t id) {
+    auto it = lane->connections.find(id);
+    if (it == lane->connections.end()) return;
+    lane->loop->Unwatch(it->second.fd);
     close(it->second.fd);
-    loop_->RemoveWorker(it->second.worker);
-    connections_.erase(it);
+    lane->loop->RemoveWorker(it->second.worker);
+    lane->connections.erase(it);
+    --connections_held_;
+    --lane->sockets;
   }
 
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t) {
-    auto* server = static_cast<UcxServer*>(arg);
-    for (auto& [id, connection] : server->connections_) {
+    auto* lane = static_cast<Lane*>(arg);
+    for (auto& [id, connection] : lane->connections) {
       if (connection.ep == ep) {
         const uint64_t dead = id;
-        server->loop_->Post([server, dead] { server->CloseConnection(dead); });
+        lane->loop->Post([lane, dead] { lane->server->CloseConnection(lane, dead); });
         return;
       }
     }
   }
 
+  // Answers a request that is refused before its data is fetched.
+  void Refuse(Lane* lane, uint64_t connection_id, uint64_t call_id, absl::Status status) {
+    Response refusal;
+    SetErrorStatus(std::move(status), &refusal);
+    Answer(lane, connection_id, call_id, std::move(refusal));
+  }
+
   // A request on connection `id`'s worker.
-  void OnRequest(uint64_t id, UcxWorker* worker, const void* header, size_t header_length, void* data,
+  void OnRequest(Lane* lane, uint64_t id, UcxWorker* worker, const void* header, size_t header_length, void* data,
                  size_t length, const ucp_am_recv_param_t* param) {
     RequestAmHeader h;
-    if (header_length < sizeof(h) || closing_) {
+    if (header_length < sizeof(h) || lane->closing) {
       Drop(worker, data, param);
       return;
     }
     std::memcpy(&h, header, sizeof(h));
-    auto it = connections_.find(h.connection_id);
-    if (h.connection_id != id || it == connections_.end() || !SecretsEqual(it->second.secret, h.secret)) {
+    auto it = lane->connections.find(h.connection_id);
+    if (h.connection_id != id || it == lane->connections.end() || !SecretsEqual(it->second.secret, h.secret)) {
       Drop(worker, data, param);  // not a client that passed the handshake: nothing is read
       return;
     }
@@ -570,42 +636,36 @@ class UcxServer final : public ServerHandle {
         FrameFromHeader(header, header_length, sizeof(h), h.frame_bytes);
     if (!header_frame.ok()) {
       Drop(worker, data, param);
-      Response refusal;
-      SetErrorStatus(Annotate(header_frame.status(), absl::StrCat("request to ", service_->options().task_name)),
-                     &refusal);
-      Answer(h.connection_id, h.call_id, std::move(refusal));
+      Refuse(lane, h.connection_id, h.call_id,
+             Annotate(header_frame.status(), absl::StrCat("request to ", service_->options().task_name)));
       return;
     }
     if (length > options_.max_message_bytes + kHeaderSlack) {
       Drop(worker, data, param);
-      Response refusal;
-      SetErrorStatus(absl::ResourceExhaustedError(absl::StrCat("message of ", length, " bytes to ",
-                                                                service_->options().task_name,
-                                                                " exceeds the limit of ", options_.max_message_bytes,
-                                                                " bytes")),
-                     &refusal);
-      Answer(h.connection_id, h.call_id, std::move(refusal));
+      Refuse(lane, h.connection_id, h.call_id,
+             absl::ResourceExhaustedError(absl::StrCat("message of ", length, " bytes to ",
+                                                       service_->options().task_name, " exceeds the limit of ",
+                                                       options_.max_message_bytes, " bytes")));
       return;
     }
-    // What all requests being received may hold at once: a flood of large
-    // messages is refused, not buffered.
-    if (receiving_bytes_ + length > kReceiveBudgetMessages * (options_.max_message_bytes + kHeaderSlack)) {
+    // What all requests being received, on every lane, may hold at once: a
+    // flood of large messages is refused, not buffered.
+    const size_t receiving = receiving_bytes_.fetch_add(length);
+    if (receiving + length > kReceiveBudgetMessages * (options_.max_message_bytes + kHeaderSlack)) {
+      receiving_bytes_ -= length;
       Drop(worker, data, param);
-      Response refusal;
-      SetErrorStatus(absl::ResourceExhaustedError(absl::StrCat(service_->options().task_name, " is receiving ",
-                                                                receiving_bytes_, " bytes already; try again")),
-                     &refusal);
-      Answer(h.connection_id, h.call_id, std::move(refusal));
+      Refuse(lane, h.connection_id, h.call_id,
+             absl::ResourceExhaustedError(absl::StrCat(service_->options().task_name, " is receiving ", receiving,
+                                                       " bytes already; try again")));
       return;
     }
-    receiving_bytes_ += length;
     const uint64_t connection_id = h.connection_id, call_id = h.call_id, frame_bytes = h.frame_bytes;
-    Receive(loop_.get(), worker, data, length, param,
-            [this, connection_id, call_id, frame_bytes, frame = *std::move(header_frame)](
+    Receive(lane->loop.get(), worker, data, length, param,
+            [this, lane, connection_id, call_id, frame_bytes, frame = *std::move(header_frame)](
                 std::shared_ptr<char> buffer, size_t length) {
               receiving_bytes_ -= length;
               if (buffer == nullptr) return;  // the client went away (or no memory): nothing to answer
-              Serve(connection_id, call_id, frame, std::move(buffer), length, frame_bytes);
+              Serve(lane, connection_id, call_id, frame, std::move(buffer), length, frame_bytes);
             });
   }
 
@@ -614,10 +674,10 @@ class UcxServer final : public ServerHandle {
     response->header.set_status_message(std::string(status.message()));
   }
 
-  void Serve(uint64_t connection_id, uint64_t call_id, const std::shared_ptr<char>& header_frame,
+  void Serve(Lane* lane, uint64_t connection_id, uint64_t call_id, const std::shared_ptr<char>& header_frame,
              std::shared_ptr<char> buffer, size_t length, uint64_t frame_bytes) {
-    auto connection = connections_.find(connection_id);
-    if (connection == connections_.end() || closing_) return;  // closing: the client sees the connection end
+    auto connection = lane->connections.find(connection_id);
+    if (connection == lane->connections.end() || lane->closing) return;  // closing: the client sees the connection end
     auto request = std::make_shared<Request>();
     request->peer = connection->second.peer;
     std::vector<absl::string_view> views;
@@ -635,10 +695,11 @@ class UcxServer final : public ServerHandle {
         absl::MutexLock lock(&waiting_mu_);
         ++waiting_;
       }
-      const bool queued = executor_->TrySubmit([this, request, connection_id, call_id] {
+      const bool queued = executor_->TrySubmit([this, lane, request, connection_id, call_id] {
         auto answer = std::make_shared<Response>();
         service_->Handle(*request, answer.get());
-        loop_->Post([this, answer, connection_id, call_id] { Answer(connection_id, call_id, std::move(*answer)); });
+        lane->loop->Post(
+            [this, lane, answer, connection_id, call_id] { Answer(lane, connection_id, call_id, std::move(*answer)); });
         absl::MutexLock lock(&waiting_mu_);
         --waiting_;
       });
@@ -654,12 +715,12 @@ class UcxServer final : public ServerHandle {
     } else {
       service_->Handle(*request, &response);
     }
-    Answer(connection_id, call_id, std::move(response));
+    Answer(lane, connection_id, call_id, std::move(response));
   }
 
-  void Answer(uint64_t connection_id, uint64_t call_id, Response response) {
-    auto connection = connections_.find(connection_id);
-    if (connection == connections_.end()) return;  // the client went away
+  void Answer(Lane* lane, uint64_t connection_id, uint64_t call_id, Response response) {
+    auto connection = lane->connections.find(connection_id);
+    if (connection == lane->connections.end()) return;  // the client went away
     auto encoded = EncodeResponse(response);
     if (!encoded.ok()) {
       Response failure;
@@ -672,7 +733,7 @@ class UcxServer final : public ServerHandle {
            MakeOutgoing(*std::move(encoded), &h, sizeof(h)), connection->second.contiguous);
   }
 
-  std::unique_ptr<UcxLoop> loop_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
   int listen_fd_;
   std::string address_;
   VariableService* service_;
@@ -681,12 +742,9 @@ class UcxServer final : public ServerHandle {
   bool shared_memory_;
   std::shared_ptr<BlockingExecutor> executor_;
 
-  // Loop thread only.
-  std::map<uint64_t, Connection> connections_;
-  std::map<int, Handshake> handshakes_;
-  uint64_t next_connection_ = 1;
-  bool closing_ = false;
-  size_t receiving_bytes_ = 0;  // of requests whose data is being fetched
+  std::atomic<uint64_t> next_connection_{1};
+  std::atomic<size_t> connections_held_{0};
+  std::atomic<size_t> receiving_bytes_{0};  // of requests whose data is being fetched
 
   absl::Mutex waiting_mu_;
   int waiting_ ABSL_GUARDED_BY(waiting_mu_) = 0;  // requests on the executor
@@ -1021,32 +1079,69 @@ class UcxClientSide {
 
 namespace {
 
+// A channel's lanes: one connection on each of the transport's client
+// loops. A call takes the lane with the fewest calls in flight (the first
+// of those), so one call at a time always takes lane 0 and the others
+// connect only when calls overlap.
 class UcxChannel final : public Channel {
  public:
-  UcxChannel(TaskId task, UcxClientSide* client, std::shared_ptr<UcxClientSide::ChannelState> state)
-      : Channel(std::move(task)), client_(client), state_(std::move(state)) {}
-  ~UcxChannel() override { client_->CloseChannel(state_); }
+  struct Lane {
+    UcxClientSide* client;
+    std::shared_ptr<UcxClientSide::ChannelState> state;
+  };
+
+  UcxChannel(TaskId task, std::vector<Lane> lanes)
+      : Channel(std::move(task)), lanes_(std::move(lanes)), calls_in_flight_(std::make_shared<InFlight>(lanes_.size())) {}
+  ~UcxChannel() override {
+    for (Lane& lane : lanes_) lane.client->CloseChannel(lane.state);
+  }
 
   void Call(const Request& request, Response* response, absl::Time deadline,
             std::function<void(absl::Status)> done) override {
-    client_->Call(state_, request, response, deadline, std::move(done));
+    InFlight& in_flight = *calls_in_flight_;
+    size_t chosen = 0;
+    for (size_t i = 1; i < lanes_.size(); ++i) {
+      if (in_flight.count[i] < in_flight.count[chosen]) chosen = i;
+    }
+    ++in_flight.count[chosen];
+    // The count outlives the channel: a call may end after it is gone.
+    lanes_[chosen].client->Call(lanes_[chosen].state, request, response, deadline,
+                                [counts = calls_in_flight_, chosen, done = std::move(done)](absl::Status status) {
+                                  --counts->count[chosen];
+                                  done(std::move(status));
+                                });
   }
 
  private:
-  UcxClientSide* client_;
-  std::shared_ptr<UcxClientSide::ChannelState> state_;
+  struct InFlight {
+    explicit InFlight(size_t lanes) : count(new std::atomic<int>[lanes]()) {}
+    std::unique_ptr<std::atomic<int>[]> count;
+  };
+
+  std::vector<Lane> lanes_;
+  std::shared_ptr<InFlight> calls_in_flight_;
 };
+
+// "name" for the first lane's loop, "name #2" for the second... (short:
+// it names the loop's thread too).
+std::string LaneName(const std::string& name, int lane) {
+  return lane == 0 ? name : absl::StrCat(name, " #", lane + 1);
+}
 
 }  // namespace
 
 struct UcxTransport::State {
   UcxOptions options;
   std::shared_ptr<UcxContext> context;
-  std::unique_ptr<UcxClientSide> client;  // made on the first Connect
+  std::vector<std::unique_ptr<UcxClientSide>> client_lanes;  // made on the first Connect
   absl::Mutex mu;
 };
 
 absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(UcxOptions options) {
+  if (options.connections_per_peer < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("UCX connections_per_peer must be at least 1, not ", options.connections_per_peer));
+  }
   auto state = std::make_unique<State>();
   SHOAL_ASSIGN_OR_RETURN(state->context, UcxContext::Create(options.ucx_transports));
   if (!options.executor) options.executor = BlockingExecutor::Shared();
@@ -1057,7 +1152,7 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(UcxOptions op
 UcxTransport::UcxTransport(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 UcxTransport::~UcxTransport() {
-  if (state_->client) state_->client->Shutdown();
+  for (auto& client : state_->client_lanes) client->Shutdown();
 }
 
 absl::StatusOr<std::unique_ptr<ServerHandle>> UcxTransport::Serve(const std::string& address,
@@ -1065,25 +1160,23 @@ absl::StatusOr<std::unique_ptr<ServerHandle>> UcxTransport::Serve(const std::str
   int port = 0;
   absl::StatusOr<int> fd = ListenTcp(address, &port);
   if (!fd.ok()) return Annotate(fd.status(), absl::StrCat("cannot serve ", service->options().task_name));
-  auto loop = UcxLoop::Create(state_->context, service->options().task_name, state_->options.stay_awake);
-  if (!loop.ok()) {
-    close(*fd);
-    return loop.status();
+  std::vector<std::unique_ptr<UcxLoop>> loops;
+  for (int lane = 0; lane < state_->options.connections_per_peer; ++lane) {
+    auto loop = UcxLoop::Create(state_->context, LaneName(service->options().task_name, lane),
+                                state_->options.stay_awake);
+    if (!loop.ok()) {
+      close(*fd);
+      return loop.status();
+    }
+    loops.push_back(*std::move(loop));
   }
   std::string host;
   int unused = 0;
   SHOAL_RETURN_IF_ERROR(SplitHostPort(address, &host, &unused));
   if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
-  auto server = std::make_unique<UcxServer>(*std::move(loop), *fd, absl::StrCat(host, ":", port), service,
+  auto server = std::make_unique<UcxServer>(std::move(loops), *fd, absl::StrCat(host, ":", port), service,
                                             state_->options);
-  absl::Notification started;
-  UcxServer* raw = server.get();
-  // Start on the loop's thread: every UCX call on a worker happens there.
-  server->PostForStart([raw, &started] {
-    raw->Start();
-    started.Notify();
-  });
-  started.WaitForNotification();
+  server->Start();
   return std::unique_ptr<ServerHandle>(std::move(server));
 }
 
@@ -1092,11 +1185,15 @@ absl::StatusOr<std::shared_ptr<Channel>> UcxTransport::Connect(const TaskId& tas
   int port = 0;
   SHOAL_RETURN_IF_ERROR(SplitHostPort(address, &host, &port));
   absl::MutexLock lock(&state_->mu);
-  if (!state_->client) {
-    SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<UcxLoop> loop, UcxLoop::Create(state_->context, "UCX client", state_->options.stay_awake));
-    state_->client = std::make_unique<UcxClientSide>(std::shared_ptr<UcxLoop>(std::move(loop)), state_->options);
+  for (int lane = state_->client_lanes.size(); lane < state_->options.connections_per_peer; ++lane) {
+    SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<UcxLoop> loop,
+                           UcxLoop::Create(state_->context, LaneName("UCX client", lane), state_->options.stay_awake));
+    state_->client_lanes.push_back(
+        std::make_unique<UcxClientSide>(std::shared_ptr<UcxLoop>(std::move(loop)), state_->options));
   }
-  return std::shared_ptr<Channel>(new UcxChannel(task, state_->client.get(), state_->client->NewChannel(task, address)));
+  std::vector<UcxChannel::Lane> lanes;
+  for (auto& client : state_->client_lanes) lanes.push_back({client.get(), client->NewChannel(task, address)});
+  return std::shared_ptr<Channel>(new UcxChannel(task, std::move(lanes)));
 }
 
 }  // namespace shoal

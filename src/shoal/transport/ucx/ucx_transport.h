@@ -19,8 +19,9 @@
 // message over the size limit is refused on its announced length, before
 // anything is allocated. Requests that may wait run on a BlockingExecutor.
 //
-// Each server and each transport's client side has a UcxLoop: one thread
-// that sleeps until a message, a socket or a deadline needs it.
+// Each server and each transport's client side has a UcxLoop for each lane
+// (`connections_per_peer`): one thread that sleeps until a message, a
+// socket or a deadline needs it.
 // Servers and channels must not outlive their transport.
 #ifndef SHOAL_TRANSPORT_UCX_UCX_TRANSPORT_H_
 #define SHOAL_TRANSPORT_UCX_UCX_TRANSPORT_H_
@@ -53,6 +54,13 @@ struct UcxOptions {
   // its own (about 1.1 MB of shared memory). The next is refused
   // (RESOURCE_EXHAUSTED naming the task).
   size_t max_connections = 256;
+  // Lanes: a channel keeps this many connections to its task, each on its
+  // own client loop thread, and a server serves on this many loop threads.
+  // A call takes the lane with the fewest calls in flight, so overlapping
+  // calls (and different clients of a server) move at once on a machine
+  // with the cores for it; one call at a time keeps to lane 0. As gRPC's
+  // connections_per_peer.
+  int connections_per_peer = 1;
 };
 
 class UcxTransport final : public Transport {
