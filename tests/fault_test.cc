@@ -208,7 +208,7 @@ TEST_P(ModeFaultTest, AKilledPsIsRestoredAndTrainingGoesOnFromTheCheckpoint) {
     EXPECT_NE(report->recoveries[0].find("restored " + dir), std::string::npos) << report->recoveries[0];
   }
   EXPECT_GE(report->global_step, kJobSteps);
-  EXPECT_GT(report->test_accuracy, 0.75);
+  EXPECT_GT(report->test_accuracy, 0.75) << ReportToJson(*report).dump(1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, ModeFaultTest,

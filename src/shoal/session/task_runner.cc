@@ -48,6 +48,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const JobConfig& config
   UcxOptions ucx_options;
   ucx_options.max_message_bytes = grpc_options.max_message_bytes;
   ucx_options.token = grpc_options.token;
+  ucx_options.connections_per_peer = config.transport.connections_per_peer;
   ucx_options.connect_timeout = absl::Seconds(std::min(10.0, config.transport.rpc_timeout_s));
   absl::StatusOr<std::unique_ptr<UcxTransport>> ucx = UcxTransport::Create(ucx_options);
   if (!ucx.ok()) {

@@ -59,8 +59,8 @@ struct UcxOptions {
   // A call takes the lane with the fewest calls in flight, so overlapping
   // calls (and different clients of a server) move at once on a machine
   // with the cores for it; one call at a time keeps to lane 0. As gRPC's
-  // connections_per_peer.
-  int connections_per_peer = 1;
+  // connections_per_peer, and its default.
+  int connections_per_peer = 2;
 };
 
 class UcxTransport final : public Transport {
