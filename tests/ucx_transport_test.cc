@@ -35,6 +35,16 @@ Request LookupRequest() {
 
 std::unique_ptr<UcxTransport> MakeUcx(UcxOptions options = {}) { return UcxTransport::Create(options).value(); }
 
+// A long poll: waits `wait_ms` for a counter that never gets there, then
+// answers its value (0).
+Request NeverReachedCounterPoll(int wait_ms) {
+  Request poll;
+  poll.header.mutable_counter()->mutable_counter()->set_name("never");
+  poll.header.mutable_counter()->set_wait_until_at_least(1);
+  poll.header.mutable_counter()->set_wait_ms(wait_ms);
+  return poll;
+}
+
 // A loopback socket that listens (the kernel completes TCP's handshake) but
 // whose owner never reads or answers.
 struct SilentListener {
@@ -216,10 +226,7 @@ TEST(UcxTransportTest, AServerKilledMidCallFailsTheCallAtOnceNamingTheTask) {
   auto channel = transport->Connect({"ps", 0}, address).value();
   Response response;
   ASSERT_TRUE(CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(5)).ok());
-  Request poll;  // waits for a counter that never gets there
-  poll.header.mutable_counter()->mutable_counter()->set_name("never");
-  poll.header.mutable_counter()->set_wait_until_at_least(1);
-  poll.header.mutable_counter()->set_wait_ms(200);
+  const Request poll = NeverReachedCounterPoll(200);
   std::thread killer([pid] {
     absl::SleepFor(absl::Milliseconds(50));
     kill(pid, SIGKILL);
@@ -339,10 +346,7 @@ TEST(UcxTransportTest, AFloodOfLongPollsIsBoundedAndCallsThatDoNotWaitAreStillSe
   VariableService service(VariableServiceOptions{"/job:ps/task:0"});
   auto server = transport->Serve("127.0.0.1:0", &service).value();
   auto channel = transport->Connect({"ps", 0}, server->address()).value();
-  Request poll;
-  poll.header.mutable_counter()->mutable_counter()->set_name("never");
-  poll.header.mutable_counter()->set_wait_until_at_least(1);
-  poll.header.mutable_counter()->set_wait_ms(200);
+  const Request poll = NeverReachedCounterPoll(200);
   std::atomic<int> served{0}, refused{0}, other{0};
   std::vector<std::thread> flood;
   const absl::Time until = absl::Now() + absl::Seconds(1);
@@ -421,10 +425,7 @@ TEST(UcxTransportTest, ACallMadeWhileAnotherIsInFlightTakesTheNextLane) {
   for (int i = 0; i < 3; ++i) {  // one at a time: lane 0, the one connection
     ASSERT_TRUE(CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(5)).ok());
   }
-  Request poll;
-  poll.header.mutable_counter()->mutable_counter()->set_name("never");
-  poll.header.mutable_counter()->set_wait_until_at_least(1);
-  poll.header.mutable_counter()->set_wait_ms(300);
+  const Request poll = NeverReachedCounterPoll(300);
   Response poll_response;
   absl::Notification poll_done;
   absl::Status poll_status;
