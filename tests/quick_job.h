@@ -7,12 +7,14 @@
 #include <string>
 
 #include "shoal/config/config.h"
+#include "shoal/strategy/training_mode.h"
 
 namespace shoal {
 
 inline JobConfig QuickJob(const std::string& mode = "async") {
   JobConfig config = DefaultJobConfig();
   config.training.mode = mode;
+  config.training.optimizer = DefaultOptimizer(mode);  // as a config naming only the mode gets
   config.data.train_examples = 12000;
   config.data.test_examples = 2000;
   config.training.epochs = 2;

@@ -603,6 +603,15 @@ class Population final : public TrainingMode {
   std::string name() const override { return "population"; }
   std::unique_ptr<TrainingStrategy> MakeStrategy() const override { return std::make_unique<PopulationStrategy>(); }
   bool ClassifiesOnly() const override { return true; }
+  // The learning-rate prior (population.learning_rate_range, 1e-4 to 0.1) is
+  // an SGD-scale one: Adam, the async default, diverges at its top end.
+  wire::OptimizerConfig DefaultOptimizer() const override {
+    wire::OptimizerConfig o;
+    o.set_kind("momentum");
+    o.set_learning_rate(0.01);
+    o.set_momentum(0.9);
+    return o;
+  }
   absl::Status Validate(const StrategyConfig& config, int workers) const override {
     const int per_member = config.population.workers_per_member;
     if (workers > 0 && per_member > 0 && workers % per_member != 0) {
