@@ -37,6 +37,8 @@ TEST(TrainingModeTest, EveryModeIsFoundByItsNameInOneTable) {
 TEST(TrainingModeTest, EachModeGivesItsOwnRules) {
   EXPECT_EQ(DefaultOptimizer("downpour").kind(), "adagrad");  // DistBelief's
   EXPECT_EQ(DefaultOptimizer("async").kind(), "adam");
+  EXPECT_EQ(DefaultOptimizer("population").kind(), "momentum");  // its learning-rate prior is SGD's scale
+  EXPECT_EQ(ParseJobConfig("training: {mode: population}")->training.optimizer.kind(), "momentum");
   EXPECT_EQ(ParseJobConfig("training: {mode: downpour}")->training.optimizer.kind(), "adagrad");
 
   JobConfig sync = QuickJob("sync");
