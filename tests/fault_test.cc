@@ -183,8 +183,7 @@ class ModeFaultTest : public ::testing::TestWithParam<PsLoss> {};
 TEST_P(ModeFaultTest, AKilledPsIsRestoredAndTrainingGoesOnFromTheCheckpoint) {
   const PsLoss loss = GetParam();
   LongAsyncJob setup(1, std::string("shoal_fault_ps_") + loss.mode);
-  setup.config.training.mode = loss.mode;
-  setup.config.training.optimizer = DefaultOptimizer(loss.mode);
+  SwitchMode(setup.config, loss.mode);
   setup.config.population.variables_on = "ps";  // (population) the members' variables are on the ps tasks
   const std::string dir = setup.checkpoint_dir();
   setup.config.checkpoint.dir = dir;

@@ -11,10 +11,16 @@
 
 namespace shoal {
 
+// Switches `config` to `mode` with the mode's default optimizer, as a config
+// naming only the mode gets.
+inline void SwitchMode(JobConfig& config, const std::string& mode) {
+  config.training.mode = mode;
+  config.training.optimizer = DefaultOptimizer(mode);
+}
+
 inline JobConfig QuickJob(const std::string& mode = "async") {
   JobConfig config = DefaultJobConfig();
-  config.training.mode = mode;
-  config.training.optimizer = DefaultOptimizer(mode);  // as a config naming only the mode gets
+  SwitchMode(config, mode);
   config.data.train_examples = 12000;
   config.data.test_examples = 2000;
   config.training.epochs = 2;
