@@ -8,6 +8,9 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "inproc_servers.h"
+#include "shoal/client/client.h"
+#include "shoal/core/status.h"
 #include "shoal/server/variable_service.h"
 
 namespace shoal {
@@ -88,6 +91,75 @@ TEST(RequestLedgerTest, MemoryIsBoundedPerClientAndInClients) {
   EXPECT_EQ(ledger.size(), 4u);
 }
 
+// Overlapping requests of one client, one of them slow: each later one
+// lists the slow one as unfinished, so the ledger forgets every other
+// answered request, however many, and still refuses their late copies.
+TEST(RequestLedgerTest, OneSlowRequestAmongManyHoldsOnlyItsOwnEntry) {
+  RequestLedger ledger("/job:ps/task:0", RequestLedgerLimits{16, /*max_open_per_client=*/8});
+  ASSERT_FALSE(ledger.Begin(7, 1, SettledNumbers{2, {1}})->has_value());  // slow: never finished here
+  for (uint64_t id = 2; id <= 300; ++id) {
+    auto begun = ledger.Begin(7, id, SettledNumbers{id + 1, {1, id}});
+    ASSERT_TRUE(begun.ok()) << "request " << id << ": " << begun.status();
+    ASSERT_FALSE(begun->has_value());
+    ledger.Finish(7, id, Answer(static_cast<int64_t>(id)));
+  }
+  EXPECT_LE(ledger.size(), 2u);
+  auto late = ledger.Begin(7, 150, SettledNumbers{151, {1, 150}});  // a late copy, with its own old report
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition) << late.status();
+  // The slow one is still a request being applied: its repeat is not new.
+  ledger.Finish(7, 1, Answer(1));
+  auto repeat = ledger.Begin(7, 1, SettledNumbers{301, {1}});
+  ASSERT_TRUE(repeat.ok()) << repeat.status();
+  ASSERT_TRUE(repeat->has_value());
+  EXPECT_EQ((*repeat)->counter().value(), 1);
+  // Once a request says it is answered too, it is forgotten.
+  ASSERT_FALSE(ledger.Begin(7, 301, SettledNumbers{302, {301}})->has_value());
+  EXPECT_EQ(ledger.size(), 1u);
+  EXPECT_EQ(ledger.Begin(7, 1, SettledNumbers{302, {301}}).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Reports arrive in any order; an older one never makes a settled number
+// unsettled, nor settles one that a newer report left in flight.
+TEST(RequestLedgerTest, ReportsOutOfOrderOnlyEverSettleMore) {
+  RequestLedger ledger("/job:ps/task:0");
+  ASSERT_FALSE(ledger.Begin(7, 199, SettledNumbers{200, {50, 60, 150, 199}})->has_value());
+  // An older report (sent with 60, which arrives late): it covers up to 100.
+  ASSERT_FALSE(ledger.Begin(7, 60, SettledNumbers{100, {50, 60}})->has_value());
+  // 150 is still in flight (the newer report said so): its arrival is new.
+  ASSERT_FALSE(ledger.Begin(7, 150, SettledNumbers{100, {50, 60}})->has_value());
+  // 120 was settled by the newer report; an old report listing it cannot revive it.
+  EXPECT_EQ(ledger.Begin(7, 120, SettledNumbers{130, {50, 120}}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A report covering 50 without listing it settles it.
+  ASSERT_FALSE(ledger.Begin(7, 201, SettledNumbers{202, {150, 199, 201}})->has_value());
+  EXPECT_EQ(ledger.Begin(7, 50, SettledNumbers{202, {50}}).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A report that lists its numbers out of order, at or above its bound, or
+// too many of them is refused, and the ledger is as it was.
+TEST(RequestLedgerTest, AMalformedReportIsRefusedAndChangesNothing) {
+  RequestLedger ledger("/job:ps/task:0", RequestLedgerLimits{16, 16, absl::Milliseconds(50)});
+  ASSERT_FALSE(ledger.Begin(7, 5, SettledNumbers{6, {5}})->has_value());
+  const std::vector<SettledNumbers> malformed = {
+      SettledNumbers{100, {7, 6}},
+      SettledNumbers{100, {6, 6}},
+      SettledNumbers{100, {6, 100}},
+      SettledNumbers{5000, [] {
+                       std::vector<uint64_t> many(kMaxUnfinishedListed + 1);
+                       for (size_t i = 0; i < many.size(); ++i) many[i] = i + 1;
+                       return many;
+                     }()},
+  };
+  for (const SettledNumbers& report : malformed) {
+    auto refused = ledger.Begin(7, 6, report);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_NE(refused.status().message().find("request 6 of client 7"), std::string::npos) << refused.status();
+  }
+  EXPECT_EQ(ledger.size(), 1u);  // 5 is still there, unanswered
+  auto repeat = ledger.Begin(7, 5, SettledNumbers{6, {5}});
+  EXPECT_EQ(repeat.status().code(), absl::StatusCode::kUnavailable) << repeat.status();  // still being applied
+}
+
 // A numbered gradient sent twice moves the variable and the global step once.
 TEST(RequestLedgerTest, AServiceAppliesARepeatedGradientOnce) {
   VariableService service(VariableServiceOptions{"/job:ps/task:0"});
@@ -143,6 +215,85 @@ TEST(RequestLedgerTest, AServiceAppliesARepeatedGradientOnce) {
     EXPECT_FLOAT_EQ(response.tensors[0].item<float>(), -5.0f) << "copy " << copy;
   }
   EXPECT_EQ(service.store().AddToCounter("global_step", 0), 5);
+}
+
+// A transport whose first gradient push is held back until released, as
+// a thread of the client that lost its core would hold it.
+class HoldFirstPush final : public Transport {
+ public:
+  explicit HoldFirstPush(Transport* inner) : inner_(inner) {}
+  ~HoldFirstPush() override {
+    Release();
+    if (held_.joinable()) held_.join();
+  }
+  bool holding() const { return holding_; }
+  void Release() {
+    if (!released_.HasBeenNotified()) released_.Notify();
+  }
+  absl::StatusOr<std::unique_ptr<ServerHandle>> Serve(const std::string& address, VariableService* service) override {
+    return inner_->Serve(address, service);
+  }
+  absl::StatusOr<std::shared_ptr<Channel>> Connect(const TaskId& task, const std::string& address) override {
+    SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<Channel> channel, inner_->Connect(task, address));
+    return std::shared_ptr<Channel>(new Holding(std::move(channel), this));
+  }
+
+ private:
+  class Holding final : public Channel {
+   public:
+    Holding(std::shared_ptr<Channel> inner, HoldFirstPush* owner)
+        : Channel(inner->task()), inner_(std::move(inner)), owner_(owner) {}
+    void Call(const Request& request, Response* response, absl::Time deadline,
+              std::function<void(absl::Status)> done) override {
+      if (!request.header.has_apply_gradients() || owner_->holding_.exchange(true)) {
+        inner_->Call(request, response, deadline, std::move(done));
+        return;
+      }
+      owner_->held_ = std::thread([inner = inner_, owner = owner_, request, response, deadline, done] {
+        owner->released_.WaitForNotificationWithDeadline(deadline);  // a transport keeps its deadlines
+        inner->Call(request, response, deadline, done);
+      });
+    }
+
+   private:
+    std::shared_ptr<Channel> inner_;
+    HoldFirstPush* owner_;
+  };
+
+  Transport* inner_;
+  std::atomic<bool> holding_{false};
+  absl::Notification released_;
+  std::thread held_;
+};
+
+// Through a real client: while one push of a client waits, its other
+// threads push many more than the ledger's limit of unanswered requests
+// per client; every push is applied once.
+TEST(RequestLedgerTest, AClientWithOneSlowPushKeepsPushingPastTheLimit) {
+  JobConfig config;
+  const ClusterSpec cluster = ClusterSpec::Local(1, 1);
+  InProcServers servers(config, cluster);
+  HoldFirstPush transport(&servers.transport);
+  auto placement = std::make_shared<const Placement>(Placement::Create({{"w", {1}}}, cluster, {}).value());
+  auto client = Client::Create(cluster, &transport, placement).value();
+  wire::OptimizerConfig sgd;
+  sgd.set_kind("sgd");
+  sgd.set_learning_rate(1.0);
+  ASSERT_TRUE(client->CreateVariables({{"w", torch::zeros({1}), sgd}}).ok());
+  std::thread slow([&] { EXPECT_TRUE(client->ApplyGradients({"w"}, {torch::ones({1})}).ok()); });
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!transport.holding() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(transport.holding()) << "the slow push never started";
+  constexpr int kPushes = 400;  // over RequestLedgerLimits::max_open_per_client (256)
+  for (int i = 0; i < kPushes; ++i) {
+    auto pushed = client->ApplyGradients({"w"}, {torch::ones({1})});
+    ASSERT_TRUE(pushed.ok()) << "push " << i << ": " << pushed.status();
+  }
+  transport.Release();
+  slow.join();
+  auto values = client->Read({"w"});
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_FLOAT_EQ((*values)[0].item<float>(), -(kPushes + 1.0f));
 }
 
 }  // namespace

@@ -103,9 +103,19 @@ void Client::RequestNumbers::Close(uint64_t id) {
   open.erase(id);
 }
 
-uint64_t Client::RequestNumbers::FirstUnfinished() {
+void Client::RequestNumbers::Report(wire::RequestHeader* header) {
   std::lock_guard lock(mu);
-  return open.empty() ? next : *open.begin();
+  header->clear_unfinished_ids();
+  uint64_t known_below = next;
+  for (uint64_t id : open) {
+    if (static_cast<size_t>(header->unfinished_ids_size()) == kMaxReported) {
+      known_below = id;  // the ones from here on go unsaid
+      break;
+    }
+    header->add_unfinished_ids(id);
+  }
+  header->set_known_below_id(known_below);
+  header->set_first_unfinished_id(open.empty() ? next : *open.begin());
 }
 
 uint64_t Client::RequestNumbers::DrawClientId() {
@@ -139,7 +149,7 @@ absl::Status Client::RunAll(TaskCalls& calls) {
     absl::BlockingCounter answered(static_cast<int>(pending.size()));
     for (size_t i = 0; i < pending.size(); ++i) {
       auto [channel, call] = pending[i];
-      call->request.header.set_first_unfinished_id(numbers_->FirstUnfinished());
+      numbers_->Report(&call->request.header);
       call->response = Response();
       channel->Call(call->request, &call->response, deadline, [&, i](absl::Status status) {
         statuses[i] = std::move(status);

@@ -238,7 +238,11 @@ class Client {
     static uint64_t DrawClientId();
     uint64_t Open();  // the next number, now in flight
     void Close(uint64_t id);  // answered, or given up on
-    uint64_t FirstUnfinished();  // the lowest number still in flight
+    // Which numbers are settled, into `header` (its first_unfinished_id,
+    // known_below_id and unfinished_ids): every number below a bound but
+    // those in flight, the lowest kMaxReported of them.
+    void Report(wire::RequestHeader* header);
+    static constexpr size_t kMaxReported = 64;
     const uint64_t client_id = DrawClientId();
     std::mutex mu;
     uint64_t next = 1;

@@ -1,5 +1,8 @@
 #include "shoal/server/request_ledger.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -21,15 +24,50 @@ RequestLedger::ClientRecord& RequestLedger::Touch(uint64_t client) {
   return record;
 }
 
+void RequestLedger::Settle(const SettledNumbers& settled, ClientRecord* record) {
+  if (settled.known_below <= record->settled_below) return;  // says nothing new
+  auto listed = [&](uint64_t id) {
+    return std::binary_search(settled.unfinished.begin(), settled.unfinished.end(), id);
+  };
+  // A number stays unfinished only if this report leaves it so: above what
+  // it covers, or listed in it. Those it covers first come from its list.
+  for (auto it = record->unfinished.begin(); it != record->unfinished.end();) {
+    it = *it < settled.known_below && !listed(*it) ? record->unfinished.erase(it) : std::next(it);
+  }
+  for (uint64_t id : settled.unfinished) {
+    if (id >= std::max(record->known_below, record->settled_below)) record->unfinished.insert(id);
+  }
+  record->known_below = std::max(record->known_below, settled.known_below);
+  record->settled_below = record->unfinished.empty() ? record->known_below : *record->unfinished.begin();
+  for (auto it = record->requests.begin(); it != record->requests.end() && it->first < record->known_below;) {
+    it = IsSettled(*record, it->first) ? record->requests.erase(it) : std::next(it);
+  }
+}
+
+bool RequestLedger::IsSettled(const ClientRecord& record, uint64_t request_id) {
+  return request_id < record.settled_below ||
+         (request_id < record.known_below && record.unfinished.count(request_id) == 0);
+}
+
 absl::StatusOr<std::optional<wire::ResponseHeader>> RequestLedger::Begin(uint64_t client, uint64_t request_id,
-                                                                         uint64_t first_unfinished) {
+                                                                         const SettledNumbers& settled) {
+  if (settled.unfinished.size() > kMaxUnfinishedListed) {
+    return absl::InvalidArgumentError(absl::StrCat(task_name_, ": request ", request_id, " of client ", client,
+                                                   " lists ", settled.unfinished.size(),
+                                                   " unfinished requests, more than the ", kMaxUnfinishedListed,
+                                                   " one may"));
+  }
+  for (size_t i = 0; i < settled.unfinished.size(); ++i) {
+    if (settled.unfinished[i] >= settled.known_below || (i > 0 && settled.unfinished[i] <= settled.unfinished[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          task_name_, ": request ", request_id, " of client ", client, " lists its unfinished requests out of order "
+          "or at or above ", settled.known_below, " (", settled.unfinished[i], ")"));
+    }
+  }
   std::unique_lock lock(mu_);
   ClientRecord& record = Touch(client);
-  if (first_unfinished > record.settled_below) {
-    record.settled_below = first_unfinished;
-    record.requests.erase(record.requests.begin(), record.requests.lower_bound(first_unfinished));
-  }
-  if (request_id < record.settled_below) {
+  Settle(settled, &record);
+  if (IsSettled(record, request_id)) {
     return absl::FailedPreconditionError(absl::StrCat(task_name_, ": request ", request_id, " of client ", client,
                                                       " was answered before; not applying it again"));
   }

@@ -6,10 +6,13 @@
 // first is not known: the retry may even overtake an original that is still
 // being decoded. The first to arrive is applied; the other waits for it and
 // gets the same answer. Each request also says which of that client's
-// numbers are settled (answered), so the ledger forgets those, and a settled
-// number that turns up again is refused rather than applied. Memory is
-// bounded: at most `max_clients` clients (the least recently heard from is
-// forgotten first) and `max_open_per_client` unsettled requests each.
+// numbers are settled (answered): every number below a bound except those
+// it lists as still in flight. The ledger forgets those, and a settled
+// number that turns up again is refused rather than applied. So one slow
+// request among many overlapping ones holds only its own entry, not every
+// later one's. Memory is bounded: at most `max_clients` clients (the least
+// recently heard from is forgotten first) and `max_open_per_client`
+// unsettled requests each.
 #ifndef SHOAL_SERVER_REQUEST_LEDGER_H_
 #define SHOAL_SERVER_REQUEST_LEDGER_H_
 
@@ -20,14 +23,27 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "shoal/wire.pb.h"
 
 namespace shoal {
+
+// What a request says of its client's other numbers: every number below
+// `known_below` has been answered, except `unfinished` (ascending, each
+// below `known_below`).
+struct SettledNumbers {
+  uint64_t known_below = 0;
+  std::vector<uint64_t> unfinished;
+};
+
+// The most numbers a request may list as unfinished.
+inline constexpr size_t kMaxUnfinishedListed = 1024;
 
 struct RequestLedgerLimits {
   int max_clients = 1024;
@@ -41,14 +57,21 @@ class RequestLedger {
   explicit RequestLedger(std::string task_name, RequestLedgerLimits limits = {})
       : task_name_(std::move(task_name)), limits_(limits) {}
 
-  // Request `request_id` of `client`, which says every one of its requests
-  // below `first_unfinished` has been answered. Returns nothing when the
-  // request is new: the caller applies it and then calls Finish. Returns the
-  // answer when it is a repeat (after waiting for the original if that is
-  // still being applied). An error for a number already settled, a client
-  // with too many unsettled requests, or an original that took too long.
+  // Request `request_id` of `client`, which says which of its numbers are
+  // settled. Returns nothing when the request is new: the caller applies it
+  // and then calls Finish. Returns the answer when it is a repeat (after
+  // waiting for the original if that is still being applied). An error for
+  // a number already settled, a malformed `settled` (nothing changes then),
+  // a client with too many unsettled requests, or an original that took too
+  // long.
   absl::StatusOr<std::optional<wire::ResponseHeader>> Begin(uint64_t client, uint64_t request_id,
-                                                            uint64_t first_unfinished);
+                                                            const SettledNumbers& settled);
+  // As a client that says only that every number below `first_unfinished`
+  // is answered.
+  absl::StatusOr<std::optional<wire::ResponseHeader>> Begin(uint64_t client, uint64_t request_id,
+                                                            uint64_t first_unfinished) {
+    return Begin(client, request_id, SettledNumbers{first_unfinished, {}});
+  }
   // Records the answer to a request Begin called new, waking its repeats.
   void Finish(uint64_t client, uint64_t request_id, const wire::ResponseHeader& answer);
 
@@ -61,12 +84,23 @@ class RequestLedger {
     wire::ResponseHeader answer;
   };
   struct ClientRecord {
-    uint64_t settled_below = 0;  // numbers under this are forgotten and refused
+    // Numbers under `settled_below` are settled; so are those under
+    // `known_below` not in `unfinished` (which the client last listed as in
+    // flight, each at least settled_below). Settled numbers are forgotten
+    // and refused. The client's reports only ever settle more numbers, in
+    // whatever order they arrive.
+    uint64_t settled_below = 0;
+    uint64_t known_below = 0;
+    std::set<uint64_t> unfinished;
     std::map<uint64_t, Entry> requests;
     std::list<uint64_t>::iterator recency;  // place in recency_
   };
 
   ClientRecord& Touch(uint64_t client);  // under mu_
+  // Takes in what `settled` says (checked by the caller), forgetting the
+  // requests it settles.
+  static void Settle(const SettledNumbers& settled, ClientRecord* record);
+  static bool IsSettled(const ClientRecord& record, uint64_t request_id);
 
   const std::string task_name_;
   const RequestLedgerLimits limits_;

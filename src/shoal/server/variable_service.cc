@@ -90,6 +90,17 @@ bool VariableService::Changes(const Request& request) {
   }
 }
 
+namespace {
+
+// What a request says of its client's settled numbers (a client that sends
+// only first_unfinished_id says that every number below it is).
+SettledNumbers SettledNumbersOf(const wire::RequestHeader& h) {
+  if (h.known_below_id() == 0) return SettledNumbers{h.first_unfinished_id(), {}};
+  return SettledNumbers{h.known_below_id(), {h.unfinished_ids().begin(), h.unfinished_ids().end()}};
+}
+
+}  // namespace
+
 void VariableService::Handle(const Request& request, Response* response) {
   // Requests run on the transport's threads, which start with libtorch's
   // default thread count; optimizer math takes the task's own.
@@ -99,7 +110,7 @@ void VariableService::Handle(const Request& request, Response* response) {
   const wire::RequestHeader& h = request.header;
   const bool recorded = h.request_id() != 0 && Changes(request);
   if (recorded) {
-    auto begun = ledger_.Begin(h.client_id(), h.request_id(), h.first_unfinished_id());
+    auto begun = ledger_.Begin(h.client_id(), h.request_id(), SettledNumbersOf(h));
     if (!begun.ok()) return Conclude(begun.status(), response);
     if (begun->has_value()) {  // a repeat: the answer the original got
       response->header = **std::move(begun);
