@@ -18,6 +18,9 @@ GB = 1e9
 def transport():
     runs = json.loads((out / "transport.json").read_text())["benchmarks"]
     table = {}
+    failed = [f'{run["name"]}: {run.get("error_message")}' for run in runs if run.get("error_occurred")]
+    if failed:
+        sys.exit("transport benchmarks failed:\n  " + "\n  ".join(failed))
     for run in runs:
         name = run["name"].split("/")
         kind, size = name[0].replace("BM_", ""), int(name[1])
