@@ -106,10 +106,11 @@ nlohmann::json TrainWith(const std::string& env, const std::string& flags, std::
                               "--result_file " + result + " " + flags + " > /dev/null 2> " + log;
   const int status = std::system(command.c_str());
   std::ifstream in(result), log_in(log);
-  if (err) *err = std::string((std::istreambuf_iterator<char>(log_in)), {});
+  const std::string stderr_text((std::istreambuf_iterator<char>(log_in)), {});
+  if (err) *err = stderr_text;
   nlohmann::json json = nlohmann::json::parse(in, nullptr, false);
   std::filesystem::remove_all(dir);
-  EXPECT_EQ(status, 0) << command;
+  EXPECT_EQ(status, 0) << command << "\n" << stderr_text;
   return json;
 }
 
