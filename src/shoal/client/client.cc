@@ -115,7 +115,7 @@ void Client::RequestNumbers::Report(wire::RequestHeader* header) {
     header->add_unfinished_ids(id);
   }
   header->set_known_below_id(known_below);
-  header->set_first_unfinished_id(open.empty() ? next : *open.begin());
+  header->set_first_unfinished_id(open.empty() ? known_below : *open.begin());
 }
 
 uint64_t Client::RequestNumbers::DrawClientId() {

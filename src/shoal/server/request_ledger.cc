@@ -25,7 +25,6 @@ RequestLedger::ClientRecord& RequestLedger::Touch(uint64_t client) {
 }
 
 void RequestLedger::Settle(const SettledNumbers& settled, ClientRecord* record) {
-  if (settled.known_below <= record->settled_below) return;  // says nothing new
   auto listed = [&](uint64_t id) {
     return std::binary_search(settled.unfinished.begin(), settled.unfinished.end(), id);
   };
@@ -35,18 +34,16 @@ void RequestLedger::Settle(const SettledNumbers& settled, ClientRecord* record) 
     it = *it < settled.known_below && !listed(*it) ? record->unfinished.erase(it) : std::next(it);
   }
   for (uint64_t id : settled.unfinished) {
-    if (id >= std::max(record->known_below, record->settled_below)) record->unfinished.insert(id);
+    if (id >= record->known_below) record->unfinished.insert(id);
   }
   record->known_below = std::max(record->known_below, settled.known_below);
-  record->settled_below = record->unfinished.empty() ? record->known_below : *record->unfinished.begin();
   for (auto it = record->requests.begin(); it != record->requests.end() && it->first < record->known_below;) {
     it = IsSettled(*record, it->first) ? record->requests.erase(it) : std::next(it);
   }
 }
 
 bool RequestLedger::IsSettled(const ClientRecord& record, uint64_t request_id) {
-  return request_id < record.settled_below ||
-         (request_id < record.known_below && record.unfinished.count(request_id) == 0);
+  return request_id < record.known_below && record.unfinished.count(request_id) == 0;
 }
 
 absl::StatusOr<std::optional<wire::ResponseHeader>> RequestLedger::Begin(uint64_t client, uint64_t request_id,

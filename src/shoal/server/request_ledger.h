@@ -84,12 +84,10 @@ class RequestLedger {
     wire::ResponseHeader answer;
   };
   struct ClientRecord {
-    // Numbers under `settled_below` are settled; so are those under
-    // `known_below` not in `unfinished` (which the client last listed as in
-    // flight, each at least settled_below). Settled numbers are forgotten
-    // and refused. The client's reports only ever settle more numbers, in
+    // Numbers under `known_below` are settled, but for `unfinished` (those
+    // the client's reports have all left in flight). Settled numbers are
+    // forgotten and refused. The reports only ever settle more numbers, in
     // whatever order they arrive.
-    uint64_t settled_below = 0;
     uint64_t known_below = 0;
     std::set<uint64_t> unfinished;
     std::map<uint64_t, Entry> requests;
