@@ -490,6 +490,56 @@ TEST(FastPathTransportTest, CallsGoOverUcxToThePortTheTaskAdvertises) {
   EXPECT_TRUE(service.store().Lookup({"v"})[0].present);
 }
 
+// Delegates to a real transport; Serve says when it is entered and when it
+// has returned, and waits at `gate` (when given) before serving.
+class ObservedTransport final : public Transport {
+ public:
+  ObservedTransport(std::unique_ptr<Transport> real, absl::Notification* gate) : real_(std::move(real)), gate_(gate) {}
+  absl::StatusOr<std::unique_ptr<ServerHandle>> Serve(const std::string& address, VariableService* service) override {
+    entered.Notify();
+    if (gate_ != nullptr) gate_->WaitForNotification();
+    auto server = real_->Serve(address, service);
+    serving = true;
+    return server;
+  }
+  absl::StatusOr<std::shared_ptr<Channel>> Connect(const TaskId& task, const std::string& address) override {
+    return real_->Connect(task, address);
+  }
+  absl::Notification entered;
+  std::atomic<bool> serving{false};
+
+ private:
+  std::unique_ptr<Transport> real_;
+  absl::Notification* gate_;
+};
+
+TEST(FastPathTransportTest, TheControlPlaneServesOnlyOnceTheFastEndpointIsAdvertised) {
+  // An `endpoints` answer given before the advertisement names no fast
+  // port, and the channel that got it would stay on gRPC for good.
+  absl::Notification gate;
+  auto control = std::make_unique<ObservedTransport>(std::make_unique<GrpcTransport>(), nullptr);
+  auto fast = std::make_unique<ObservedTransport>(MakeUcx(), &gate);
+  ObservedTransport* control_seen = control.get();
+  ObservedTransport* fast_seen = fast.get();
+  FastPathTransport transport(std::move(control), std::move(fast), "ucx");
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  absl::StatusOr<std::unique_ptr<ServerHandle>> server;
+  std::thread serving([&] { server = transport.Serve("127.0.0.1:0", &service); });
+  ASSERT_TRUE(fast_seen->entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_FALSE(control_seen->serving) << "gRPC serves while the fast transport is still starting";
+  gate.Notify();
+  serving.join();
+  ASSERT_TRUE(server.ok()) << server.status();
+  GrpcTransport grpc;
+  auto channel = grpc.Connect({"ps", 0}, (*server)->address()).value();
+  Request ask;
+  ask.header.mutable_endpoints();
+  Response endpoints;
+  ASSERT_TRUE(CallAndWait(*channel, ask, &endpoints, absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(endpoints.header.endpoints().fast_kind(), "ucx");
+  EXPECT_GT(endpoints.header.endpoints().fast_port(), 0);
+}
+
 TEST(FastPathTransportTest, ATaskServingOnlyGrpcIsCalledOverGrpc) {
   GrpcTransport grpc_only;
   VariableService service(VariableServiceOptions{"/job:ps/task:0"});

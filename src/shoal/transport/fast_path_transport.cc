@@ -150,7 +150,9 @@ FastPathTransport::FastPathTransport(std::unique_ptr<Transport> control, std::un
 
 absl::StatusOr<std::unique_ptr<ServerHandle>> FastPathTransport::Serve(const std::string& address,
                                                                       VariableService* service) {
-  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<ServerHandle> control, control_->Serve(address, service));
+  // The fast server first: a gRPC server that answered an `endpoints`
+  // request before the advertisement would send that channel over gRPC
+  // for good.
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<ServerHandle> fast, fast_->Serve(HostPart(address) + ":0", service));
   const std::string fast_address = fast->address();
   int port = 0;
@@ -159,6 +161,7 @@ absl::StatusOr<std::unique_ptr<ServerHandle>> FastPathTransport::Serve(const std
                                             fast_address, "', which has no port"));
   }
   service->AdvertiseFastEndpoint(fast_kind_, port);
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<ServerHandle> control, control_->Serve(address, service));
   return std::unique_ptr<ServerHandle>(new FastPathServer(std::move(control), std::move(fast)));
 }
 

@@ -3,7 +3,8 @@
 //
 // A server serves gRPC at the task's address, as the cluster spec names it,
 // and the fast transport beside it on a free port of the same host, which
-// the gRPC server advertises (an `endpoints` request). So TF_CONFIG and
+// the gRPC server advertises (an `endpoints` request; the fast server
+// starts first, so that every answer names it). So TF_CONFIG and
 // cluster files stay as they are: a channel asks the task over gRPC once,
 // then sends every call over the fast transport to that port. A task that
 // advertises none (transport.kind: grpc, or TLS) is called over gRPC. When
