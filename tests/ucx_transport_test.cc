@@ -540,6 +540,47 @@ TEST(FastPathTransportTest, TheControlPlaneServesOnlyOnceTheFastEndpointIsAdvert
   EXPECT_GT(endpoints.header.endpoints().fast_port(), 0);
 }
 
+// A loopback port that nothing listens on (one was free a moment ago).
+int ClosedPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST(FastPathTransportTest, ATaskWhoseFastEndpointCannotBeReachedIsCalledOverGrpc) {
+  // As when a firewall lets the cluster's gRPC ports through and nothing
+  // else: the task advertises a fast endpoint this client cannot reach.
+  GrpcTransport grpc_only;
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = grpc_only.Serve("127.0.0.1:0", &service).value();
+  service.AdvertiseFastEndpoint("ucx", ClosedPort());
+  FastPathTransport transport(std::make_unique<GrpcTransport>(), MakeUcx(), "ucx");
+  auto channel = transport.Connect({"ps", 0}, server->address()).value();
+  Request create;
+  wire::VariableDef* def = create.header.mutable_create_variables()->add_variables();
+  def->set_name("v");
+  def->add_shape(3);
+  def->mutable_optimizer()->set_kind("sgd");
+  create.tensors = {torch::ones({3})};
+  Response created;
+  // The first call, sent to the fast endpoint, goes again over gRPC; the
+  // next goes over gRPC at once.
+  ASSERT_TRUE(CallAndWait(*channel, create, &created, absl::Now() + absl::Seconds(20)).ok());
+  EXPECT_TRUE(service.store().Lookup({"v"})[0].present);
+  Response looked_up;
+  Request lookup;
+  lookup.header.mutable_lookup()->add_names("v");
+  const absl::Time before = absl::Now();
+  ASSERT_TRUE(CallAndWait(*channel, lookup, &looked_up, absl::Now() + absl::Seconds(20)).ok());
+  EXPECT_LT(absl::Now() - before, absl::Seconds(5));
+}
+
 TEST(FastPathTransportTest, ATaskServingOnlyGrpcIsCalledOverGrpc) {
   GrpcTransport grpc_only;
   VariableService service(VariableServiceOptions{"/job:ps/task:0"});

@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "shoal/core/status.h"
 
@@ -26,6 +27,10 @@ class FastPathServer final : public ServerHandle {
   std::unique_ptr<ServerHandle> fast_;
 };
 
+// How long a channel whose task's fast endpoint could not be reached calls
+// it over gRPC before it tries the fast endpoint again.
+constexpr absl::Duration kFallBackFor = absl::Seconds(60);
+
 class FastPathChannel final : public Channel, public std::enable_shared_from_this<FastPathChannel> {
  public:
   FastPathChannel(TaskId task, std::string address, std::shared_ptr<Channel> control, Transport* fast,
@@ -36,21 +41,26 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
   void Call(const Request& request, Response* response, absl::Time deadline,
             std::function<void(absl::Status)> done) override {
     std::shared_ptr<Channel> route;
+    std::shared_ptr<Waiting> copy;
     bool ask = false;
     {
       absl::MutexLock lock(&mu_);
+      if (route_ == control_ && absl::Now() >= fall_back_until_) route_ = nullptr;  // time to try the fast path again
       if (route_ != nullptr) {
         route = route_;
+        // Until the fast route has carried a call, its calls keep a copy of
+        // the request, to be sent over gRPC if it cannot be reached.
+        if (route != control_ && !route_proven_) copy = std::make_shared<Waiting>(Waiting{request, response, deadline, nullptr});
       } else {
         // Wait for the task to say where it serves; the request's tensors
         // are kept by reference, as a transport's Call may.
-        waiting_.push_back(Waiting{request, response, deadline, std::move(done)});
+        waiting_.push_back(std::make_shared<Waiting>(Waiting{request, response, deadline, std::move(done)}));
         ask = !asking_;
         asking_ = true;
       }
     }
     if (route != nullptr) {
-      Send(route, request, response, deadline, std::move(done));
+      Send(route, request, response, deadline, std::move(done), std::move(copy));
     } else if (ask) {
       Ask(deadline);
     }
@@ -64,29 +74,62 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
     std::function<void(absl::Status)> done;
   };
 
+  // `copy` (or null): the request, to send again over gRPC should `route`
+  // turn out to be a fast route that cannot be reached.
   void Send(const std::shared_ptr<Channel>& route, const Request& request, Response* response, absl::Time deadline,
-            std::function<void(absl::Status)> done) {
+            std::function<void(absl::Status)> done, std::shared_ptr<Waiting> copy) {
     if (route == control_) {
       route->Call(request, response, deadline, std::move(done));
       return;
     }
-    // A lost fast connection: ask again next time (the task may be back
-    // elsewhere). A call unanswered by its deadline drops the connection
-    // too: the next goes over a fresh one. (A ps killed mid-job once left a
-    // chief's calls on a live UCX connection unanswered until the job gave
-    // up, about one run in eight of ModeFaultTest sync_ps0.)
     std::weak_ptr<FastPathChannel> self = weak_from_this();
-    route->Call(request, response, deadline, [self, route, done = std::move(done)](absl::Status status) {
-      if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) {
-        if (auto channel = self.lock()) channel->Forget(route);
-      }
-      done(std::move(status));
-    });
+    route->Call(request, response, deadline,
+                [self, route, response, copy = std::move(copy), done = std::move(done)](absl::Status status) mutable {
+                  auto channel = self.lock();
+                  // The server's own verdict (it answered: the route works),
+                  // or the transport's failure to reach it.
+                  const bool answered = response->header.status_code() != 0;
+                  if (channel == nullptr) {
+                    done(std::move(status));
+                  } else if (answered || (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status))) {
+                    channel->Carried(route);
+                    done(std::move(status));
+                  } else if (channel->Failed(route, status) && copy != nullptr) {
+                    channel->control_->Call(copy->request, copy->response, copy->deadline, std::move(done));
+                  } else {
+                    done(std::move(status));
+                  }
+                });
   }
 
-  void Forget(const std::shared_ptr<Channel>& route) {
+  void Carried(const std::shared_ptr<Channel>& route) {
     absl::MutexLock lock(&mu_);
-    if (route_ == route) route_ = nullptr;
+    if (route_ == route) route_proven_ = true;
+  }
+
+  // A call over fast `route` failed with `status`. A route that had carried
+  // calls was lost: ask again next time (the task may be back elsewhere). A
+  // call unanswered by its deadline drops the connection too: the next goes
+  // over a fresh one. (A ps killed mid-job once left a chief's calls on a
+  // live UCX connection unanswered until the job gave up, about one run in
+  // eight of ModeFaultTest sync_ps0.) A route that never carried one cannot
+  // be reached from here (a firewall, no common network) while the task
+  // answers over gRPC: calls go over gRPC for a while. True then.
+  bool Failed(const std::shared_ptr<Channel>& route, const absl::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (route_ != route) return false;  // already replaced
+    if (route_proven_) {
+      route_ = nullptr;
+      return false;
+    }
+    route_ = control_;
+    fall_back_until_ = absl::Now() + kFallBackFor;
+    absl::FPrintF(stderr,
+                  "shoal: %s serves %s at %s, which this task cannot reach (%s); calling it over gRPC for the "
+                  "next %s\n",
+                  task().ToString(), fast_kind_, fast_address_, status.ToString(),
+                  absl::StrCat(absl::ToInt64Seconds(kFallBackFor), " s"));
+    return true;
   }
 
   // Asks the task over gRPC where it serves the fast transport.
@@ -102,10 +145,12 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
 
   void Answered(const absl::Status& status, const Response& response) {
     std::shared_ptr<Channel> route;
+    std::string fast_address;
     absl::Status failure;
     if (status.ok() && response.header.endpoints().fast_kind() == fast_kind_ &&
         response.header.endpoints().fast_port() > 0) {
-      auto fast = fast_->Connect(task(), absl::StrCat(host_, ":", response.header.endpoints().fast_port()));
+      fast_address = absl::StrCat(host_, ":", response.header.endpoints().fast_port());
+      auto fast = fast_->Connect(task(), fast_address);
       if (fast.ok()) {
         route = *std::move(fast);
       } else {
@@ -116,18 +161,22 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
     } else {
       failure = status;  // the task is not reachable yet
     }
-    std::deque<Waiting> waiting;
+    std::deque<std::shared_ptr<Waiting>> waiting;
     {
       absl::MutexLock lock(&mu_);
       asking_ = false;
       route_ = route;
+      route_proven_ = false;
+      fall_back_until_ = absl::InfiniteFuture();
+      fast_address_ = fast_address;
       waiting.swap(waiting_);
     }
-    for (Waiting& w : waiting) {
+    for (std::shared_ptr<Waiting>& w : waiting) {
       if (route == nullptr) {
-        w.done(failure);
+        w->done(failure);
       } else {
-        Send(route, w.request, w.response, w.deadline, std::move(w.done));
+        auto done = std::move(w->done);
+        Send(route, w->request, w->response, w->deadline, std::move(done), w);
       }
     }
   }
@@ -137,9 +186,15 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
   Transport* const fast_;
   const std::string fast_kind_;
   absl::Mutex mu_;
-  std::shared_ptr<Channel> route_ ABSL_GUARDED_BY(mu_);  // null until the task has said
+  // Null until the task has said; control_ for a task that serves gRPC
+  // only, or (until fall_back_until_) one whose fast endpoint is out of
+  // reach.
+  std::shared_ptr<Channel> route_ ABSL_GUARDED_BY(mu_);
+  bool route_proven_ ABSL_GUARDED_BY(mu_) = false;  // a call has gone over the fast route_
+  absl::Time fall_back_until_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::string fast_address_ ABSL_GUARDED_BY(mu_);
   bool asking_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<Waiting>> waiting_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
