@@ -84,6 +84,7 @@ class LongAsyncJob {
   ~LongAsyncJob() { std::filesystem::remove_all(dir_); }
 
   std::string checkpoint_dir() const { return (dir_ / "checkpoints").string(); }
+  std::string lineage_dir() const { return (dir_ / "lineage").string(); }
   std::filesystem::path MetricsFile(int worker) const {
     return dir_ / "metrics" / MetricsFileName("worker", worker, "jsonl");
   }
@@ -180,11 +181,39 @@ struct PsLoss {
 };
 class ModeFaultTest : public ::testing::TestWithParam<PsLoss> {};
 
+// A population member decides by its own latest fitness: every decision
+// in its lineage (in the order written) saw for itself the fitness of its
+// last eval, copy or rejoin, never one measured on values a restore has
+// since replaced.
+void ExpectDecisionsSeeTheirOwnLatestFitness(const std::string& lineage_dir) {
+  int members = 0, decisions = 0;
+  for (const auto& file : std::filesystem::directory_iterator(lineage_dir)) {
+    if (file.path().extension() != ".jsonl") continue;
+    ++members;
+    std::ifstream in(file.path());
+    std::string line;
+    double latest = -1;
+    for (int number = 1; std::getline(in, line); ++number) {
+      const nlohmann::json e = nlohmann::json::parse(line);
+      const std::string event = e.at("event");
+      if (event == "keep" || event == "exploit") {
+        ++decisions;
+        EXPECT_EQ(e.at("seen").at(e.at("member").get<int>()).get<double>(), latest)
+            << file.path() << ":" << number << ": " << line;
+      }
+      if (event == "eval" || event == "exploit" || event == "rejoin") latest = e.at("fitness");
+    }
+  }
+  EXPECT_EQ(members, 2);
+  EXPECT_GT(decisions, 0);
+}
+
 TEST_P(ModeFaultTest, AKilledPsIsRestoredAndTrainingGoesOnFromTheCheckpoint) {
   const PsLoss loss = GetParam();
   LongAsyncJob setup(1, std::string("shoal_fault_ps_") + loss.mode);
   SwitchMode(setup.config, loss.mode);
   setup.config.population.variables_on = "ps";  // (population) the members' variables are on the ps tasks
+  setup.config.population.lineage_dir = setup.lineage_dir();
   const std::string dir = setup.checkpoint_dir();
   setup.config.checkpoint.dir = dir;
   setup.config.checkpoint.every_steps = 100;
@@ -209,6 +238,7 @@ TEST_P(ModeFaultTest, AKilledPsIsRestoredAndTrainingGoesOnFromTheCheckpoint) {
   }
   EXPECT_GE(report->global_step, kJobSteps);
   EXPECT_GT(report->test_accuracy, 0.75) << ReportToJson(*report).dump(1);
+  if (std::string(loss.mode) == "population") ExpectDecisionsSeeTheirOwnLatestFitness(setup.lineage_dir());
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, ModeFaultTest,

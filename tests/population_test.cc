@@ -117,6 +117,33 @@ TEST(PolicyTest, TruncationRanksEveryMemberOrDecidesNothing) {
   for (int m = 0; m < 4; ++m) EXPECT_EQ(DecideExploit(config, m, members, rng).exploit, m == 1) << m;
 }
 
+// A member copies only a fitter one. With two members, the one that copied
+// carries its donor's fitness: the donor, now tied with it and ranked below
+// it, would otherwise copy its own values back every round.
+TEST(PolicyTest, TruncationNeverCopiesAMemberNoFitterThanItself) {
+  PopulationConfig config;
+  config.policy = "truncation";
+  config.fraction = 0.25;
+  std::mt19937_64 rng(1);
+  std::vector<MemberStatus> members = {Rated(0, 0.8222), Rated(1, 0.8222)};
+  for (int m = 0; m < 2; ++m) {
+    ExploitDecision d = DecideExploit(config, m, members, rng);
+    EXPECT_FALSE(d.exploit) << m;
+    if (m == 1) EXPECT_NE(d.reason.find("tied with the top"), std::string::npos) << d.reason;
+  }
+  members[0] = Rated(0, 0.83);
+  EXPECT_EQ(DecideExploit(config, 1, members, rng).source, 0);
+  // Of a top quarter with one fitter and one tied (7 and 0, ranked before
+  // the others tied with it), member 6 at the bottom copies only the fitter.
+  std::vector<MemberStatus> eight;
+  for (int m = 0; m < 8; ++m) eight.push_back(Rated(m, m == 7 ? 0.9 : 0.5));
+  for (int i = 0; i < 20; ++i) {
+    ExploitDecision d = DecideExploit(config, 6, eight, rng);
+    ASSERT_TRUE(d.exploit);
+    EXPECT_EQ(d.source, 7);
+  }
+}
+
 TEST(PolicyTest, TournamentCopiesOnlyWhenTheRivalIsFitter) {
   PopulationConfig config;
   config.policy = "tournament";

@@ -16,7 +16,9 @@ namespace shoal {
 struct LineageEvent {
   int member = 0;
   int64_t step = 0;     // the member's step
-  std::string event;    // start | eval | exploit (a decision to copy) | keep (a decision not to) | end
+  // start | eval | exploit (a decision to copy) | keep (a decision not to) |
+  // rejoin (after a lost task: the fitness it now carries) | end
+  std::string event;
   double fitness = -1;  // validation accuracy (exploit: the donor's, now carried); -1: not measured
   double loss = 0;
   int source = -1;      // exploit: the member copied

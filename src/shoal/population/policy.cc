@@ -121,7 +121,18 @@ ExploitDecision DecideExploit(const PopulationConfig& config, int me, const std:
     const size_t cut = std::max<size_t>(1, static_cast<size_t>(std::floor(config.fraction * ranked.size())));
     const auto position = std::find(ranked.begin(), ranked.end(), me) - ranked.begin();
     if (ranked.size() >= 2 && static_cast<size_t>(position) >= ranked.size() - cut) {
-      std::vector<int> top(ranked.begin(), ranked.begin() + std::min(cut, ranked.size() - cut));
+      // Only from a fitter member: one tied with it (often a member that
+      // copied it and carries its fitness) would give it back values no
+      // better than its own, and its hyper-parameters for nothing.
+      std::vector<int> top;
+      for (auto it = ranked.begin(); it != ranked.begin() + std::min(cut, ranked.size() - cut); ++it) {
+        if (status(*it).fitness > mine->fitness) top.push_back(*it);
+      }
+      if (top.empty()) {
+        decision.reason = absl::StrFormat("in the bottom %.0f%% but tied with the top (fitness %.4f)",
+                                          100 * config.fraction, mine->fitness);
+        return decision;
+      }
       copy(PickUniform(rng, top), absl::StrFormat("in the bottom %.0f%% (fitness %.4f)", 100 * config.fraction,
                                                   mine->fitness));
       decision.copy_hyperparameters = true;

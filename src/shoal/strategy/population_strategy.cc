@@ -528,11 +528,17 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
     return go_on && counters[2] == 0;
   };
-  // After a recovery: the member's step and hyper-parameters as they now are
-  // (a restored member's are the checkpoint's).
+  // After a recovery: the member's step, hyper-parameters and fitness as
+  // they now are (a restored member's are the checkpoint's: the fitness
+  // measured on the values it now trains from, which the others see too;
+  // the one it measured before the loss belongs to values that are gone).
   auto rejoin = [&]() -> absl::Status {
     SHOAL_ASSIGN_OR_RETURN(step, client.AddToCounter(MemberStepCounter(me), 0));
-    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> now, client.Read({own.hparams}));
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> now, client.Read({own.hparams, own.fitness}));
+    const float* published = now[1].data_ptr<float>();
+    fitness = published[0];
+    loss = published[1];
+    if (lead) SHOAL_RETURN_IF_ERROR(lineage->Write(MemberEvent(me, step, "rejoin", fitness, loss, FromTensor(now[0]))));
     const Hyperparameters restored = FromTensor(now[0]);
     if (restored.batch_size != h.batch_size) {
       batches = std::make_unique<BatchIterator>(context.train_shard, restored.batch_size,
