@@ -11,10 +11,14 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
+#include <ucp/api/ucp.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +26,8 @@
 #include "shoal/client/client.h"
 #include "shoal/transport/fast_path_transport.h"
 #include "shoal/transport/grpc/grpc_transport.h"
+#include "shoal/core/codec.h"
+#include "shoal/transport/ucx/am_format.h"
 #include "shoal/transport/ucx/handshake.h"
 
 namespace shoal {
@@ -216,6 +222,200 @@ void StartServerProcess(ServerProcess* server) {
 // A server process killed while a call waits in it: the call fails
 // UNAVAILABLE naming the task at once (the handshake socket closes), not at
 // its deadline.
+// A client of shoal's active-message framing, by hand (am_format.h): it
+// passes the handshake as shoal's own client does, then sends whatever
+// active messages a test makes, on its own thread.
+class RawUcxClient {
+ public:
+  RawUcxClient(const std::string& address, const std::string& token) {
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_AM;
+    ucp_config_t* config = nullptr;
+    if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) return;
+    const ucs_status_t initialised = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    if (initialised != UCS_OK) return;
+    ucp_worker_params_t worker_params{};
+    worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+    if (ucp_worker_create(context_, &worker_params, &worker_) != UCS_OK) return;
+    ucp_address_t* own = nullptr;
+    size_t length = 0;
+    if (ucp_worker_get_address(worker_, &own, &length) != UCS_OK) return;
+    const Hello hello{token, HostId(), std::string(reinterpret_cast<const char*>(own), length)};
+    ucp_worker_release_address(worker_, own);
+    absl::StatusOr<int> fd = ConnectAndGreet(address, hello, absl::Now() + absl::Seconds(10), &welcome_);
+    if (!fd.ok() || !welcome_.status.ok()) return;
+    fd_ = *fd;
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    ep.address = reinterpret_cast<const ucp_address_t*>(welcome_.worker_address.data());
+    if (ucp_ep_create(worker_, &ep, &ep_) != UCS_OK) return;
+    ucp_am_handler_param_t handler{};
+    handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    handler.id = kResponseAm;
+    handler.arg = this;
+    handler.cb = [](void* arg, const void* header, size_t header_length, void* data, size_t length,
+                    const ucp_am_recv_param_t* param) {
+      static_cast<RawUcxClient*>(arg)->OnAnswer(header, header_length, data, length, param);
+      return UCS_OK;
+    };
+    ready_ = ucp_worker_set_am_recv_handler(worker_, &handler) == UCS_OK;
+  }
+  ~RawUcxClient() {
+    if (ep_ != nullptr) {
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      void* closing = ucp_ep_close_nbx(ep_, &param);
+      if (UCS_PTR_IS_PTR(closing)) {
+        Progress([&] { return ucp_request_check_status(closing) != UCS_INPROGRESS; }, absl::Seconds(2));
+        ucp_request_free(closing);
+      }
+    }
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (context_ != nullptr) ucp_cleanup(context_);
+    if (fd_ >= 0) close(fd_);
+  }
+
+  bool ready() const { return ready_; }
+  // A header naming this connection, with its secret.
+  RequestAmHeader Header(uint64_t call_id, uint64_t frame_bytes) const {
+    return RequestAmHeader{welcome_.connection_id, welcome_.secret, call_id, frame_bytes};
+  }
+  // Sends a request active message of `header` and `data`, and waits until
+  // UCX has taken it.
+  void Send(const std::string& header, const std::string& data) {
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+    param.datatype = ucp_dt_make_contig(1);
+    void* sending = ucp_am_send_nbx(ep_, kRequestAm, header.data(), header.size(), data.data(), data.size(), &param);
+    if (UCS_PTR_IS_PTR(sending)) {
+      Progress([&] { return ucp_request_check_status(sending) != UCS_INPROGRESS; }, absl::Seconds(5));
+      ucp_request_free(sending);
+    }
+  }
+  // The answer to `call_id`, decoded, once it comes within `wait`.
+  std::optional<absl::Status> AnswerTo(uint64_t call_id, absl::Duration wait) {
+    Progress([&] { return answers_.count(call_id) > 0; }, wait);
+    auto it = answers_.find(call_id);
+    if (it == answers_.end()) return std::nullopt;
+    return it->second;
+  }
+  size_t answers() const { return answers_.size(); }
+
+ private:
+  void Progress(const std::function<bool()>& done, absl::Duration wait) {
+    const absl::Time deadline = absl::Now() + wait;
+    while (!done() && absl::Now() < deadline) {
+      if (ucp_worker_progress(worker_) == 0) absl::SleepFor(absl::Microseconds(50));
+    }
+  }
+  void OnAnswer(const void* header, size_t header_length, void* data, size_t length,
+                const ucp_am_recv_param_t* param) {
+    ResponseAmHeader h{};
+    if (header_length < sizeof(h) || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) return;  // answers here are small
+    std::memcpy(&h, header, sizeof(h));
+    std::vector<absl::string_view> chunks;
+    if (header_length > sizeof(h)) {
+      chunks.emplace_back(static_cast<const char*>(header) + sizeof(h), header_length - sizeof(h));
+    }
+    if (length > 0) chunks.emplace_back(static_cast<const char*>(data), length);
+    Response response;
+    absl::Status decoded = DecodeResponse(chunks, SIZE_MAX, &response);
+    answers_[h.call_id] = decoded.ok() ? ResponseStatus(response.header) : decoded;
+  }
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  ucp_ep_h ep_ = nullptr;
+  int fd_ = -1;
+  Welcome welcome_;
+  bool ready_ = false;
+  std::map<uint64_t, absl::Status> answers_;
+};
+
+std::string Bytes(const void* p, size_t n) { return std::string(static_cast<const char*>(p), n); }
+
+// Active messages from a client that passed the handshake, framed wrongly:
+// a header too short to be one, a wrong secret or connection id (dropped
+// unread), a frame length that disagrees with the header or the data, and
+// a frame of garbage (answered with DATA_LOSS or the codec's refusal).
+// None changes the variable; the same client's well-framed request then
+// works, so the drops are the server's doing, not the raw client's.
+TEST(UcxSecurityTest, GarbledActiveMessagesAreRefusedOrDroppedAndChangeNothing) {
+  auto transport = MakeUcx();
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport->Serve("127.0.0.1:0", &service).value();
+  {
+    auto channel = transport->Connect({"ps", 0}, server->address()).value();
+    Request create;
+    wire::VariableDef* def = create.header.mutable_create_variables()->add_variables();
+    def->set_name("v");
+    def->add_shape(3);
+    def->mutable_optimizer()->set_kind("sgd");
+    def->mutable_optimizer()->set_learning_rate(0.5);
+    create.tensors = {torch::ones({3})};
+    Response created;
+    ASSERT_TRUE(CallAndWait(*channel, create, &created, absl::Now() + absl::Seconds(5)).ok());
+  }
+  auto value = [&] {
+    std::vector<torch::Tensor> values;
+    std::vector<int64_t> versions;
+    EXPECT_TRUE(service.store().Read({"v"}, &values, &versions).ok());
+    return values.empty() ? torch::Tensor() : values[0].clone();
+  };
+  RawUcxClient raw(server->address(), "");
+  ASSERT_TRUE(raw.ready());
+  Request apply;
+  apply.header.mutable_apply_gradients()->add_names("v");
+  apply.tensors = {torch::ones({3})};
+  EncodedMessage encoded = EncodeRequest(apply).value();
+  ASSERT_EQ(encoded.bodies.size(), 1u);
+  const std::string frame = encoded.header_frame;
+  const std::string body = Bytes(encoded.bodies[0].data_ptr(), encoded.bodies[0].nbytes());
+  auto framed = [&](RequestAmHeader h, const std::string& frame_in_header) {
+    return Bytes(&h, sizeof(h)) + frame_in_header;
+  };
+
+  // Dropped unread: no answer at all.
+  raw.Send("short", body);
+  RequestAmHeader wrong_secret = raw.Header(1, frame.size());
+  wrong_secret.secret[0] ^= 1;
+  raw.Send(framed(wrong_secret, frame), body);
+  RequestAmHeader wrong_connection = raw.Header(2, frame.size());
+  wrong_connection.connection_id += 1;
+  raw.Send(framed(wrong_connection, frame), body);
+  EXPECT_FALSE(raw.AnswerTo(1, absl::Milliseconds(300)).has_value());
+  EXPECT_EQ(raw.answers(), 0u);
+
+  // Refused, naming what is wrong.
+  raw.Send(framed(raw.Header(3, frame.size() + 1), frame), body);  // the frame is 1 byte shorter than said
+  raw.Send(framed(raw.Header(4, 1000), ""), std::string(16, 'x'));  // a frame of 1000 bytes said to lead 16
+  raw.Send(framed(raw.Header(5, ~uint64_t{0}), ""), body);         // one of 2^64 - 1
+  std::string garbage = frame;
+  for (size_t i = 4; i < garbage.size(); ++i) garbage[i] = static_cast<char>(0xA5 ^ i);
+  raw.Send(framed(raw.Header(6, garbage.size()), garbage), body);
+  const std::pair<uint64_t, const char*> refusals[] = {{3, "a header of"}, {4, "a header frame of 1000 bytes in 16"},
+                                                       {5, "a header frame of"}, {6, ""}};
+  for (const auto& [call, says] : refusals) {
+    std::optional<absl::Status> answer = raw.AnswerTo(call, absl::Seconds(5));
+    ASSERT_TRUE(answer.has_value()) << "call " << call << " was not answered";
+    EXPECT_FALSE(answer->ok()) << "call " << call;
+    EXPECT_NE(answer->message().find(says), std::string::npos) << "call " << call << ": " << *answer;
+    EXPECT_NE(answer->message().find("/job:ps/task:0"), std::string::npos) << "call " << call << ": " << *answer;
+  }
+  EXPECT_TRUE(value().equal(torch::ones({3})));
+
+  // The same client, framing it right: applied once (1 - 0.5 * 1).
+  raw.Send(framed(raw.Header(7, frame.size()), frame), body);
+  std::optional<absl::Status> applied = raw.AnswerTo(7, absl::Seconds(5));
+  ASSERT_TRUE(applied.has_value());
+  EXPECT_TRUE(applied->ok()) << *applied;
+  EXPECT_TRUE(value().equal(torch::full({3}, 0.5f)));
+}
+
 TEST(UcxTransportTest, AServerKilledMidCallFailsTheCallAtOnceNamingTheTask) {
   ServerProcess server;
   StartServerProcess(&server);

@@ -21,41 +21,20 @@
 #include "shoal/core/codec.h"
 #include "shoal/core/constant_time.h"
 #include "shoal/core/status.h"
+#include "shoal/transport/ucx/am_format.h"
 #include "shoal/transport/ucx/handshake.h"
 #include "shoal/transport/ucx/ucx_loop.h"
 
 namespace shoal {
 namespace {
 
-constexpr unsigned kRequestAm = 11;
-constexpr unsigned kResponseAm = 12;
 constexpr size_t kHeaderSlack = 16 << 20;  // room for headers beyond the tensor payload
-// Tensor bytes start at this alignment after the codec's header frame, so
-// that the receiver can decode every tensor in place.
-constexpr size_t kBodyAlignment = 8;
 constexpr int kMaxPendingHandshakes = 64;
 // A server fetches at most this many largest messages' worth of requests at once.
 constexpr size_t kReceiveBudgetMessages = 2;
 constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
 // How long closing endpoints may take when a loop stops.
 constexpr absl::Duration kCloseTimeout = absl::Seconds(1);
-
-// shoal's fixed headers of an active message. The codec's header frame
-// (`frame_bytes`) follows the fixed header in the active message's header
-// when it fits (UCX's max_am_header): the data is then the tensors alone,
-// and a single tensor goes from its own memory with no copy of shoal's. Otherwise the frame leads the data, and the tensor bytes follow
-// it at the next alignment. The receiver tells the two apart by the
-// header's length.
-struct RequestAmHeader {
-  uint64_t connection_id;
-  ConnectionSecret secret;
-  uint64_t call_id;
-  uint64_t frame_bytes;
-};
-struct ResponseAmHeader {
-  uint64_t call_id;
-  uint64_t frame_bytes;
-};
 
 size_t AlignUp(size_t n) { return (n + kBodyAlignment - 1) / kBodyAlignment * kBodyAlignment; }
 
