@@ -535,11 +535,11 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
   auto rejoin = [&]() -> absl::Status {
     SHOAL_ASSIGN_OR_RETURN(step, client.AddToCounter(MemberStepCounter(me), 0));
     SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> now, client.Read({own.hparams, own.fitness}));
+    const Hyperparameters restored = FromTensor(now[0]);
     const float* published = now[1].data_ptr<float>();
     fitness = published[0];
     loss = published[1];
-    if (lead) SHOAL_RETURN_IF_ERROR(lineage->Write(MemberEvent(me, step, "rejoin", fitness, loss, FromTensor(now[0]))));
-    const Hyperparameters restored = FromTensor(now[0]);
+    if (lead) SHOAL_RETURN_IF_ERROR(lineage->Write(MemberEvent(me, step, "rejoin", fitness, loss, restored)));
     if (restored.batch_size != h.batch_size) {
       batches = std::make_unique<BatchIterator>(context.train_shard, restored.batch_size,
                                                 config.training.seed * 1000003 + context.worker_index + step);

@@ -50,7 +50,9 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
         route = route_;
         // Until the fast route has carried a call, its calls keep a copy of
         // the request, to be sent over gRPC if it cannot be reached.
-        if (route != control_ && !route_proven_) copy = std::make_shared<Waiting>(Waiting{request, response, deadline, nullptr});
+        if (route != control_ && !route_proven_) {
+          copy = std::make_shared<Waiting>(Waiting{request, response, deadline, nullptr});
+        }
       } else {
         // Wait for the task to say where it serves; the request's tensors
         // are kept by reference, as a transport's Call may.
