@@ -181,10 +181,12 @@ struct PsLoss {
 };
 class ModeFaultTest : public ::testing::TestWithParam<PsLoss> {};
 
-// A population member decides by its own latest fitness: every decision
-// in its lineage (in the order written) saw for itself the fitness of its
-// last eval, copy or rejoin, never one measured on values a restore has
-// since replaced.
+// A population member decides by the fitness it last logged: every
+// decision in its lineage (in the order written) saw for itself the
+// fitness of its last eval, copy or rejoin. This holds a rejoin's logged
+// fitness to the one the member then ranks itself by; the kill here comes
+// before the first evaluation, so the run alone cannot show a fitness made
+// stale by a restore.
 void ExpectDecisionsSeeTheirOwnLatestFitness(const std::string& lineage_dir) {
   int members = 0, decisions = 0;
   for (const auto& file : std::filesystem::directory_iterator(lineage_dir)) {
