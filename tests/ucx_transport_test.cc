@@ -24,9 +24,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "shoal/client/client.h"
+#include "shoal/core/codec.h"
 #include "shoal/transport/fast_path_transport.h"
 #include "shoal/transport/grpc/grpc_transport.h"
-#include "shoal/core/codec.h"
 #include "shoal/transport/ucx/am_format.h"
 #include "shoal/transport/ucx/handshake.h"
 
@@ -41,6 +41,19 @@ Request LookupRequest() {
 
 std::unique_ptr<UcxTransport> MakeUcx(UcxOptions options = {}) { return UcxTransport::Create(options).value(); }
 
+// A request creating variable `name` with `initial`'s shape and value,
+// trained by SGD (at `learning_rate`, or the default when 0).
+Request CreateSgdVariable(const std::string& name, const torch::Tensor& initial, double learning_rate = 0) {
+  Request create;
+  wire::VariableDef* def = create.header.mutable_create_variables()->add_variables();
+  def->set_name(name);
+  for (int64_t size : initial.sizes()) def->add_shape(size);
+  def->mutable_optimizer()->set_kind("sgd");
+  if (learning_rate > 0) def->mutable_optimizer()->set_learning_rate(learning_rate);
+  create.tensors = {initial};
+  return create;
+}
+
 // A long poll: waits `wait_ms` for a counter that never gets there, then
 // answers its value (0).
 Request NeverReachedCounterPoll(int wait_ms) {
@@ -51,19 +64,25 @@ Request NeverReachedCounterPoll(int wait_ms) {
   return poll;
 }
 
+// Binds TCP socket `fd` to a free loopback port; returns the port.
+int BindToFreeLoopbackPort(int fd) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  return ntohs(addr.sin_port);
+}
+
 // A loopback socket that listens (the kernel completes TCP's handshake) but
 // whose owner never reads or answers.
 struct SilentListener {
   SilentListener() {
     fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    const int port = BindToFreeLoopbackPort(fd);
     listen(fd, 4);
-    address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+    address = "127.0.0.1:" + std::to_string(port);
   }
   ~SilentListener() { close(fd); }
   int fd;
@@ -99,12 +118,7 @@ TEST(UcxSecurityTest, AConnectionWithoutTheRightTokenIsUnauthenticatedAndChanges
   auto server_transport = MakeUcx(server_options);
   VariableService service(VariableServiceOptions{"/job:ps/task:0"});
   auto server = server_transport->Serve("127.0.0.1:0", &service).value();
-  Request create;
-  wire::VariableDef* def = create.header.mutable_create_variables()->add_variables();
-  def->set_name("x");
-  def->add_shape(2);
-  def->mutable_optimizer()->set_kind("sgd");
-  create.tensors = {torch::zeros({2})};
+  const Request create = CreateSgdVariable("x", torch::zeros({2}));
   for (const std::string token : {"", "wrong-token!", "s3cret-tokeX"}) {
     UcxOptions options;
     options.token = token;
@@ -219,9 +233,6 @@ void StartServerProcess(ServerProcess* server) {
   close(fds[0]);
 }
 
-// A server process killed while a call waits in it: the call fails
-// UNAVAILABLE naming the task at once (the handshake socket closes), not at
-// its deadline.
 // A client of shoal's active-message framing, by hand (am_format.h): it
 // passes the handshake as shoal's own client does, then sends whatever
 // active messages a test makes, on its own thread.
@@ -350,13 +361,7 @@ TEST(UcxSecurityTest, GarbledActiveMessagesAreRefusedOrDroppedAndChangeNothing) 
   auto server = transport->Serve("127.0.0.1:0", &service).value();
   {
     auto channel = transport->Connect({"ps", 0}, server->address()).value();
-    Request create;
-    wire::VariableDef* def = create.header.mutable_create_variables()->add_variables();
-    def->set_name("v");
-    def->add_shape(3);
-    def->mutable_optimizer()->set_kind("sgd");
-    def->mutable_optimizer()->set_learning_rate(0.5);
-    create.tensors = {torch::ones({3})};
+    const Request create = CreateSgdVariable("v", torch::ones({3}), 0.5);
     Response created;
     ASSERT_TRUE(CallAndWait(*channel, create, &created, absl::Now() + absl::Seconds(5)).ok());
   }
@@ -416,6 +421,9 @@ TEST(UcxSecurityTest, GarbledActiveMessagesAreRefusedOrDroppedAndChangeNothing) 
   EXPECT_TRUE(value().equal(torch::full({3}, 0.5f)));
 }
 
+// A server process killed while a call waits in it: the call fails
+// UNAVAILABLE naming the task at once (the handshake socket closes), not at
+// its deadline.
 TEST(UcxTransportTest, AServerKilledMidCallFailsTheCallAtOnceNamingTheTask) {
   ServerProcess server;
   StartServerProcess(&server);
@@ -679,12 +687,7 @@ TEST(FastPathTransportTest, CallsGoOverUcxToThePortTheTaskAdvertises) {
   EXPECT_GT(port, 0);
   EXPECT_NE(absl::StrCat("127.0.0.1:", port), server->address());
   // A request that arrives over UCX names its peer as gRPC does.
-  Request create;
-  wire::VariableDef* def = create.header.mutable_create_variables()->add_variables();
-  def->set_name("v");
-  def->add_shape(3);
-  def->mutable_optimizer()->set_kind("sgd");
-  create.tensors = {torch::ones({3})};
+  const Request create = CreateSgdVariable("v", torch::ones({3}));
   Response created;
   ASSERT_TRUE(CallAndWait(*channel, create, &created, absl::Now() + absl::Seconds(5)).ok());
   EXPECT_TRUE(service.store().Lookup({"v"})[0].present);
@@ -743,14 +746,9 @@ TEST(FastPathTransportTest, TheControlPlaneServesOnlyOnceTheFastEndpointIsAdvert
 // A loopback port that nothing listens on (one was free a moment ago).
 int ClosedPort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = BindToFreeLoopbackPort(fd);
   close(fd);
-  return ntohs(addr.sin_port);
+  return port;
 }
 
 TEST(FastPathTransportTest, ATaskWhoseFastEndpointCannotBeReachedIsCalledOverGrpc) {
@@ -762,12 +760,7 @@ TEST(FastPathTransportTest, ATaskWhoseFastEndpointCannotBeReachedIsCalledOverGrp
   service.AdvertiseFastEndpoint("ucx", ClosedPort());
   FastPathTransport transport(std::make_unique<GrpcTransport>(), MakeUcx(), "ucx");
   auto channel = transport.Connect({"ps", 0}, server->address()).value();
-  Request create;
-  wire::VariableDef* def = create.header.mutable_create_variables()->add_variables();
-  def->set_name("v");
-  def->add_shape(3);
-  def->mutable_optimizer()->set_kind("sgd");
-  create.tensors = {torch::ones({3})};
+  const Request create = CreateSgdVariable("v", torch::ones({3}));
   Response created;
   // The first call, sent to the fast endpoint, goes again over gRPC; the
   // next goes over gRPC at once.
