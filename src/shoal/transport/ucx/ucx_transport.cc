@@ -242,13 +242,32 @@ absl::Status SplitReceived(const std::shared_ptr<char>& header_frame, const std:
   return absl::OkStatus();
 }
 
-// Closes endpoints to live peers, flushing what is in flight, and waits (at
-// most kCloseTimeout) for them to finish. (A connection that ends while its
-// transport goes on retires its worker instead: UcxLoop::RemoveWorker.)
-void CloseAll(UcxLoop* loop, const std::vector<ucp_ep_h>& endpoints) {
+// Whether the peer at the other end of liveness socket `fd` has closed it
+// (its process ended) or the socket failed: nothing sent to it can arrive.
+bool PeerHungUp(int fd) {
+  char byte;
+  const ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR));
+}
+
+// Closes endpoints as a transport stops, and waits (at most kCloseTimeout)
+// for them to finish: `live` ones flush what is in flight first (their
+// peers' liveness sockets must stay open until then: a peer retires its
+// worker when its socket closes, and a flush to a retired worker fails,
+// which UCX logs as an error); `gone` ones (PeerHungUp) are closed at once.
+// (A connection that ends while its transport goes on retires its worker
+// instead: UcxLoop::RemoveWorker.)
+void CloseAll(UcxLoop* loop, const std::vector<ucp_ep_h>& live, const std::vector<ucp_ep_h>& gone) {
   std::vector<void*> closing;
-  for (ucp_ep_h ep : endpoints) {
+  for (ucp_ep_h ep : live) {
     ucp_request_param_t param{};
+    ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
+    if (UCS_PTR_IS_PTR(request)) closing.push_back(request);
+  }
+  for (ucp_ep_h ep : gone) {
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
     ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
     if (UCS_PTR_IS_PTR(request)) closing.push_back(request);
   }
@@ -383,19 +402,19 @@ class UcxServer final : public ServerHandle {
     }
     for (auto& lane : lanes_) {
       lane->loop->Stop([lane = lane.get()] {
-        std::vector<ucp_ep_h> endpoints;
+        std::vector<ucp_ep_h> live, gone;
         for (auto& [id, connection] : lane->connections) {
           lane->loop->Unwatch(connection.fd);
-          close(connection.fd);
-          endpoints.push_back(connection.ep);
+          (PeerHungUp(connection.fd) ? gone : live).push_back(connection.ep);
         }
-        lane->connections.clear();  // their workers go with the loop
         for (auto& [fd, handshake] : lane->handshakes) {
           lane->loop->Unwatch(fd);
           close(fd);
         }
         lane->handshakes.clear();
-        CloseAll(lane->loop.get(), endpoints);
+        CloseAll(lane->loop.get(), live, gone);
+        for (auto& [id, connection] : lane->connections) close(connection.fd);
+        lane->connections.clear();  // their workers go with the loop
       });
     }
   }
@@ -560,11 +579,7 @@ class UcxServer final : public ServerHandle {
   // away (or broke the protocol). Either way the connection ends.
   void CheckAlive(Lane* lane, uint64_t id) {
     auto it = lane->connections.find(id);
-    if (it == lane->connections.end()) return;
-    char byte;
-    ssize_t n = recv(it->second.fd, &byte, 1, MSG_PEEK);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-    CloseConnection(lane, id);
+    if (it != lane->connections.end() && PeerHungUp(it->second.fd)) CloseConnection(lane, id);
   }
 
   // The client is gone (or broke the protocol): its worker is retired.
@@ -759,12 +774,12 @@ class UcxClientSide {
   // Fails every call and closes every connection; the loop stops.
   void Shutdown() {
     loop_->Stop([this] {
-      std::vector<ucp_ep_h> endpoints;
+      std::vector<ucp_ep_h> live, gone;
       for (auto& channel : channels_) {
-        if (channel->ep != nullptr) endpoints.push_back(channel->ep);
+        if (channel->ep != nullptr) (PeerHungUp(channel->fd) ? gone : live).push_back(channel->ep);
         channel->ep = nullptr;
       }
-      CloseAll(loop_.get(), endpoints);
+      CloseAll(loop_.get(), live, gone);  // then Disconnect closes the sockets
       for (auto& channel : channels_) {
         Disconnect(channel.get(), absl::UnavailableError(channel->where + " is unavailable: the transport closed"));
       }
@@ -915,9 +930,7 @@ class UcxClientSide {
   }
 
   void CheckAlive(const std::shared_ptr<ChannelState>& channel) {
-    char byte;
-    ssize_t n = recv(channel->fd, &byte, 1, MSG_PEEK);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (!PeerHungUp(channel->fd)) return;
     Disconnect(channel.get(),
                absl::UnavailableError(channel->where + " is unavailable: the connection closed (the task ended?)"));
   }
