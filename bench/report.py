@@ -76,6 +76,7 @@ embedding_bytes = [json.loads(l) for l in (out / "embedding_bytes.jsonl").read_t
 
 
 one_worker_runs = [json.loads(l) for l in (out / "one_worker.jsonl").read_text().split("\n") if l]
+under_load_runs = [json.loads(l) for l in (out / "main_under_load.jsonl").read_text().split("\n") if l]
 main_cpu_shares = json.loads((out / "main_cpu_shares.json").read_text())
 
 
@@ -135,6 +136,10 @@ ucx = {
     "one_worker_examples_per_second": {how: round(main_rate(how, one_worker_runs), 1) for how in ("inproc", "ucx")},
     "one_worker_ucx_processes_vs_inproc": round(main_rate("ucx", one_worker_runs) /
                                                 main_rate("inproc", one_worker_runs), 3),
+    # beside one busy process per core: does the fast path stay fast on a busy machine?
+    "main_job_under_load_examples_per_second": {how: round(main_rate(how, under_load_runs), 1)
+                                                for how in ("ucx", "grpc")},
+    "main_job_under_load_ucx_vs_grpc": round(main_rate("ucx", under_load_runs) / main_rate("grpc", under_load_runs), 3),
 }
 b = json.loads((out / "train.json").read_text())
 # shoal's steady rate leaves out the first 50 global steps, as the DDP peer

@@ -296,6 +296,23 @@ void UcxLoop::ProgressUntil(const std::function<bool()>& done, absl::Time deadli
   }
 }
 
+namespace {
+
+// A yield that keeps the loop from its core this long ran another thread's
+// time slice (a worker's step takes about 1 ms here; a CPU hog's slice is
+// several), and this many such yields within kContendedWindow mean the
+// core is contended. Measured on 2 cores, the main job as processes: idle,
+// a handful in 5 s of training; beside 2 busy processes, every few ms.
+constexpr absl::Duration kLongYield = absl::Milliseconds(2);
+constexpr absl::Duration kContendedWindow = absl::Milliseconds(100);
+
+}  // namespace
+
+bool UcxLoop::contended() const {
+  const absl::Time oldest = *std::min_element(std::begin(long_yields_), std::end(long_yields_));
+  return absl::Now() - oldest < kContendedWindow;
+}
+
 void UcxLoop::WaitForEvents(int timeout_ms) {
   epoll_event events[32];
   const int n = epoll_wait(epoll_fd_, events, 32, timeout_ms);
@@ -350,7 +367,10 @@ void UcxLoop::Run() {
     // memory died with sends queued to it (UCX 1.13 cannot cancel those).
     // The loop then stays awake, and must still look at its sockets: the
     // liveness socket reports that peer, and its worker is then removed.
-    const bool awake = busy || now - last_busy_ < stay_awake_;
+    // While the core is contended it does not stay awake after work (see
+    // the header); it then no longer yields either, so that after
+    // kContendedWindow it stays awake again and finds out afresh.
+    const bool awake = busy || (now - last_busy_ < stay_awake_ && !contended());
     if (!awake && ArmWorkers()) {
       sleeping_.store(true, std::memory_order_seq_cst);
       if (!has_posted_.load(std::memory_order_seq_cst)) WaitForEvents(MillisecondsToNextTimer());
@@ -363,7 +383,12 @@ void UcxLoop::Run() {
       WaitForEvents(0);
     }
     // Let a thread that has work (a worker's compute) have the core.
-    if (!busy) sched_yield();
+    if (!busy) {
+      const absl::Time before = absl::Now();
+      sched_yield();
+      const absl::Time after = absl::Now();
+      if (after - before > kLongYield) long_yields_[long_yields_seen_++ % std::size(long_yields_)] = after;
+    }
   }
 }
 

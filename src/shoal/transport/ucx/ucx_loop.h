@@ -19,6 +19,15 @@
 // only for a moment (`stay_awake`, microseconds) after it has worked, when
 // an answer is likely: an idle loop uses no CPU.
 //
+// While other threads keep its thread from the core (contended(): a CPU
+// hog, another job, a build beside the task), the loop sleeps as soon as
+// it is idle, for a thread that yields waits behind whole time slices of
+// the others, where one woken from epoll_wait runs at once; and the
+// transport sends large messages to shared-memory peers as one buffer,
+// which the receiver reads in one copy (cma) instead of UCX's FIFO
+// pipeline, whose dozens of hand-offs between the two loops per megabyte
+// each wait a time slice then.
+//
 // Also the loop thread only: AddWorker/RemoveWorker, Watch/Unwatch,
 // At/Cancel.
 #ifndef SHOAL_TRANSPORT_UCX_UCX_LOOP_H_
@@ -106,6 +115,9 @@ class UcxLoop {
   // dropped and Post returns false.
   bool Post(std::function<void()> task);
   bool InLoopThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  // Whether other threads have lately kept this loop's thread from its
+  // core (see above). Loop thread only.
+  bool contended() const;
 
   // A new worker, progressed by this loop until RemoveWorker.
   absl::StatusOr<UcxWorker*> AddWorker();
@@ -162,6 +174,10 @@ class UcxLoop {
   bool stop_now_ = false;
   absl::Time last_busy_;
   absl::Duration stay_awake_;
+  // When the last few yields that gave the core away for long came back
+  // (a ring, the oldest overwritten).
+  absl::Time long_yields_[3] = {absl::InfinitePast(), absl::InfinitePast(), absl::InfinitePast()};
+  size_t long_yields_seen_ = 0;
   std::atomic<bool> has_posted_{false};
   std::atomic<bool> sleeping_{false};  // in (or about to enter) epoll_wait
 
