@@ -29,6 +29,7 @@
 #include "shoal/transport/grpc/grpc_transport.h"
 #include "shoal/transport/ucx/am_format.h"
 #include "shoal/transport/ucx/handshake.h"
+#include "shoal/transport/ucx/ucx_loop.h"
 
 namespace shoal {
 namespace {
@@ -657,6 +658,43 @@ TEST(UcxTransportTest, ACountOfLanesBelowOneIsRefused) {
   absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(options);
   EXPECT_TRUE(absl::IsInvalidArgument(transport.status())) << transport.status();
   EXPECT_NE(transport.status().message().find("connections_per_peer"), std::string::npos);
+}
+
+// A loop counts its core contended when its yields keep it off the core
+// (3 within 100 ms, each over 2 ms), and then sleeps as soon as it is idle
+// instead of polling and yielding after work. Yields slowed by hand stand
+// in for a busy machine, instant ones for an idle one.
+TEST(UcxLoopTest, YieldsThatKeepItOffItsCoreMakeItSleepWhenIdleInsteadOfPolling) {
+  auto context = UcxContext::Create("").value();
+  // Work every 5 ms for 300 ms, each piece keeping a loop that is not
+  // contended polling (and yielding) for the 50 ms after it. Returns the
+  // yields made; `*contended` says whether the work ever found it contended.
+  auto yields_while_working = [&](absl::Duration each_yield_takes, bool* contended) {
+    std::atomic<int> yields{0};
+    std::atomic<bool> seen{false};
+    auto loop = UcxLoop::Create(context, "test loop", absl::Milliseconds(50), [&] {
+                  ++yields;
+                  if (each_yield_takes > absl::ZeroDuration()) absl::SleepFor(each_yield_takes);
+                }).value();
+    for (int i = 0; i < 60; ++i) {
+      loop->Post([&seen, raw = loop.get()] {
+        if (raw->contended()) seen = true;
+      });
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    loop.reset();  // the thread joined: every yield counted
+    *contended = seen;
+    return yields.load();
+  };
+  bool contended = false;
+  const int slow = yields_while_working(absl::Milliseconds(3), &contended);
+  EXPECT_TRUE(contended);
+  // Polling after every piece of work would yield throughout: about 100
+  // yields of 3 ms. Contended, the loop yields only while it finds that
+  // out again, 3 yields every 100 ms.
+  EXPECT_LT(slow, 40);
+  const int quick = yields_while_working(absl::ZeroDuration(), &contended);
+  EXPECT_GT(quick, 100) << "a loop that is not contended polls and yields after work";
 }
 
 TEST(UcxTransportTest, IdleLoopsUseNoCpu) {

@@ -54,9 +54,10 @@ UcxContext::~UcxContext() {
 }
 
 absl::StatusOr<std::unique_ptr<UcxLoop>> UcxLoop::Create(std::shared_ptr<UcxContext> context, std::string name,
-                                                          absl::Duration stay_awake) {
+                                                          absl::Duration stay_awake, std::function<void()> yield) {
   std::unique_ptr<UcxLoop> loop(new UcxLoop(std::move(context), std::move(name)));
   loop->stay_awake_ = stay_awake;
+  loop->yield_ = yield != nullptr ? std::move(yield) : [] { sched_yield(); };
   if (loop->epoll_fd_ < 0 || loop->wake_fd_ < 0) {
     return absl::InternalError(absl::StrCat(loop->name_, ": cannot set up the UCX loop's wake-ups"));
   }
@@ -385,7 +386,7 @@ void UcxLoop::Run() {
     // Let a thread that has work (a worker's compute) have the core.
     if (!busy) {
       const absl::Time before = absl::Now();
-      sched_yield();
+      yield_();
       const absl::Time after = absl::Now();
       if (after - before > kLongYield) long_yields_[long_yields_seen_++ % std::size(long_yields_)] = after;
     }

@@ -103,9 +103,12 @@ class UcxWorker {
 class UcxLoop {
  public:
   // Starts the thread. `name` appears in errors. After any work the thread
-  // keeps progressing for `stay_awake` before it sleeps (0: sleeps at once).
+  // keeps progressing for `stay_awake` before it sleeps (0: sleeps at once),
+  // giving its core away between polls with `yield` (sched_yield unless a
+  // test passes another).
   static absl::StatusOr<std::unique_ptr<UcxLoop>> Create(std::shared_ptr<UcxContext> context, std::string name,
-                                                         absl::Duration stay_awake);
+                                                         absl::Duration stay_awake,
+                                                         std::function<void()> yield = nullptr);
   // Runs `before_stop` on the loop thread (closing endpoints), then stops
   // and joins the thread and destroys the workers. Not from the loop thread.
   ~UcxLoop();
@@ -174,6 +177,7 @@ class UcxLoop {
   bool stop_now_ = false;
   absl::Time last_busy_;
   absl::Duration stay_awake_;
+  std::function<void()> yield_;
   // When the last few yields that gave the core away for long came back
   // (a ring, the oldest overwritten).
   absl::Time long_yields_[3] = {absl::InfinitePast(), absl::InfinitePast(), absl::InfinitePast()};
