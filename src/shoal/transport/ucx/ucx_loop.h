@@ -22,11 +22,7 @@
 // While other threads keep its thread from the core (contended(): a CPU
 // hog, another job, a build beside the task), the loop sleeps as soon as
 // it is idle, for a thread that yields waits behind whole time slices of
-// the others, where one woken from epoll_wait runs at once; and the
-// transport sends large messages to shared-memory peers as one buffer,
-// which the receiver reads in one copy (cma) instead of UCX's FIFO
-// pipeline, whose dozens of hand-offs between the two loops per megabyte
-// each wait a time slice then.
+// the others, where one woken from epoll_wait runs at once.
 //
 // Also the loop thread only: AddWorker/RemoveWorker, Watch/Unwatch,
 // At/Cancel.

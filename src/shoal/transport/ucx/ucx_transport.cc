@@ -103,9 +103,8 @@ void Flatten(Outgoing* out) {
   out->encoded.bodies.clear();
 }
 
-// Hands `out` to UCX, on `ep` of `worker`, as one buffer when `contiguous`
-// (to a peer without shared memory, or while the loop's core is contended:
-// UcxLoop::contended()). Returns the failure if UCX refused it at once.
+// Hands `out` to UCX, on `ep` of `worker`. Returns the failure if UCX
+// refused it at once.
 ucs_status_t SendAm(UcxWorker* worker, ucp_ep_h ep, unsigned id, std::unique_ptr<Outgoing> out, bool contiguous) {
   LayOut(*worker, out.get());
   if (contiguous) Flatten(out.get());
@@ -124,8 +123,9 @@ ucs_status_t SendAm(UcxWorker* worker, ucp_ep_h ep, unsigned id, std::unique_ptr
   // To a peer over shared memory even one buffer goes as an I/O vector:
   // UCX 1.13 then pipelines it through its FIFO, both sides copying at
   // once, where one buffer is read by the receiver alone (cma), which
-  // measured 10-30% slower here for 1 MiB on an idle machine (and 3x
-  // faster for the main job beside two busy processes: see `contiguous`).
+  // measured 10-30% slower here for 1 MiB. (On a busy machine cma was 3x
+  // faster for the main job, but UCX 1.13 aborts the reading process when
+  // the peer dies during a cma read: a killed ps would take its workers.)
   if (count == 0) {
     param.datatype = ucp_dt_make_contig(1);
     buffer = nullptr;
@@ -726,8 +726,7 @@ class UcxServer final : public ServerHandle {
     }
     ResponseAmHeader h{call_id, encoded->header_frame.size()};
     SendAm(connection->second.worker, connection->second.ep, kResponseAm,
-           MakeOutgoing(*std::move(encoded), &h, sizeof(h)),
-           connection->second.contiguous || lane->loop->contended());
+           MakeOutgoing(*std::move(encoded), &h, sizeof(h)), connection->second.contiguous);
   }
 
   std::vector<std::unique_ptr<Lane>> lanes_;
@@ -991,8 +990,8 @@ class UcxClientSide {
     header.call_id = id;
     std::memcpy(call.outgoing->am_header.data(), &header, sizeof(header));
     channel->in_flight.insert(id);
-    ucs_status_t status = SendAm(channel->worker, channel->ep, kRequestAm, std::move(call.outgoing),
-                                 channel->contiguous || loop_->contended());
+    ucs_status_t status =
+        SendAm(channel->worker, channel->ep, kRequestAm, std::move(call.outgoing), channel->contiguous);
     if (status != UCS_OK) {
       Finish(id, absl::UnavailableError(absl::StrCat(channel->where, " is unavailable: ", UcxError(status))));
     }
