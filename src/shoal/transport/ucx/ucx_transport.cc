@@ -261,18 +261,17 @@ bool PeerHungUp(int fd) {
 // instead: UcxLoop::RemoveWorker.)
 void CloseAll(UcxLoop* loop, const std::vector<ucp_ep_h>& live, const std::vector<ucp_ep_h>& gone) {
   std::vector<void*> closing;
-  for (ucp_ep_h ep : live) {
+  auto close = [&](ucp_ep_h ep, bool force) {
     ucp_request_param_t param{};
+    if (force) {
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    }
     ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
     if (UCS_PTR_IS_PTR(request)) closing.push_back(request);
-  }
-  for (ucp_ep_h ep : gone) {
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
-    if (UCS_PTR_IS_PTR(request)) closing.push_back(request);
-  }
+  };
+  for (ucp_ep_h ep : live) close(ep, /*force=*/false);
+  for (ucp_ep_h ep : gone) close(ep, /*force=*/true);
   loop->ProgressUntil(
       [&] {
         for (void* r : closing) {
