@@ -41,7 +41,7 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
   void Call(const Request& request, Response* response, absl::Time deadline,
             std::function<void(absl::Status)> done) override {
     std::shared_ptr<Channel> route;
-    std::shared_ptr<Waiting> copy;
+    std::shared_ptr<const Request> resend;
     bool ask = false;
     {
       absl::MutexLock lock(&mu_);
@@ -50,9 +50,7 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
         route = route_;
         // Until the fast route has carried a call, its calls keep a copy of
         // the request, to be sent over gRPC if it cannot be reached.
-        if (route != control_ && !route_proven_) {
-          copy = std::make_shared<Waiting>(Waiting{request, response, deadline, nullptr});
-        }
+        if (route != control_ && !route_proven_) resend = std::make_shared<Request>(request);
       } else {
         // Wait for the task to say where it serves; the request's tensors
         // are kept by reference, as a transport's Call may.
@@ -62,7 +60,7 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
       }
     }
     if (route != nullptr) {
-      Send(route, request, response, deadline, std::move(done), std::move(copy));
+      Send(route, request, response, deadline, std::move(done), std::move(resend));
     } else if (ask) {
       Ask(deadline);
     }
@@ -76,17 +74,18 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
     std::function<void(absl::Status)> done;
   };
 
-  // `copy` (or null): the request, to send again over gRPC should `route`
-  // turn out to be a fast route that cannot be reached.
+  // `resend` (or null): a copy of the request, to send again over gRPC
+  // should `route` turn out to be a fast route that cannot be reached.
   void Send(const std::shared_ptr<Channel>& route, const Request& request, Response* response, absl::Time deadline,
-            std::function<void(absl::Status)> done, std::shared_ptr<Waiting> copy) {
+            std::function<void(absl::Status)> done, std::shared_ptr<const Request> resend) {
     if (route == control_) {
       route->Call(request, response, deadline, std::move(done));
       return;
     }
     std::weak_ptr<FastPathChannel> self = weak_from_this();
     route->Call(request, response, deadline,
-                [self, route, response, copy = std::move(copy), done = std::move(done)](absl::Status status) mutable {
+                [self, route, response, deadline, resend = std::move(resend),
+                 done = std::move(done)](absl::Status status) mutable {
                   auto channel = self.lock();
                   // The server's own verdict (it answered: the route works),
                   // or the transport's failure to reach it.
@@ -96,8 +95,8 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
                   } else if (answered || (!absl::IsUnavailable(status) && !absl::IsDeadlineExceeded(status))) {
                     channel->Carried(route);
                     done(std::move(status));
-                  } else if (channel->Failed(route, status) && copy != nullptr) {
-                    channel->control_->Call(copy->request, copy->response, copy->deadline, std::move(done));
+                  } else if (channel->Failed(route, status) && resend != nullptr) {
+                    channel->control_->Call(*resend, response, deadline, std::move(done));
                   } else {
                     done(std::move(status));
                   }
@@ -118,18 +117,22 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
   // be reached from here (a firewall, no common network) while the task
   // answers over gRPC: calls go over gRPC for a while. True then.
   bool Failed(const std::shared_ptr<Channel>& route, const absl::Status& status) {
-    absl::MutexLock lock(&mu_);
-    if (route_ != route) return false;  // already replaced
-    if (route_proven_) {
-      route_ = nullptr;
-      return false;
+    std::string fast_address;
+    {
+      absl::MutexLock lock(&mu_);
+      if (route_ != route) return false;  // already replaced
+      if (route_proven_) {
+        route_ = nullptr;
+        return false;
+      }
+      route_ = control_;
+      fall_back_until_ = absl::Now() + kFallBackFor;
+      fast_address = fast_address_;
     }
-    route_ = control_;
-    fall_back_until_ = absl::Now() + kFallBackFor;
     absl::FPrintF(stderr,
                   "shoal: %s serves %s at %s, which this task cannot reach (%s); calling it over gRPC for the "
                   "next %s\n",
-                  task().ToString(), fast_kind_, fast_address_, status.ToString(),
+                  task().ToString(), fast_kind_, fast_address, status.ToString(),
                   absl::StrCat(absl::ToInt64Seconds(kFallBackFor), " s"));
     return true;
   }
@@ -177,8 +180,10 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
       if (route == nullptr) {
         w->done(failure);
       } else {
+        // The waiting call's own copy of the request serves as the resend.
         auto done = std::move(w->done);
-        Send(route, w->request, w->response, w->deadline, std::move(done), w);
+        std::shared_ptr<const Request> resend(w, &w->request);
+        Send(route, w->request, w->response, w->deadline, std::move(done), std::move(resend));
       }
     }
   }
