@@ -165,7 +165,10 @@ TEST_P(TorchScriptModeTest, TwoWorkersTrainAScriptedModuleAndLearn) {
   JobConfig config = QuickJob(GetParam());
   config.model.kind = "torchscript";
   config.model.path = (dir / "net.pt").string();
-  config.training.epochs = 1;
+  // Two epochs: after one, downpour's local replicas (4 steps between
+  // fetches) ended at 0.76-0.78 on an idle machine and once at 0.6955 in a
+  // loaded CI run, too near the bar.
+  config.training.epochs = 2;
   ASSERT_TRUE(ValidateJobConfig(config).ok());
   auto report = TrainInProcess(config, InProcOptions{}, nullptr);
   ASSERT_TRUE(report.ok()) << report.status();
