@@ -25,8 +25,10 @@
 #include "absl/synchronization/notification.h"
 #include "shoal/client/client.h"
 #include "shoal/core/codec.h"
+#include "shoal/core/status.h"
 #include "shoal/transport/fast_path_transport.h"
 #include "shoal/transport/grpc/grpc_transport.h"
+#include "shoal/transport/route_trial.h"
 #include "shoal/transport/ucx/am_format.h"
 #include "shoal/transport/ucx/handshake.h"
 #include "shoal/transport/ucx/ucx_loop.h"
@@ -779,6 +781,67 @@ TEST(FastPathTransportTest, TheControlPlaneServesOnlyOnceTheFastEndpointIsAdvert
   ASSERT_TRUE(CallAndWait(*channel, ask, &endpoints, absl::Now() + absl::Seconds(5)).ok());
   EXPECT_EQ(endpoints.header.endpoints().fast_kind(), "ucx");
   EXPECT_GT(endpoints.header.endpoints().fast_port(), 0);
+}
+
+// Delays each call over a real transport's channels by `delay`, and counts
+// the calls.
+class DelayedTransport final : public Transport {
+ public:
+  DelayedTransport(std::unique_ptr<Transport> real, absl::Duration delay) : real_(std::move(real)), delay_(delay) {}
+  absl::StatusOr<std::unique_ptr<ServerHandle>> Serve(const std::string& address, VariableService* service) override {
+    return real_->Serve(address, service);
+  }
+  absl::StatusOr<std::shared_ptr<Channel>> Connect(const TaskId& task, const std::string& address) override {
+    SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<Channel> real, real_->Connect(task, address));
+    return std::shared_ptr<Channel>(std::make_shared<DelayedChannel>(task, std::move(real), delay_, &calls));
+  }
+  std::atomic<int64_t> calls{0};
+
+ private:
+  class DelayedChannel final : public Channel {
+   public:
+    DelayedChannel(TaskId task, std::shared_ptr<Channel> real, absl::Duration delay, std::atomic<int64_t>* calls)
+        : Channel(std::move(task)), real_(std::move(real)), delay_(delay), calls_(calls) {}
+    void Call(const Request& request, Response* response, absl::Time deadline,
+              std::function<void(absl::Status)> done) override {
+      ++*calls_;
+      absl::SleepFor(delay_);
+      real_->Call(request, response, deadline, std::move(done));
+    }
+
+   private:
+    std::shared_ptr<Channel> real_;
+    absl::Duration delay_;
+    std::atomic<int64_t>* calls_;
+  };
+  std::unique_ptr<Transport> real_;
+  absl::Duration delay_;
+};
+
+TEST(FastPathTransportTest, CallsMoveToGrpcWhenItCarriesMoreOfThem) {
+  // As beside processes that keep every core busy, when UCX's shared
+  // memory carries fewer calls a second than gRPC's sockets.
+  auto fast = std::make_unique<DelayedTransport>(MakeUcx(), absl::Milliseconds(5));
+  DelayedTransport* fast_seen = fast.get();
+  FastPathTransport transport(std::make_unique<GrpcTransport>(), std::move(fast), "ucx");
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport.Serve("127.0.0.1:0", &service).value();
+  auto channel = transport.Connect({"ps", 0}, server->address()).value();
+  auto call_for = [&](absl::Duration span) {
+    const absl::Time end = absl::Now() + span;
+    int calls = 0;
+    for (; absl::Now() < end; ++calls) {
+      Response response;
+      EXPECT_TRUE(CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(10)).ok());
+    }
+    return calls;
+  };
+  // Past the first trial (kPhase over each route after a second).
+  call_for(RouteTrial::kFirstTrialAfter + 2 * RouteTrial::kPhase + absl::Milliseconds(100));
+  const int64_t fast_before = fast_seen->calls;
+  const int calls = call_for(absl::Seconds(1));
+  EXPECT_EQ(fast_seen->calls - fast_before, 0) << "of " << calls << " calls after the trial";
+  EXPECT_GT(calls, 0);
 }
 
 // A loopback port that nothing listens on (one was free a moment ago).

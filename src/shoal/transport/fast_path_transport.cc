@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "shoal/core/status.h"
+#include "shoal/transport/route_trial.h"
 
 namespace shoal {
 namespace {
@@ -51,6 +52,12 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
         // Until the fast route has carried a call, its calls keep a copy of
         // the request, to be sent over gRPC if it cannot be reached.
         if (route != control_ && !route_proven_) resend = std::make_shared<Request>(request);
+        // Once it has, calls may try gRPC (long polls, which answer when
+        // something else happens, stay where they are).
+        if (route != control_ && route_proven_ && !VariableService::MayWait(request) &&
+            trial_.Pick(absl::Now()) == RouteTrial::kControl) {
+          route = control_;
+        }
       } else {
         // Wait for the task to say where it serves; the request's tensors
         // are kept by reference, as a transport's Call may.
@@ -202,6 +209,7 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
   std::string fast_address_ ABSL_GUARDED_BY(mu_);
   bool asking_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<std::shared_ptr<Waiting>> waiting_ ABSL_GUARDED_BY(mu_);
+  RouteTrial trial_;  // once route_ is a proven fast route: it or gRPC
 };
 
 }  // namespace

@@ -9,7 +9,9 @@
 // then sends every call over the fast transport to that port. A task that
 // advertises none (transport.kind: grpc, or TLS) is called over gRPC. When
 // a fast connection is lost, the channel asks again on the next call (the
-// task may have restarted elsewhere).
+// task may have restarted elsewhere). Once the fast route has carried a
+// call, a RouteTrial now and then counts calls over each route, and the
+// channel keeps to gRPC while gRPC carries clearly more (a busy machine).
 //
 // Thread-safe. Servers and channels must not outlive the transport.
 #ifndef SHOAL_TRANSPORT_FAST_PATH_TRANSPORT_H_
