@@ -2,17 +2,22 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 namespace shoal {
 namespace {
 
 // Calls made back to back for `span`, each taking `fast` or `control` by
 // the route it was given, starting at `*now` (advanced); returns how many
-// took the control route.
-int CallFor(RouteTrial& trial, absl::Time* now, absl::Duration span, absl::Duration fast, absl::Duration control) {
+// took the control route. Moves are added to `*moves` when given.
+int CallFor(RouteTrial& trial, absl::Time* now, absl::Duration span, absl::Duration fast, absl::Duration control,
+            std::vector<RouteTrial::Choice>* moves = nullptr) {
   const absl::Time end = *now + span;
   int over_control = 0;
   while (*now < end) {
-    const RouteTrial::Route route = trial.Pick(*now);
+    const RouteTrial::Choice choice = trial.Pick(*now);
+    if (choice.moved && moves != nullptr) moves->push_back(choice);
+    const RouteTrial::Route route = choice.route;
     over_control += route == RouteTrial::kControl;
     *now += route == RouteTrial::kFast ? fast : control;
   }
@@ -36,9 +41,15 @@ TEST(RouteTrialTest, MovesToTheRouteThatCarriedMoreCallsAndBackWhenItNoLongerDoe
   RouteTrial trial;
   absl::Time now = absl::FromUnixSeconds(1000);
   // As beside busy processes: gRPC carries 2.5x the calls.
+  std::vector<RouteTrial::Choice> moves;
   CallFor(trial, &now, RouteTrial::kFirstTrialAfter + 2 * RouteTrial::kPhase + absl::Milliseconds(5),
-          absl::Microseconds(2500), absl::Microseconds(1000));
+          absl::Microseconds(2500), absl::Microseconds(1000), &moves);
   EXPECT_EQ(trial.preferred(), RouteTrial::kControl);
+  // The move is reported once, with each route's calls a second.
+  ASSERT_EQ(moves.size(), 1u);
+  EXPECT_EQ(moves[0].route, RouteTrial::kControl);
+  EXPECT_NEAR(moves[0].rate_left, 400, 5);
+  EXPECT_NEAR(moves[0].rate_taken, 1000, 5);
   const int over_control = CallFor(trial, &now, absl::Seconds(5), absl::Microseconds(2500), absl::Microseconds(1000));
   EXPECT_EQ(over_control, 5000) << "every call over the control route until the next trial";
   // The load gone: the next trial finds the fast route carrying 1.6x.

@@ -44,6 +44,7 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
     std::shared_ptr<Channel> route;
     std::shared_ptr<const Request> resend;
     bool ask = false;
+    RouteTrial::Choice choice{RouteTrial::kFast};
     {
       absl::MutexLock lock(&mu_);
       if (route_ == control_ && absl::Now() >= fall_back_until_) route_ = nullptr;  // time to try the fast path again
@@ -54,9 +55,9 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
         if (route != control_ && !route_proven_) resend = std::make_shared<Request>(request);
         // Once it has, calls may try gRPC (long polls, which answer when
         // something else happens, stay where they are).
-        if (route != control_ && route_proven_ && !VariableService::MayWait(request) &&
-            trial_.Pick(absl::Now()) == RouteTrial::kControl) {
-          route = control_;
+        if (route != control_ && route_proven_ && !VariableService::MayWait(request)) {
+          choice = trial_.Pick(absl::Now());
+          if (choice.route == RouteTrial::kControl) route = control_;
         }
       } else {
         // Wait for the task to say where it serves; the request's tensors
@@ -66,6 +67,7 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
         asking_ = true;
       }
     }
+    if (choice.moved) SayMoved(choice);
     if (route != nullptr) {
       Send(route, request, response, deadline, std::move(done), std::move(resend));
     } else if (ask) {
@@ -108,6 +110,16 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
                     done(std::move(status));
                   }
                 });
+  }
+
+  void SayMoved(const RouteTrial::Choice& choice) {
+    const bool to_grpc = choice.route == RouteTrial::kControl;
+    absl::FPrintF(stderr,
+                  "shoal: calls to %s now go over %s, which carried %.0f a second against %.0f over %s%s; "
+                  "trying %s again every %d s\n",
+                  task().ToString(), to_grpc ? "gRPC" : fast_kind_, choice.rate_taken, choice.rate_left,
+                  to_grpc ? fast_kind_ : "gRPC", to_grpc ? " (a busy machine?)" : "", to_grpc ? fast_kind_ : "gRPC",
+                  absl::ToInt64Seconds(RouteTrial::kTrialEvery));
   }
 
   void Carried(const std::shared_ptr<Channel>& route) {

@@ -32,8 +32,16 @@ class RouteTrial {
   static constexpr absl::Duration kPhase = absl::Milliseconds(250);
   static constexpr double kMoveAbove = 1.25;
 
+  struct Choice {
+    Route route;  // for the call
+    // Set when this call ended a trial that moved the channel to `route`:
+    // calls a second over the route left and over `route`.
+    bool moved = false;
+    double rate_left = 0, rate_taken = 0;
+  };
+
   // The route for a call made at `now`.
-  Route Pick(absl::Time now);
+  Choice Pick(absl::Time now);
 
   Route preferred() const;
 
