@@ -33,7 +33,7 @@ class RouteTrial {
   static constexpr double kMoveAbove = 1.25;
 
   struct Choice {
-    Route route;  // for the call
+    Route route = kFast;  // for the call
     // Set when this call ended a trial that moved the channel to `route`:
     // calls a second over the route left and over `route`.
     bool moved = false;
