@@ -138,7 +138,8 @@ ucx = {
                                                 main_rate("inproc", one_worker_runs), 3),
     # beside one busy process per core: does the fast path stay fast on a busy machine?
     "main_job_under_load_examples_per_second": {how: round(main_rate(how, under_load_runs), 1)
-                                                for how in ("ucx", "grpc")},
+                                                for how in ("auto", "ucx", "grpc")},
+    "main_job_under_load_auto_vs_grpc": round(main_rate("auto", under_load_runs) / main_rate("grpc", under_load_runs), 3),
     "main_job_under_load_ucx_vs_grpc": round(main_rate("ucx", under_load_runs) / main_rate("grpc", under_load_runs), 3),
 }
 b = json.loads((out / "train.json").read_text())

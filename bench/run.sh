@@ -35,12 +35,12 @@ for round in 1 2 3; do
   done
 done
 
-echo "(e) the main job beside a CPU load (one busy process per core, as a build or another job would be): over UCX and over gRPC, alternating, 2 rounds" >&2
+echo "(e) the main job beside a CPU load (one busy process per core, as a build or another job would be): auto (the default: UCX, with route trials), UCX alone and gRPC, alternating, 2 rounds" >&2
 : > "$out/main_under_load.jsonl"
 hogs=()
 for _ in $(seq "$(nproc)"); do yes > /dev/null & hogs+=($!); done
 for round in 1 2; do
-  for how in ucx grpc; do
+  for how in auto ucx grpc; do
     build/shoal train --processes --transport "$how" --max_steps 3000 --quiet --result_file "$out/main_under_load_$how.json" >&2
     printf '{"how": "%s", "result": %s}\n' "$how" "$(tr -d '\n' < "$out/main_under_load_$how.json")" >> "$out/main_under_load.jsonl"
   done

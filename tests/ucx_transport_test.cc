@@ -844,6 +844,23 @@ TEST(FastPathTransportTest, CallsMoveToGrpcWhenItCarriesMoreOfThem) {
   EXPECT_GT(calls, 0);
 }
 
+TEST(FastPathTransportTest, WithoutRouteTrialsEveryCallStaysOnTheFastRoute) {
+  // transport.kind: ucx, however slow the UCX route.
+  auto fast = std::make_unique<DelayedTransport>(MakeUcx(), absl::Milliseconds(5));
+  DelayedTransport* fast_seen = fast.get();
+  FastPathTransport transport(std::make_unique<GrpcTransport>(), std::move(fast), "ucx", /*try_routes=*/false);
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport.Serve("127.0.0.1:0", &service).value();
+  auto channel = transport.Connect({"ps", 0}, server->address()).value();
+  const absl::Time end = absl::Now() + RouteTrial::kFirstTrialAfter + 2 * RouteTrial::kPhase + absl::Milliseconds(300);
+  int calls = 0;
+  for (; absl::Now() < end; ++calls) {
+    Response response;
+    ASSERT_TRUE(CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(10)).ok());
+  }
+  EXPECT_EQ(fast_seen->calls, calls);
+}
+
 // A loopback port that nothing listens on (one was free a moment ago).
 int ClosedPort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -59,7 +59,10 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const JobConfig& config
     });
     return std::unique_ptr<Transport>(std::move(grpc));
   }
-  return std::unique_ptr<Transport>(std::make_unique<FastPathTransport>(std::move(grpc), *std::move(ucx), "ucx"));
+  // `auto` moves a channel to gRPC while gRPC carries more (a busy
+  // machine); `ucx` keeps every call on UCX.
+  return std::unique_ptr<Transport>(
+      std::make_unique<FastPathTransport>(std::move(grpc), *std::move(ucx), "ucx", /*try_routes=*/kind == "auto"));
 }
 
 namespace {

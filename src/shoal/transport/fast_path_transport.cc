@@ -35,9 +35,9 @@ constexpr absl::Duration kFallBackFor = absl::Seconds(60);
 class FastPathChannel final : public Channel, public std::enable_shared_from_this<FastPathChannel> {
  public:
   FastPathChannel(TaskId task, std::string address, std::shared_ptr<Channel> control, Transport* fast,
-                  std::string fast_kind)
+                  std::string fast_kind, bool try_routes)
       : Channel(std::move(task)), host_(HostPart(address)), control_(std::move(control)), fast_(fast),
-        fast_kind_(std::move(fast_kind)) {}
+        fast_kind_(std::move(fast_kind)), try_routes_(try_routes) {}
 
   void Call(const Request& request, Response* response, absl::Time deadline,
             std::function<void(absl::Status)> done) override {
@@ -55,7 +55,7 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
         if (route != control_ && !route_proven_) resend = std::make_shared<Request>(request);
         // Once it has, calls may try gRPC (long polls, which answer when
         // something else happens, stay where they are).
-        if (route != control_ && route_proven_ && !VariableService::MayWait(request)) {
+        if (try_routes_ && route != control_ && route_proven_ && !VariableService::MayWait(request)) {
           choice = trial_.Pick(absl::Now());
           if (choice.route == RouteTrial::kControl) route = control_;
         }
@@ -211,6 +211,7 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
   const std::shared_ptr<Channel> control_;
   Transport* const fast_;
   const std::string fast_kind_;
+  const bool try_routes_;
   absl::Mutex mu_;
   // Null until the task has said; control_ for a task that serves gRPC
   // only, or (until fall_back_until_) one whose fast endpoint is out of
@@ -227,8 +228,8 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
 }  // namespace
 
 FastPathTransport::FastPathTransport(std::unique_ptr<Transport> control, std::unique_ptr<Transport> fast,
-                                     std::string fast_kind)
-    : control_(std::move(control)), fast_(std::move(fast)), fast_kind_(std::move(fast_kind)) {}
+                                     std::string fast_kind, bool try_routes)
+    : control_(std::move(control)), fast_(std::move(fast)), fast_kind_(std::move(fast_kind)), try_routes_(try_routes) {}
 
 absl::StatusOr<std::unique_ptr<ServerHandle>> FastPathTransport::Serve(const std::string& address,
                                                                       VariableService* service) {
@@ -250,7 +251,7 @@ absl::StatusOr<std::unique_ptr<ServerHandle>> FastPathTransport::Serve(const std
 absl::StatusOr<std::shared_ptr<Channel>> FastPathTransport::Connect(const TaskId& task, const std::string& address) {
   SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<Channel> control, control_->Connect(task, address));
   return std::shared_ptr<Channel>(
-      std::make_shared<FastPathChannel>(task, address, std::move(control), fast_.get(), fast_kind_));
+      std::make_shared<FastPathChannel>(task, address, std::move(control), fast_.get(), fast_kind_, try_routes_));
 }
 
 }  // namespace shoal

@@ -11,7 +11,8 @@
 // a fast connection is lost, the channel asks again on the next call (the
 // task may have restarted elsewhere). Once the fast route has carried a
 // call, a RouteTrial now and then counts calls over each route, and the
-// channel keeps to gRPC while gRPC carries clearly more (a busy machine).
+// channel keeps to gRPC while gRPC carries clearly more (a busy machine);
+// unless the transport was made without route trials.
 //
 // Thread-safe. Servers and channels must not outlive the transport.
 #ifndef SHOAL_TRANSPORT_FAST_PATH_TRANSPORT_H_
@@ -28,8 +29,11 @@ class FastPathTransport final : public Transport {
  public:
   // `control` reaches tasks at their cluster addresses (gRPC); `fast`
   // carries the calls once a task has said where it serves it; `fast_kind`
-  // names it in the advertisement ("ucx").
-  FastPathTransport(std::unique_ptr<Transport> control, std::unique_ptr<Transport> fast, std::string fast_kind);
+  // names it in the advertisement ("ucx"). `try_routes`: whether channels
+  // run route trials (transport.kind auto); without, a reachable fast
+  // route carries every call (transport.kind ucx).
+  FastPathTransport(std::unique_ptr<Transport> control, std::unique_ptr<Transport> fast, std::string fast_kind,
+                    bool try_routes = true);
 
   absl::StatusOr<std::unique_ptr<ServerHandle>> Serve(const std::string& address,
                                                       VariableService* service) override;
@@ -39,6 +43,7 @@ class FastPathTransport final : public Transport {
   std::unique_ptr<Transport> control_;
   std::unique_ptr<Transport> fast_;
   std::string fast_kind_;
+  bool try_routes_;
 };
 
 }  // namespace shoal

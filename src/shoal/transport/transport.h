@@ -26,8 +26,10 @@ namespace shoal {
 struct TransportConfig {
   // auto (the default): tensors over UCX (shared memory on a host, TCP
   // between hosts), gRPC to reach each task, and gRPC for everything when
-  // TLS is on (UCX does not encrypt); grpc: gRPC only; ucx: as auto,
-  // refusing TLS.
+  // TLS is on (UCX does not encrypt), and gRPC for a channel while it
+  // carries clearly more calls a second (a busy machine: RouteTrial);
+  // grpc: gRPC only; ucx: every call over UCX once a task is reached,
+  // refusing TLS, and failing where UCX cannot start.
   std::string kind = "auto";
   double rpc_timeout_s = 60;
   double startup_timeout_s = 120;  // how long tasks wait for each other at start
