@@ -114,12 +114,12 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
 
   void SayMoved(const RouteTrial::Choice& choice) {
     const bool to_grpc = choice.route == RouteTrial::kControl;
+    const std::string taken = to_grpc ? "gRPC" : fast_kind_, left = to_grpc ? fast_kind_ : "gRPC";
     absl::FPrintF(stderr,
                   "shoal: calls to %s now go over %s, which carried %.0f a second against %.0f over %s%s; "
                   "trying %s again every %d s\n",
-                  task().ToString(), to_grpc ? "gRPC" : fast_kind_, choice.rate_taken, choice.rate_left,
-                  to_grpc ? fast_kind_ : "gRPC", to_grpc ? " (a busy machine?)" : "", to_grpc ? fast_kind_ : "gRPC",
-                  absl::ToInt64Seconds(RouteTrial::kTrialEvery));
+                  task().ToString(), taken, choice.rate_taken, choice.rate_left, left,
+                  to_grpc ? " (a busy machine?)" : "", left, absl::ToInt64Seconds(RouteTrial::kTrialEvery));
   }
 
   void Carried(const std::shared_ptr<Channel>& route) {
@@ -222,7 +222,7 @@ class FastPathChannel final : public Channel, public std::enable_shared_from_thi
   std::string fast_address_ ABSL_GUARDED_BY(mu_);
   bool asking_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<std::shared_ptr<Waiting>> waiting_ ABSL_GUARDED_BY(mu_);
-  RouteTrial trial_;  // once route_ is a proven fast route: it or gRPC
+  RouteTrial trial_ ABSL_GUARDED_BY(mu_);  // once route_ is a proven fast route: it or gRPC
 };
 
 }  // namespace

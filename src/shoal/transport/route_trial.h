@@ -12,13 +12,13 @@
 // route, then of kPhase on the other, and moves to the other when that
 // phase saw at least kMoveAbove as many calls.
 //
-// Thread-safe. The clock is passed in, for tests.
+// Not thread-safe: a channel calls it under its own lock. The clock is
+// passed in, for tests.
 #ifndef SHOAL_TRANSPORT_ROUTE_TRIAL_H_
 #define SHOAL_TRANSPORT_ROUTE_TRIAL_H_
 
 #include <cstdint>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace shoal {
@@ -43,18 +43,20 @@ class RouteTrial {
   // The route for a call made at `now`.
   Choice Pick(absl::Time now);
 
-  Route preferred() const;
+  Route preferred() const { return preferred_; }
 
  private:
   enum class Phase { kSettled, kPreferred, kOther };
 
-  mutable absl::Mutex mu_;
-  Route preferred_ ABSL_GUARDED_BY(mu_) = kFast;
-  Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kSettled;
-  absl::Time next_trial_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // set by the first call
-  absl::Time phase_start_ ABSL_GUARDED_BY(mu_);
-  int64_t phase_calls_ ABSL_GUARDED_BY(mu_) = 0;
-  double preferred_rate_ ABSL_GUARDED_BY(mu_) = 0;  // calls a second in the last kPreferred phase
+  static Route Other(Route route) { return route == kFast ? kControl : kFast; }
+  void Begin(Phase phase, absl::Time now);
+
+  Route preferred_ = kFast;
+  Phase phase_ = Phase::kSettled;
+  absl::Time next_trial_ = absl::InfinitePast();  // set by the first call
+  absl::Time phase_start_;
+  int64_t phase_calls_ = 0;    // calls since phase_start_
+  double preferred_rate_ = 0;  // calls a second in the last kPreferred phase
 };
 
 }  // namespace shoal
