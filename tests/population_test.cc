@@ -8,6 +8,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -16,6 +18,7 @@
 #include "inproc_servers.h"
 #include "quick_job.h"
 #include "saved_values.h"
+#include "shoal/model/model_factory.h"
 #include "shoal/population/lineage.h"
 #include "shoal/server/variable_service.h"
 #include "shoal/session/local_cluster.h"
@@ -154,6 +157,28 @@ TEST(PolicyTest, TournamentCopiesOnlyWhenTheRivalIsFitter) {
   EXPECT_EQ(d.source, 1);
   MemberStatus unrated{1};
   EXPECT_FALSE(DecideExploit(config, 0, {Rated(0, 0.4), unrated}, rng).exploit);
+}
+
+TEST(PolicyTest, ADonorThatNoLongerBeatsTheCopierWhenMeasuredNowIsNotCopied) {
+  PopulationConfig config;
+  const MemberStatus mine = Rated(0, 0.80), donor = Rated(1, 0.85);
+  for (const std::string policy : {"truncation", "tournament", "loss_threshold"}) {
+    config.policy = policy;
+    EXPECT_EQ(RefuseStaleDonor(config, mine, donor, Rated(1, 0.86)), "") << policy;
+    EXPECT_EQ(RefuseStaleDonor(config, mine, donor, Rated(1, 0.81)), "") << policy;
+    // Diverged since it published 0.85: at chance now.
+    const std::string refused = RefuseStaleDonor(config, mine, donor, Rated(1, 0.10, 9.8));
+    EXPECT_NE(refused.find("member 1 measured 0.1000"), std::string::npos) << refused;
+    EXPECT_NE(refused.find("published 0.8500"), std::string::npos) << refused;
+    EXPECT_NE(refused.find("this member's 0.8000"), std::string::npos) << refused;
+    EXPECT_NE(RefuseStaleDonor(config, mine, donor, Rated(1, 0.80)), "") << policy << ": a tie is no better";
+    EXPECT_NE(RefuseStaleDonor(config, mine, donor, Rated(1, 0.9, std::nan(""))).find("diverged"), std::string::npos)
+        << policy;
+  }
+  // random ranks nobody: any donor that has not diverged will do.
+  config.policy = "random";
+  EXPECT_EQ(RefuseStaleDonor(config, mine, donor, Rated(1, 0.10, 2.3)), "");
+  EXPECT_NE(RefuseStaleDonor(config, mine, donor, Rated(1, 0.10, INFINITY)).find("diverged"), std::string::npos);
 }
 
 TEST(ExploreTest, ByDefaultPerturbsPastThePriorAsThePaperDoesAndKeepsMomentumBelowOne) {
@@ -442,7 +467,7 @@ TEST(PopulationTrainingTest, TruncationCopiersAreTheBottomQuarterOfEveryMembersL
   auto events = ReadLineage(dir);
   ASSERT_TRUE(events.ok()) << events.status();
   // What each member published, by (member, step): its measurements and,
-  // after a copy, its donor's fitness.
+  // after a copy, its donor's fitness as it measured it then.
   std::map<std::pair<int, int64_t>, std::vector<double>> published;
   for (const auto& e : *events) {
     if (e.event == "eval" || e.event == "exploit") published[{e.member, e.step}].push_back(e.fitness);
@@ -472,7 +497,7 @@ TEST(PopulationTrainingTest, TruncationCopiersAreTheBottomQuarterOfEveryMembersL
     if (e.event == "exploit") {
       ++copies;
       EXPECT_EQ(lower, 0) << at << " copied but was not the worst";
-    } else {
+    } else if (e.reason.find("not copied: ") == std::string::npos) {  // else its donor, measured now, was no better
       EXPECT_GT(lower_or_tied, 0) << at << " was the worst and did not copy";
     }
   }
@@ -483,6 +508,74 @@ TEST(PopulationTrainingTest, TruncationCopiersAreTheBottomQuarterOfEveryMembersL
   std::string histogram;
   for (int64_t n : report->copies_per_interval) histogram += std::to_string(n) + " ";
   std::printf("ready intervals with 0, 1, 2, ... copies: %s\n", histogram.c_str());
+  std::filesystem::remove_all(dir);
+}
+
+// A member whose weights blew up since it was last measured still shows
+// the fitness it had. Here (random policy, a copy every step) member 1
+// parks after step `round`; member 0 then gives it weights whose loss is
+// infinite (zero, and an output bias of +-3e38: finite values, which the
+// ps takes), decides after its own step `round`, and then puts member 1's
+// weights back and lets it go on. Member 0 must measure member 1 before
+// copying it, and keep its own.
+TEST(PopulationTrainingTest, ADonorWhoseWeightsBlewUpIsMeasuredAndNotCopied) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_stale_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  JobConfig config = QuickPopulation(2, dir);
+  config.population.policy = "random";
+  config.population.probability = 1;
+  const int64_t round = 20;
+  auto model = MakeModel(MemberModel(config, 1));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<std::string> donor = (*model)->variable_names();
+  std::atomic<bool> parked{false}, decided{false};
+  std::vector<torch::Tensor> saved;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  auto customize = [&](WorkerContext& context) {
+    Client* client = context.client;
+    if (context.worker_index == 1) {
+      context.before_step = [&](int64_t done) {
+        if (done != round) return;
+        parked = true;
+        while (!decided && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+      };
+      return;
+    }
+    context.before_step = [&, client](int64_t done) {
+      if (done == round - 1) {
+        while (!parked && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+        auto values = client->Read(donor);
+        ASSERT_TRUE(values.ok()) << values.status();
+        std::vector<torch::Tensor> blown;
+        for (const torch::Tensor& v : *values) {
+          saved.push_back(v.clone());
+          blown.push_back(torch::zeros_like(v));
+        }
+        blown.back().fill_(-3e38f);  // the output layer's bias: every logit -3e38 but one
+        blown.back()[0] = 3e38f;
+        ASSERT_TRUE(client->Assign(donor, blown).ok());
+      }
+      if (done == round && parked) {  // member 0 decided after step `round`
+        ASSERT_TRUE(client->Assign(donor, saved).ok());
+        decided = true;
+      }
+    };
+  };
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr, customize);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_TRUE(decided);
+  auto events = ReadLineage(dir);
+  ASSERT_TRUE(events.ok()) << events.status();
+  int decisions = 0;
+  for (const auto& e : *events) {
+    if (e.member != 0 || e.step != round || (e.event != "keep" && e.event != "exploit")) continue;
+    ++decisions;
+    EXPECT_EQ(e.event, "keep") << "member 0 copied member 1's blown-up weights: " << e.reason;
+    EXPECT_NE(e.reason.find("not copied: member 1 measured"), std::string::npos) << e.reason;
+    EXPECT_NE(e.reason.find("diverged"), std::string::npos) << e.reason;
+  }
+  EXPECT_EQ(decisions, 1) << "member 0's decisions at step " << round;
+  EXPECT_GT(report->copies, 0) << "with probability 1 the other steps copy";
   std::filesystem::remove_all(dir);
 }
 

@@ -146,6 +146,19 @@ ExploitDecision DecideExploit(const PopulationConfig& config, int me, const std:
   return decision;
 }
 
+std::string RefuseStaleDonor(const PopulationConfig& config, const MemberStatus& mine, const MemberStatus& donor,
+                             const MemberStatus& donor_now) {
+  const std::string measured =
+      absl::StrFormat("member %d measured %.4f (loss %.4g) now", donor.member, donor_now.fitness, donor_now.loss);
+  if (!std::isfinite(donor_now.loss) || !std::isfinite(donor_now.fitness)) return measured + ": it has diverged";
+  if (config.policy == "random") return "";
+  if (donor_now.fitness <= mine.fitness) {
+    return absl::StrFormat("%s, where it had published %.4f: no better than this member's %.4f", measured,
+                           donor.fitness, mine.fitness);
+  }
+  return "";
+}
+
 Hyperparameters Explore(const PopulationConfig& config, const Hyperparameters& current, std::mt19937_64& rng) {
   return Perturb(config, current, rng, /*resample_only=*/false);
 }

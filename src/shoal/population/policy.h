@@ -80,6 +80,17 @@ struct ExploitDecision {
 ExploitDecision DecideExploit(const PopulationConfig& config, int me, const std::vector<MemberStatus>& members,
                               std::mt19937_64& rng);
 
+// Why a copy that DecideExploit chose should not go ahead, or "" if it
+// should. The copier measures the donor's weights as they are now on its
+// own validation split (`donor_now`) just before copying: a published
+// fitness can predate a divergence (a member restored from a checkpoint,
+// or one whose steps blew up since it was measured), and copying on it
+// spreads the divergence (PBT's stale-fitness hazard). A policy that ranks
+// copies only a donor that still beats the copier's own fitness; random,
+// which ranks nobody, only a donor whose loss is finite.
+std::string RefuseStaleDonor(const PopulationConfig& config, const MemberStatus& mine, const MemberStatus& donor,
+                             const MemberStatus& donor_now);
+
 // Perturbed momentum never reaches 1 (a momentum of 1 never forgets).
 inline constexpr double kMaxMomentum = 0.999;
 

@@ -431,6 +431,31 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     return statuses;
   };
 
+  // A donor's weights (`values`, and its buffers) as they are now, on this
+  // member's validation split. The model's own buffers are put back; its
+  // weights are loaded afresh before every step.
+  auto measure = [&](const Member& source, const std::vector<torch::Tensor>& values) -> absl::StatusOr<MemberStatus> {
+    std::vector<torch::Tensor> own_buffers;
+    if (!source.buffers.empty()) {
+      for (const torch::Tensor& b : model.BufferValues()) own_buffers.push_back(b.clone());
+      SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> buffers, peers.client().Read(source.buffers));
+      model.LoadBuffers(buffers);
+    }
+    model.Load(values);
+    model.SetTraining(false);
+    absl::StatusOr<Evaluation> measured =
+        Evaluate(model, context.validation, std::max<int64_t>(1, context.validation.size()));
+    model.SetTraining(true);
+    if (!own_buffers.empty()) model.LoadBuffers(own_buffers);
+    if (!measured.ok()) return measured.status();
+    MemberStatus now;
+    now.member = source.index;
+    now.evaluated = true;
+    now.fitness = measured->accuracy;
+    now.loss = measured->loss;
+    return now;
+  };
+
   // Exploit and explore, as the policy decides; every decision goes to the
   // lineage with the fitness it saw.
   auto decide = [&]() -> absl::Status {
@@ -446,16 +471,27 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
       return pc.policy == "random" ? absl::OkStatus() : lineage->Write(decided);
     }
     const Member source = MemberOf(model, me, decision.source);
+    const MemberStatus& theirs = statuses[decision.source];
+    auto donor_values = peers.Read(source.names, step);
+    absl::StatusOr<MemberStatus> donor_now =
+        donor_values.ok() ? measure(source, *donor_values) : absl::StatusOr<MemberStatus>(donor_values.status());
+    if (!donor_now.ok()) {  // the source went away meanwhile: keep training our own
+      peers.Warn(decision.source, donor_now.status());
+      return absl::OkStatus();
+    }
+    if (std::string refused = RefuseStaleDonor(pc, statuses[me], theirs, *donor_now); !refused.empty()) {
+      decided.reason = absl::StrCat(decision.reason, "; not copied: ", refused);
+      return lineage->Write(decided);
+    }
     absl::Status copied = pc.inherit_slots
                               ? InheritMember(peers.client(), client, source.names, own.names, /*with_slots=*/true,
                                               source.buffers, own.buffers)
                               : [&]() -> absl::Status {
-                                  SHOAL_ASSIGN_OR_RETURN(auto values, peers.Read(source.names, step));
-                                  SHOAL_RETURN_IF_ERROR(client.Assign(own.names, values));
+                                  SHOAL_RETURN_IF_ERROR(client.Assign(own.names, *donor_values));
                                   return InheritMember(peers.client(), client, {}, {}, false, source.buffers,
                                                        own.buffers);
                                 }();
-    if (!copied.ok()) {  // the source went away meanwhile: keep training our own
+    if (!copied.ok()) {
       peers.Warn(decision.source, copied);
       return absl::OkStatus();
     }
@@ -470,19 +506,19 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     h = Explore(pc, h, rng);
     SHOAL_RETURN_IF_ERROR(client.SetOptimizer(own.names, WithHyperparameters(base->config(), h)));
     SHOAL_RETURN_IF_ERROR(client.Assign({own.hparams}, {HyperparametersTensor(h)}));
-    // It now carries its donor's fitness until it is measured again, as in
-    // the PBT paper and Ray Tune: every member stays ranked.
-    const MemberStatus& theirs = statuses[decision.source];
-    fitness = theirs.fitness;
-    loss = theirs.loss;
+    // It now carries its donor's fitness, as just measured, until it is
+    // measured again, as in the PBT paper and Ray Tune: every member stays
+    // ranked.
+    fitness = donor_now->fitness;
+    loss = donor_now->loss;
     SHOAL_RETURN_IF_ERROR(client.Assign({own.fitness}, {torch::tensor({static_cast<float>(fitness),
                                                                        static_cast<float>(loss),
                                                                        static_cast<float>(step)})}));
     batches = std::make_unique<BatchIterator>(context.train_shard, h.batch_size,
                                               config.training.seed * 1000003 + context.worker_index + step);
     decided.event = "exploit";
-    decided.fitness = theirs.fitness;
-    decided.loss = theirs.loss;
+    decided.fitness = fitness;
+    decided.loss = loss;
     decided.source = decision.source;
     decided.reason = decision.reason;
     decided.hyperparameters = h;
