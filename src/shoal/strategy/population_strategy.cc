@@ -358,15 +358,20 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
 
   // The lead's buffers are the member's: published before each
   // evaluation, so that a member that copies this one copies them too.
+  // `values` in the model, over the validation set in one batch: one
+  // forward pass.
+  auto validate = [&](const std::vector<torch::Tensor>& values) -> absl::StatusOr<Evaluation> {
+    model.Load(values);
+    model.SetTraining(false);
+    absl::StatusOr<Evaluation> measured =
+        Evaluate(model, context.validation, std::max<int64_t>(1, context.validation.size()));
+    model.SetTraining(true);
+    return measured;
+  };
   auto evaluate = [&]() -> absl::Status {
     SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(own.names));
-    model.Load(values);
     if (!own.buffers.empty()) SHOAL_RETURN_IF_ERROR(client.Assign(own.buffers, model.BufferValues()));
-    // The validation set in one batch: one forward pass.
-    model.SetTraining(false);
-    SHOAL_ASSIGN_OR_RETURN(const Evaluation validation,
-                           Evaluate(model, context.validation, std::max<int64_t>(1, context.validation.size())));
-    model.SetTraining(true);
+    SHOAL_ASSIGN_OR_RETURN(const Evaluation validation, validate(values));
     fitness = validation.accuracy;
     loss = validation.loss;
     SHOAL_RETURN_IF_ERROR(client.Assign({own.fitness}, {torch::tensor({static_cast<float>(fitness),
@@ -441,11 +446,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
       SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> buffers, peers.client().Read(source.buffers));
       model.LoadBuffers(buffers);
     }
-    model.Load(values);
-    model.SetTraining(false);
-    absl::StatusOr<Evaluation> measured =
-        Evaluate(model, context.validation, std::max<int64_t>(1, context.validation.size()));
-    model.SetTraining(true);
+    absl::StatusOr<Evaluation> measured = validate(values);
     if (!own_buffers.empty()) model.LoadBuffers(own_buffers);
     if (!measured.ok()) return measured.status();
     MemberStatus now;
