@@ -356,8 +356,6 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
   double fitness = -1, loss = 0;
   WorkerResult result;
 
-  // The lead's buffers are the member's: published before each
-  // evaluation, so that a member that copies this one copies them too.
   // `values` in the model, over the validation set in one batch: one
   // forward pass.
   auto validate = [&](const std::vector<torch::Tensor>& values) -> absl::StatusOr<Evaluation> {
@@ -368,6 +366,8 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     model.SetTraining(true);
     return measured;
   };
+  // The lead's buffers are the member's: published before each
+  // evaluation, so that a member that copies this one copies them too.
   auto evaluate = [&]() -> absl::Status {
     SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(own.names));
     if (!own.buffers.empty()) SHOAL_RETURN_IF_ERROR(client.Assign(own.buffers, model.BufferValues()));
