@@ -9,9 +9,11 @@ For each mode it trains once undisturbed and once under faults, then checks:
     job's own ledger, the steps the workers made against the global step;
   - its test accuracy is within 1 point of the undisturbed run's.
 
-Faults, every --interval seconds (uniform): SIGKILL of a ps task (the launcher
+Faults, every 20-40% of the undisturbed run's time (uniform, so about three a
+run on any machine; at least 2-4 s apart): SIGKILL of a ps task (the launcher
 restarts it, the chief restores the newest checkpoint), or SIGSTOP of any
-task for 1-3 s, then SIGCONT. Workers are not killed: a killed worker takes
+task for 1-3 s, then SIGCONT. A disturbed run that saw no fault fails: it
+would have checked nothing. Workers are not killed: a killed worker takes
 its step count with it, and the ledger would no longer balance.
 
     /usr/bin/python3 scripts/chaos_soak.py                 # about 10 minutes
@@ -50,7 +52,7 @@ def children_of(pid):
     return found
 
 
-def run_job(shoal, mode, epochs, every_steps, workdir, faults=None, interval=(30, 60), seed=0):
+def run_job(shoal, mode, epochs, every_steps, workdir, faults=None, interval=(2, 4), seed=0):
     """Runs one job; returns (exit code, result dict or None, fault log)."""
     checkpoints = os.path.join(workdir, f"{mode}_{'chaos' if faults else 'calm'}_ckpt")
     config = os.path.join(workdir, f"{mode}.yaml")
@@ -110,13 +112,11 @@ def main():
     parser.add_argument("--quick", action="store_true", help="shorter jobs, faults every 5-10 s")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    # About 100 s each, undisturbed, on 2 cores: long enough for 2-3 faults.
+    # 45-100 s each, undisturbed, on 2 cores.
     epochs = {"async": 60, "sync": 45, "downpour": 60, "model_average": 120}
-    interval = (30, 60)
     every_steps = 500
     if args.quick:
         epochs = {m: max(4, e // 6) for m, e in epochs.items()}
-        interval = (5, 10)
         every_steps = 200
     rows, ok = [], True
     with tempfile.TemporaryDirectory(prefix="shoal-soak-") as workdir:
@@ -125,6 +125,9 @@ def main():
             start = time.time()
             calm_code, calm, _ = run_job(args.shoal, mode, e, every_steps, workdir)
             calm_s = time.time() - start
+            # Faults spaced by the job's own length: a faster machine (or
+            # build) must not leave the disturbed run with none.
+            interval = (max(2.0, 0.2 * calm_s), max(4.0, 0.4 * calm_s))
             start = time.time()
             code, chaos, log = run_job(args.shoal, mode, e, every_steps, workdir, faults=True, interval=interval,
                                        seed=args.seed)
@@ -136,6 +139,8 @@ def main():
                 checks.append("undisturbed run failed")
             if code != 0 or chaos is None:
                 checks.append("disturbed run failed")
+            if not log:
+                checks.append("no fault was injected")
             lost = None
             if chaos is not None:
                 lost = lost_steps(mode, chaos)
