@@ -16,8 +16,8 @@ task for 1-3 s, then SIGCONT. A disturbed run that saw no fault fails: it
 would have checked nothing. Workers are not killed: a killed worker takes
 its step count with it, and the ledger would no longer balance.
 
-    /usr/bin/python3 scripts/chaos_soak.py                 # about 10 minutes
-    /usr/bin/python3 scripts/chaos_soak.py --quick         # about 3 minutes
+    /usr/bin/python3 scripts/chaos_soak.py                 # about 7 minutes
+    /usr/bin/python3 scripts/chaos_soak.py --quick         # about 2 minutes
 """
 import argparse
 import json
@@ -109,7 +109,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
     parser.add_argument("--modes", default="async,sync,model_average")
-    parser.add_argument("--quick", action="store_true", help="shorter jobs, faults every 5-10 s")
+    parser.add_argument("--quick", action="store_true", help="shorter jobs, checkpoints every 200 steps")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     # 45-100 s each, undisturbed, on 2 cores.
