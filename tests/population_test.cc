@@ -24,6 +24,7 @@
 #include "shoal/session/local_cluster.h"
 #include "shoal/session/task_runner.h"
 #include "shoal/transport/inproc/inproc_transport.h"
+#include "temp_dir.h"
 
 namespace shoal {
 namespace {
@@ -355,8 +356,7 @@ JobConfig QuickPopulation(int workers, const std::string& lineage_dir) {
 }
 
 TEST(PopulationTrainingTest, FourMembersInProcessLearnAndLeaveALineage) {
-  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
+  const std::string dir = FreshTempDir("shoal_", "pop");
   JobConfig config = QuickPopulation(4, dir);
   config.population.inherit_slots = true;
   auto report = TrainInProcess(config, InProcOptions{}, nullptr);
@@ -380,8 +380,7 @@ TEST(PopulationTrainingTest, FourMembersInProcessLearnAndLeaveALineage) {
 // Members of the built-in CNN with BatchNorm: each keeps its own statistics
 // under its scope, published by its lead, and the population learns.
 TEST(PopulationTrainingTest, CnnMembersLearnAndKeepTheirOwnStatistics) {
-  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_cnn_" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
+  const std::string dir = FreshTempDir("shoal_", "pop_cnn");
   JobConfig config = QuickPopulation(2, dir + "/lineage");
   config.model.kind = "cnn";
   config.model.cnn.conv = {{8}, {16}};
@@ -405,8 +404,7 @@ TEST(PopulationTrainingTest, CnnMembersLearnAndKeepTheirOwnStatistics) {
 // fresh start would draw new hyper-parameters), and every member goes on
 // from there to its longer budget.
 TEST(PopulationTrainingTest, AStartedAgainPopulationResumesEveryMemberFromItsCheckpoint) {
-  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_resume_" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
+  const std::string dir = FreshTempDir("shoal_", "pop_resume");
   JobConfig config = QuickPopulation(2, dir + "/lineage");
   config.training.max_steps = 80;  // 40 member steps each
   config.checkpoint.dir = dir + "/checkpoints";
@@ -457,8 +455,7 @@ TEST(PopulationTrainingTest, AStartedAgainPopulationResumesEveryMemberFromItsChe
 // being its donor's), every copier was the worst of what it saw (the bottom
 // quarter of four), and no member outside it copied.
 TEST(PopulationTrainingTest, TruncationCopiersAreTheBottomQuarterOfEveryMembersLatestFitness) {
-  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_trunc_" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
+  const std::string dir = FreshTempDir("shoal_", "pop_trunc");
   JobConfig config = QuickPopulation(4, dir);
   config.population.policy = "truncation";
   config.population.fraction = 0.25;
@@ -519,8 +516,7 @@ TEST(PopulationTrainingTest, TruncationCopiersAreTheBottomQuarterOfEveryMembersL
 // weights back and lets it go on. Member 0 must measure member 1 before
 // copying it, and keep its own.
 TEST(PopulationTrainingTest, ADonorWhoseWeightsBlewUpIsMeasuredAndNotCopied) {
-  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_stale_" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
+  const std::string dir = FreshTempDir("shoal_", "pop_stale");
   JobConfig config = QuickPopulation(2, dir);
   config.population.policy = "random";
   config.population.probability = 1;
@@ -580,7 +576,7 @@ TEST(PopulationTrainingTest, ADonorWhoseWeightsBlewUpIsMeasuredAndNotCopied) {
 }
 
 TEST(PopulationTrainingTest, DataParallelMembersShareTheirVariablesThroughThePs) {
-  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_dp_" + std::to_string(getpid()));
+  const std::string dir = FreshTempDir("shoal_", "pop_dp");
   JobConfig config = QuickPopulation(4, dir);
   config.population.workers_per_member = 2;
   config.population.variables_on = "ps";
@@ -606,7 +602,7 @@ TEST(PopulationTrainingTest, ValidationIsCarvedFromTheTrainingSetAndNeverTrained
 // Members 0-2 train while member 3's task never comes up: its variables
 // cannot be read, and the policy skips it.
 TEST(PopulationTrainingTest, AnUnreachableMemberIsSkipped) {
-  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_gone_" + std::to_string(getpid()));
+  const std::string dir = FreshTempDir("shoal_", "pop_gone");
   JobConfig config = QuickPopulation(4, dir);
   config.population.policy = "tournament";
   config.population.peer_timeout_s = 1;
@@ -632,8 +628,7 @@ TEST(PopulationTrainingTest, AnUnreachableMemberIsSkipped) {
 }
 
 TEST(LineageTest, AGarbledRecordIsDataLossNamingFileAndLine) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("shoal_bad_lineage_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
+  const std::filesystem::path dir = FreshTempDir("shoal_", "bad_lineage");
   std::ofstream(dir / "member_0.jsonl") << "{\"member\": 0, \"step\": \n";
   auto events = ReadLineage(dir.string());
   EXPECT_EQ(events.status().code(), absl::StatusCode::kDataLoss);
@@ -651,7 +646,7 @@ namespace {
 // variables across processes, and each serves its own until the chief has
 // reported.
 TEST(PopulationTrainingTest, MembersInSeparateProcessesReadEachOtherOverGrpc) {
-  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_grpc_" + std::to_string(getpid()));
+  const std::string dir = FreshTempDir("shoal_", "pop_grpc");
   JobConfig config = QuickPopulation(3, dir);
   config.cluster.processes = true;
   config.population.policy = "tournament";
@@ -672,7 +667,7 @@ namespace {
 // Copying at random every step reads peers' weights over and over; a cache
 // with a staleness bound serves most of those reads locally.
 TEST(PopulationTrainingTest, APeerCacheCutsTheBytesMoved) {
-  const std::string dir = std::filesystem::temp_directory_path() / ("shoal_pop_cache_" + std::to_string(getpid()));
+  const std::string dir = FreshTempDir("shoal_", "pop_cache");
   JobConfig config = QuickPopulation(2, dir);
   config.population.policy = "random";
   config.population.probability = 0.5;
