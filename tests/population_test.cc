@@ -286,6 +286,22 @@ TEST_F(InheritTest, CopiesWeightsAndSlotsBitForBit) {
   EXPECT_TRUE(values[0].equal(values[1]));
 }
 
+// A copier measures the state it read and copies that same state, even
+// when the donor trains on in between: the in-process read does not alias
+// the donor's memory.
+TEST_F(InheritTest, AStateReadOnceIsWhatIsWrittenEvenIfTheDonorMovesOn) {
+  const MemberState read = ReadMemberState(*client_, {"worker_0/w"}, /*with_slots=*/true).value();
+  const torch::Tensor donor_then = client_->Read({"worker_0/w"}).value()[0].clone();
+  ASSERT_TRUE(client_->ApplyGradients({"worker_0/w"}, {torch::ones({3, 2})}).ok());
+  ASSERT_TRUE(WriteMemberState(*client_, read, {"worker_1/w"}).ok());
+  auto values = client_->Read({"worker_0/w", "worker_1/w"}).value();
+  EXPECT_TRUE(values[1].equal(donor_then));
+  EXPECT_FALSE(values[1].equal(values[0]));  // the donor moved on; the copy did not follow
+  auto slots = client_->ReadSlots({"worker_0/w", "worker_1/w"}).value();
+  EXPECT_EQ(slots[0].step, 4);
+  EXPECT_EQ(slots[1].step, 3);  // the slots as read
+}
+
 TEST_F(InheritTest, WeightsOnlyLeaveTheSlots) {
   auto before = client_->ReadSlots({"worker_1/w"}).value();
   ASSERT_TRUE(InheritMember(*client_, *client_, {"worker_0/w"}, {"worker_1/w"}, /*with_slots=*/false).ok());

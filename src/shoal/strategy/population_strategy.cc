@@ -38,6 +38,13 @@ Hyperparameters FromTensor(const torch::Tensor& t) {
   return h;
 }
 
+// Copies of tensors read from a ps: an in-process read aliases its memory.
+std::vector<torch::Tensor> Clones(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> copies;
+  for (const auto& t : tensors) copies.push_back(t.clone());
+  return copies;
+}
+
 // Reads other members through its own client, with a short deadline,
 // remembering values for peer_cache_steps member steps; that client's
 // traffic is what reading peers costs.
@@ -55,8 +62,7 @@ class PeerReader {
     if (cache_steps_ > 0 && it != cache_.end() && step - it->second.step <= cache_steps_) return it->second.values;
     auto values = client_->Read(names);
     if (!values.ok()) return values.status();
-    std::vector<torch::Tensor> copies;
-    for (const auto& v : *values) copies.push_back(v.clone());  // in-process reads alias the peer's memory
+    std::vector<torch::Tensor> copies = Clones(*values);
     if (cache_steps_ > 0) cache_[names.front()] = {step, copies};
     return copies;
   }
@@ -267,25 +273,36 @@ std::vector<ScopeRule> PopulationScopeRules(const StrategyConfig& config, const 
   return rules;
 }
 
+absl::StatusOr<MemberState> ReadMemberState(Client& reader, const std::vector<std::string>& names, bool with_slots,
+                                            const std::vector<std::string>& buffers) {
+  MemberState state;
+  if (!names.empty()) {
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, reader.Read(names));
+    state.values = Clones(values);
+  }
+  if (!buffers.empty()) {
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> read, reader.Read(buffers));
+    state.buffers = Clones(read);
+  }
+  if (with_slots && !names.empty()) {
+    SHOAL_ASSIGN_OR_RETURN(state.slots, reader.ReadSlots(names));
+  }
+  return state;
+}
+
+absl::Status WriteMemberState(Client& writer, const MemberState& state, const std::vector<std::string>& names,
+                              const std::vector<std::string>& buffers) {
+  if (!buffers.empty()) SHOAL_RETURN_IF_ERROR(writer.Assign(buffers, state.buffers));
+  if (!names.empty()) SHOAL_RETURN_IF_ERROR(writer.Assign(names, state.values));
+  if (!state.slots.empty()) SHOAL_RETURN_IF_ERROR(writer.AssignSlots(names, state.slots));
+  return absl::OkStatus();
+}
+
 absl::Status InheritMember(Client& reader, Client& writer, const std::vector<std::string>& from,
                            const std::vector<std::string>& to, bool with_slots,
                            const std::vector<std::string>& buffers_from, const std::vector<std::string>& buffers_to) {
-  if (!buffers_from.empty()) {
-    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> buffers, reader.Read(buffers_from));
-    std::vector<torch::Tensor> copies;
-    for (const auto& b : buffers) copies.push_back(b.clone());
-    SHOAL_RETURN_IF_ERROR(writer.Assign(buffers_to, copies));
-  }
-  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, reader.Read(from));
-  std::vector<torch::Tensor> copies;
-  for (const auto& v : values) copies.push_back(v.clone());
-  std::vector<OptimizerSlots> slots;
-  if (with_slots) {
-    SHOAL_ASSIGN_OR_RETURN(slots, reader.ReadSlots(from));
-  }
-  SHOAL_RETURN_IF_ERROR(writer.Assign(to, copies));
-  if (with_slots) SHOAL_RETURN_IF_ERROR(writer.AssignSlots(to, slots));
-  return absl::OkStatus();
+  SHOAL_ASSIGN_OR_RETURN(MemberState state, ReadMemberState(reader, from, with_slots, buffers_from));
+  return WriteMemberState(writer, state, to, buffers_to);
 }
 
 absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& context) {
@@ -436,25 +453,35 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     return statuses;
   };
 
-  // A donor's weights (`values`, and its buffers) as they are now, on this
-  // member's validation split. The model's own buffers are put back; its
-  // weights are loaded afresh before every step.
-  auto measure = [&](const Member& source, const std::vector<torch::Tensor>& values) -> absl::StatusOr<MemberStatus> {
+  // A donor's state, as read, on this member's validation split. The model's
+  // own buffers are put back; its weights are loaded afresh before every step.
+  auto measure = [&](int donor, const MemberState& state) -> absl::StatusOr<MemberStatus> {
     std::vector<torch::Tensor> own_buffers;
-    if (!source.buffers.empty()) {
-      for (const torch::Tensor& b : model.BufferValues()) own_buffers.push_back(b.clone());
-      SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> buffers, peers.client().Read(source.buffers));
-      model.LoadBuffers(buffers);
+    if (!state.buffers.empty()) {
+      own_buffers = Clones(model.BufferValues());
+      model.LoadBuffers(state.buffers);
     }
-    absl::StatusOr<Evaluation> measured = validate(values);
+    absl::StatusOr<Evaluation> measured = validate(state.values);
     if (!own_buffers.empty()) model.LoadBuffers(own_buffers);
     if (!measured.ok()) return measured.status();
     MemberStatus now;
-    now.member = source.index;
+    now.member = donor;
     now.evaluated = true;
     now.fitness = measured->accuracy;
     now.loss = measured->loss;
     return now;
+  };
+
+  // The donor's weights, buffers and, to inherit them, slots: read once,
+  // measured, then copied as measured. Weights with slots are read together,
+  // fresh; weights alone may come from the peer cache.
+  auto read_donor = [&](const Member& source) -> absl::StatusOr<MemberState> {
+    if (pc.inherit_slots) return ReadMemberState(peers.client(), source.names, /*with_slots=*/true, source.buffers);
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, peers.Read(source.names, step));
+    SHOAL_ASSIGN_OR_RETURN(MemberState state,
+                           ReadMemberState(peers.client(), {}, /*with_slots=*/false, source.buffers));
+    state.values = std::move(values);
+    return state;
   };
 
   // Exploit and explore, as the policy decides; every decision goes to the
@@ -473,9 +500,9 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     }
     const Member source = MemberOf(model, me, decision.source);
     const MemberStatus& theirs = statuses[decision.source];
-    auto donor_values = peers.Read(source.names, step);
+    absl::StatusOr<MemberState> donor = read_donor(source);
     absl::StatusOr<MemberStatus> donor_now =
-        donor_values.ok() ? measure(source, *donor_values) : absl::StatusOr<MemberStatus>(donor_values.status());
+        donor.ok() ? measure(source.index, *donor) : absl::StatusOr<MemberStatus>(donor.status());
     if (!donor_now.ok()) {  // the source went away meanwhile: keep training our own
       peers.Warn(decision.source, donor_now.status());
       return absl::OkStatus();
@@ -484,22 +511,11 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
       decided.reason = absl::StrCat(decision.reason, "; not copied: ", refused);
       return lineage->Write(decided);
     }
-    absl::Status copied = pc.inherit_slots
-                              ? InheritMember(peers.client(), client, source.names, own.names, /*with_slots=*/true,
-                                              source.buffers, own.buffers)
-                              : [&]() -> absl::Status {
-                                  SHOAL_RETURN_IF_ERROR(client.Assign(own.names, *donor_values));
-                                  return InheritMember(peers.client(), client, {}, {}, false, source.buffers,
-                                                       own.buffers);
-                                }();
-    if (!copied.ok()) {
+    if (absl::Status copied = WriteMemberState(client, *donor, own.names, own.buffers); !copied.ok()) {
       peers.Warn(decision.source, copied);
       return absl::OkStatus();
     }
-    if (!own.buffers.empty()) {  // the donor's statistics, now the member's
-      SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> buffers, client.Read(own.buffers));
-      model.LoadBuffers(buffers);
-    }
+    if (!donor->buffers.empty()) model.LoadBuffers(donor->buffers);  // the donor's statistics, now the member's
     if (decision.copy_hyperparameters) {
       auto theirs = peers.client().Read({source.hparams});
       if (theirs.ok()) h = FromTensor((*theirs)[0]);

@@ -40,9 +40,24 @@ std::string FitnessVariable(int member);
 absl::StatusOr<std::vector<VariableSpec>> PopulationVariableSpecs(const StrategyConfig& config, int num_workers);
 std::vector<ScopeRule> PopulationScopeRules(const StrategyConfig& config, const std::vector<TaskId>& workers);
 
+// One member's weights, buffers (BatchNorm statistics) and, when asked for,
+// optimizer slots, read once: what a copier measures is what it copies.
+struct MemberState {
+  std::vector<torch::Tensor> values;
+  std::vector<torch::Tensor> buffers;
+  std::vector<OptimizerSlots> slots;  // empty unless read with slots
+};
+// Reads `names` and `buffers` (and with `with_slots` the slots of `names`)
+// into tensors of their own, unaliased by an in-process ps.
+absl::StatusOr<MemberState> ReadMemberState(Client& reader, const std::vector<std::string>& names, bool with_slots,
+                                            const std::vector<std::string>& buffers = {});
+// Writes `state` onto `names` and `buffers`, bit for bit; its slots too, if
+// it holds any.
+absl::Status WriteMemberState(Client& writer, const MemberState& state, const std::vector<std::string>& names,
+                              const std::vector<std::string>& buffers = {});
 // Copies member `from`'s weights onto `to`'s, and with `with_slots` its
-// optimizer slots, bit for bit; and its buffers (BatchNorm statistics)
-// `buffers_from` onto `buffers_to`.
+// optimizer slots, bit for bit; and its buffers `buffers_from` onto
+// `buffers_to`.
 absl::Status InheritMember(Client& reader, Client& writer, const std::vector<std::string>& from,
                            const std::vector<std::string>& to, bool with_slots,
                            const std::vector<std::string>& buffers_from = {},
