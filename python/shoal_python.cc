@@ -113,6 +113,23 @@ PYBIND11_MODULE(_shoal, m) {
       .def("assign", &shoal::ClusterClient::Assign, py::call_guard<py::gil_scoped_release>())
       .def("apply", &shoal::ClusterClient::Apply, py::call_guard<py::gil_scoped_release>())
       .def("apply_and_read_into", &shoal::ClusterClient::ApplyAndReadInto, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "create_table",
+          [](shoal::ClusterClient& client, const std::string& name, int64_t rows, int64_t dim, uint64_t seed,
+             double init_scale, const std::string& optimizer_yaml, int64_t min_count, int64_t steps_to_live) {
+            shoal::TableOptions options;
+            options.rows = rows;
+            options.dim = dim;
+            options.seed = seed;
+            options.init_scale = init_scale;
+            options.optimizer_yaml = optimizer_yaml;
+            options.min_count = min_count;
+            options.steps_to_live = steps_to_live;
+            client.CreateTable(name, options);
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def("pull_rows", &shoal::ClusterClient::PullRows, py::call_guard<py::gil_scoped_release>())
+      .def("push_rows", &shoal::ClusterClient::PushRows, py::call_guard<py::gil_scoped_release>())
       .def("add_to_counter", &shoal::ClusterClient::AddToCounter, py::call_guard<py::gil_scoped_release>())
       .def("shutdown_servers", &shoal::ClusterClient::ShutdownServers, py::call_guard<py::gil_scoped_release>());
 

@@ -147,6 +147,20 @@ struct VariableShape {
   std::vector<int64_t> shape;
 };
 
+// An embedding table a ClusterClient creates: split by row over every ps
+// task (row id mod the ps count), each row made on its ps from (seed, id).
+struct TableOptions {
+  int64_t rows = 0;  // 0: a dynamic table, keyed by any int64 id, rows made on first push
+  int64_t dim = 16;
+  uint64_t seed = 1;
+  double init_scale = 0.05;  // rows start uniform in [-init_scale, init_scale]
+  // A sparse optimizer, in training.optimizer's keys: sgd, adagrad,
+  // lazy_adam or ftrl (with l1, l2, learning_rate_power).
+  std::string optimizer_yaml = "{kind: adagrad, learning_rate: 0.05}";
+  int64_t min_count = 0;      // dynamic: a row is made once its id was pushed this often
+  int64_t steps_to_live = 0;  // dynamic: a row untouched for this many of its shard's pushes goes (0: never)
+};
+
 // A parameter-server client: reads, assigns and applies gradients to
 // variables by name on a cluster's ps tasks, with torch tensors.
 // Thread-safe.
@@ -185,6 +199,15 @@ class ClusterClient {
   // `destinations` (ReadInto): a push and the next pull in one round trip.
   int64_t ApplyAndReadInto(const std::vector<std::string>& names, const std::vector<torch::Tensor>& gradients,
                            const std::vector<torch::Tensor>& destinations, int64_t global_step_increment = 1);
+  // Creates an embedding table on every ps task; one that exists with the
+  // same definition is left alone, one with another is refused.
+  void CreateTable(const std::string& name, const TableOptions& options);
+  // The rows of `ids` (int64 [n], repeats allowed) as float32 [n, dim]:
+  // each distinct id is pulled once, from its ps task.
+  torch::Tensor PullRows(const std::string& table, const torch::Tensor& ids);
+  // Pushes gradient rows (float32 [n, dim], one per id; rows of repeated ids
+  // are summed here) to the table's optimizer on the ps tasks.
+  void PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients);
   // Adds `delta` to a named counter (on the first ps task); returns its value.
   int64_t AddToCounter(const std::string& name, int64_t delta);
   // Asks every ps task to shut down (ends `shoal server` and VariableServer::Wait).

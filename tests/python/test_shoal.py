@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -156,6 +157,50 @@ def test_client_drives_a_server_by_hand_without_holding_the_gil():
     assert server.wait(10.0)
 
 
+def test_client_pulls_and_pushes_embedding_rows_by_id():
+    addresses = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    servers = [shoal.Server(address) for address in addresses]
+    client = shoal.Client({"ps": addresses}, {})  # a table needs no dense variable
+    client.create_table("emb", rows=100, dim=4, optimizer={"kind": "sgd", "learning_rate": 1.0})
+    client.create_table("emb", rows=100, dim=4, optimizer={"kind": "sgd", "learning_rate": 1.0})  # the same: kept
+    rows = client.pull_rows("emb", torch.tensor([3, 3, 8]))  # ids on both ps tasks, one repeated
+    assert rows.shape == (3, 4) and rows.dtype == torch.float32
+    assert torch.equal(rows[0], rows[1]) and not torch.equal(rows[0], rows[2])
+    assert rows.abs().max() <= 0.05  # made on the ps from (seed, id)
+
+    # Repeated ids' gradient rows are summed: row 3 moves by 2 x the learning rate.
+    client.push_rows("emb", torch.tensor([3, 3]), torch.ones(2, 4))
+    after = client.pull_rows("emb", torch.tensor([3, 8]))
+    assert torch.allclose(after[0], rows[0] - 2.0) and torch.equal(after[1], rows[2])
+
+    # Bad input names what is wrong and changes nothing.
+    for call, words in [
+        (lambda: client.pull_rows("emb", torch.tensor([100])), ["emb", "100"]),
+        (lambda: client.push_rows("emb", torch.tensor([5]), torch.ones(2, 4)), ["emb"]),
+        (lambda: client.push_rows("emb", torch.tensor([-1]), torch.ones(1, 4)), ["emb", "-1"]),
+        (lambda: client.push_rows("emb", torch.tensor([3.0]), torch.ones(1, 4)), ["emb", "int64"]),
+        (lambda: client.push_rows("emb", torch.tensor([3]), torch.ones(1, 4, dtype=torch.float64)), ["float64"]),
+        (lambda: client.pull_rows("nope", torch.tensor([1])), ["nope"]),
+        (lambda: client.create_table("emb", rows=100, dim=5), ["emb"]),
+        (lambda: client.create_table("other", rows=10, dim=4, optimizer={"kind": "adam"}), ["adam"]),
+        (lambda: client.create_table("other", rows=10, dim=4, optimizer={"knid": "sgd"}), ["knid"]),
+    ]:
+        with pytest.raises(shoal.Error) as error:
+            call()
+        for word in words:
+            assert word in str(error.value), (words, str(error.value))
+    assert torch.equal(client.pull_rows("emb", torch.tensor([3, 8])), after)
+
+    # A dynamic table takes any int64 id and makes its row on the first push.
+    client.create_table("dyn", dim=2, optimizer={"kind": "adagrad", "learning_rate": 0.1})
+    big = torch.tensor([2**40 + 7])
+    first = client.pull_rows("dyn", big)
+    client.push_rows("dyn", big, torch.ones(1, 2))
+    assert (client.pull_rows("dyn", big) < first).all()
+    client.shutdown_servers()
+    del servers
+
+
 def test_client_reaches_a_shoal_server_process_over_grpc(tmp_path):
     address, worker = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     cluster = tmp_path / "cluster.json"
@@ -222,6 +267,13 @@ def test_the_cnn_example_trains_its_own_cnn_asynchronously():
     out = run_example("train_cnn.py", "--max_steps", "300")
     accuracy = float(out.split("test accuracy ")[1].rstrip("%\n"))
     assert accuracy > 65, out
+
+
+def test_the_embedding_example_learns_from_its_table_on_the_ps():
+    out = run_example("embedding_loop.py", "--steps", "300")
+    found = re.search(r"test AUC ([0-9.]+) \(the planted model's ([0-9.]+)\)", out)
+    reached, planted = float(found[1]), float(found[2])
+    assert reached > planted - 0.05, out
 
 
 def test_the_client_example_trains_through_the_parameter_server():

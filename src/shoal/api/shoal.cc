@@ -179,6 +179,17 @@ void CheckTensors(const char* what, const std::vector<std::string>& names, const
   }
 }
 
+// Ids of a table's rows: an int64 CPU tensor of one dimension.
+void CheckIds(const std::string& table, const torch::Tensor& ids) {
+  if (!ids.defined() || ids.scalar_type() != torch::kInt64 || !ids.device().is_cpu() || ids.dim() != 1) {
+    throw Error("INVALID_ARGUMENT",
+                absl::StrCat("the ids for table '", table, "' must be an int64 CPU tensor of one dimension, not ",
+                             ids.defined() ? absl::StrCat(DTypeName(ids.scalar_type()), " ", ShapeString(ids.sizes()),
+                                                          " on ", ids.device().str())
+                                           : "an undefined one"));
+  }
+}
+
 // Where this process's VariableServers register besides serving over gRPC,
 // so that a ClusterClient of the same process calls them directly.
 InProcNetwork& ProcessNetwork() {
@@ -484,6 +495,32 @@ int64_t ClusterClient::Apply(const std::vector<std::string>& names, const std::v
   const std::vector<int64_t> values =
       ValueOrThrow(state_->client->ApplyGradients(names, gradients, GlobalStepCounters(global_step_increment)));
   return values.empty() ? 0 : values.front();
+}
+
+void ClusterClient::CreateTable(const std::string& name, const TableOptions& options) {
+  const std::string where = absl::StrCat("table '", name, "'");
+  wire::TableDef table;
+  table.set_name(name);
+  table.set_rows(options.rows);
+  table.set_dim(options.dim);
+  table.set_seed(options.seed);
+  table.set_init_scale(options.init_scale);
+  table.set_min_count(options.min_count);
+  table.set_steps_to_live(options.steps_to_live);
+  *table.mutable_optimizer() = ValueOrThrow(ParseOptimizerYaml(options.optimizer_yaml, where + " optimizer"));
+  ThrowIfError(state_->client->CreateTables({table}));
+}
+
+torch::Tensor ClusterClient::PullRows(const std::string& table, const torch::Tensor& ids) {
+  CheckIds(table, ids);
+  torch::Tensor rows = ValueOrThrow(state_->client->PullRows(table, ids));
+  return state_->copy_reads ? rows.clone() : rows;
+}
+
+void ClusterClient::PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients) {
+  CheckIds(table, ids);
+  CheckTensors("the gradient rows", {table}, {gradients}, /*int64_too=*/false);
+  ThrowIfError(state_->client->PushRows(table, ids, gradients));
 }
 
 int64_t ClusterClient::AddToCounter(const std::string& name, int64_t delta) {

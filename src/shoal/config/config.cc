@@ -572,6 +572,20 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text) {
   return config;
 }
 
+absl::StatusOr<wire::OptimizerConfig> ParseOptimizerYaml(const std::string& yaml_text, const std::string& where) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": '", yaml_text, "' is not YAML: ", e.what()));
+  }
+  if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(where, ": expected a mapping such as {kind: sgd}"));
+  SHOAL_RETURN_IF_ERROR(CheckNoDuplicateKeys(root, where));
+  wire::OptimizerConfig optimizer;
+  SHOAL_RETURN_IF_ERROR(ParseOptimizer(Section(root, where), &optimizer));
+  return optimizer;
+}
+
 absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
   SHOAL_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path, "config file"));
   auto config = ParseJobConfig(text);

@@ -68,6 +68,10 @@ struct JobConfig : StrategyConfig {
 JobConfig DefaultJobConfig();
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text);
 absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
+// An optimizer from a YAML mapping of training.optimizer's keys
+// ("{kind: adagrad, learning_rate: 0.05}"), checked as strictly, with
+// `where` naming it in errors; keys it does not give stay unset.
+absl::StatusOr<wire::OptimizerConfig> ParseOptimizerYaml(const std::string& yaml_text, const std::string& where);
 // Checks cross-field consistency (also done by the parsers).
 absl::Status ValidateJobConfig(const JobConfig& config);
 
