@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 
 #include "shoal/client/client.h"
 #include "shoal/server/variable_service.h"
@@ -195,6 +196,29 @@ TEST(EmbeddingTableTest, BadRequestsAreRefusedNamingTheTableAndIdAndChangeNothin
   EXPECT_NE(EmbeddingTable::Create(kind, "t").status().message().find("no sparse form"), std::string::npos);
   auto dim = Def("sgd", 10, 0);
   EXPECT_FALSE(EmbeddingTable::Create(dim, "t").ok());
+}
+
+// A fixed table is made whole when created: one that cannot fit in memory
+// is refused at once, before anything is allocated (found by
+// fuzz/variable_service_fuzz.cc: a request for 2^63 rows kept the ps busy
+// mapping chunks). Read-only and dynamic tables grow as rows come, so any
+// row count is theirs.
+TEST(EmbeddingTableTest, AFixedTableTooLargeForMemoryIsRefusedBeforeAnythingIsAllocated) {
+  const absl::Time start = absl::Now();
+  auto huge = EmbeddingTable::Create(Def("adagrad", int64_t{1} << 50, 16, 0, 2), "/job:ps/task:0");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  for (const char* says : {"table 'emb' on /job:ps/task:0", "562949953421312 rows x 16 floats", "adagrad's 1 slots",
+                           "make it dynamic"}) {
+    EXPECT_NE(huge.status().message().find(says), std::string::npos) << says << ": " << huge.status();
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  auto largest = Def("sgd", std::numeric_limits<int64_t>::max(), 65536);
+  EXPECT_EQ(EmbeddingTable::Create(largest, "t").status().code(), absl::StatusCode::kResourceExhausted);
+  wire::TableDef read_only = Def("adagrad", int64_t{1} << 50, 16);
+  read_only.set_read_only(true);
+  EXPECT_TRUE(EmbeddingTable::Create(read_only, "t").ok());
+  EXPECT_TRUE(EmbeddingTable::Create(Def("adagrad", 0, 16), "t").ok());
 }
 
 TEST(EmbeddingTableTest, ADynamicTableAdmitsRowsAfterMinCountAndEvictsIdleOnes) {

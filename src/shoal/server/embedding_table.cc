@@ -1,15 +1,18 @@
 #include "shoal/server/embedding_table.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <new>
 #include <tuple>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "shoal/core/status.h"
 
 namespace shoal {
@@ -22,6 +25,15 @@ uint64_t Mix(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
   return x ^ (x >> 31);
+}
+
+// The memory this process may use: the host's, or its cgroup's limit if lower.
+double UsableMemoryBytes() {
+  double bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  std::ifstream limit("/sys/fs/cgroup/memory.max");  // cgroup v2; "max" when unlimited
+  double cgroup = 0;
+  if (limit >> cgroup && cgroup > 0) bytes = std::min(bytes, cgroup);
+  return bytes;
 }
 
 // The shard that holds `id` among `shards`.
@@ -112,6 +124,21 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wir
   if (o.beta1() == 0) o.set_beta1(0.9);
   if (o.beta2() == 0) o.set_beta2(0.999);
   if (o.learning_rate_power() == 0) o.set_learning_rate_power(-0.5);
+  if (filled.rows() > 0 && !filled.read_only()) {
+    // A fixed table's shard is made whole, here: a size that cannot fit is
+    // refused before anything is allocated (a typo'd row count, or a hostile
+    // request, must not take the ps task down).
+    const int slots = kind == "sgd" ? 0 : kind == "adagrad" ? 1 : 2;
+    const double shard_rows = std::ceil(static_cast<double>(filled.rows()) / filled.num_shards());
+    const double bytes = shard_rows * static_cast<double>(filled.dim()) * sizeof(float) * (1 + slots);
+    const double usable = UsableMemoryBytes();
+    if (bytes > usable) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%s: its shard of %.0f rows x %d floats (with %s's %d slots) needs %.1f GB, more than the %.1f GB of "
+          "memory this task may use; spread it over more ps tasks, or make it dynamic (rows: 0)",
+          where, shard_rows, filled.dim(), kind, slots, bytes / 1e9, usable / 1e9));
+    }
+  }
   auto table = std::make_unique<EmbeddingTable>(std::move(filled), task_name);
   if (table->dense_) {
     // This shard's rows: ids shard, shard + num_shards, ...
