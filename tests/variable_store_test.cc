@@ -65,6 +65,42 @@ TEST_F(VariableStoreTest, AppliesGradientsWithTheOptimizer) {
   EXPECT_TRUE(Value("b").allclose(torch::full({3}, -1.0f)));
 }
 
+// Found by fuzz/variable_service_fuzz.cc: momentum set on a variable made
+// without it had no buffer (the next apply indexed past its slots), and
+// RMSProp without momentum kept undefined slots, which read_slots,
+// assign_slots and checkpoints could not copy (the ps died of the
+// exception).
+TEST_F(VariableStoreTest, MomentumTurnedOnLaterGetsItsBufferAndEverySlotCanBeReadAndSaved) {
+  wire::OptimizerConfig momentum;
+  momentum.set_kind("sgd");
+  momentum.set_learning_rate(0.5);
+  momentum.set_momentum(0.9);
+  ASSERT_TRUE(store_.SetOptimizer({"w"}, momentum).ok());
+  std::vector<int64_t> versions;
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(store_.ApplyGradients({"w"}, {torch::ones({2, 3})}, &versions).ok());
+  // buf = 1, then 0.9 + 1: w = 1 - 0.5 - 0.95.
+  EXPECT_TRUE(Value("w").allclose(torch::full({2, 3}, 1.0f - 0.5f - 0.95f)));
+
+  ASSERT_TRUE(store_.Create({Def("r", {4}, "rmsprop", 0.01)}, {torch::ones({4})}).ok());
+  ASSERT_TRUE(store_.ApplyGradients({"r"}, {torch::ones({4})}, &versions).ok());
+  std::vector<OptimizerSlots> slots;
+  ASSERT_TRUE(store_.ReadSlots({"r", "w"}, &slots).ok());
+  ASSERT_EQ(slots[0].tensors.size(), 3u);
+  for (const torch::Tensor& t : slots[0].tensors) EXPECT_TRUE(t.defined() && t.sizes() == torch::IntArrayRef({4}));
+  EXPECT_TRUE(store_.AssignSlots({"r"}, {slots[0]}).ok());
+  for (const SavedVariable& saved : store_.Snapshot()) {
+    for (const torch::Tensor& t : saved.slots.tensors) EXPECT_TRUE(t.defined()) << saved.name;
+  }
+  wire::OptimizerConfig centered;
+  centered.set_kind("rmsprop");
+  centered.set_learning_rate(0.01);
+  centered.set_momentum(0.5);
+  centered.set_centered(true);
+  ASSERT_TRUE(store_.SetOptimizer({"r"}, centered).ok());
+  ASSERT_TRUE(store_.ApplyGradients({"r"}, {torch::ones({4})}, &versions).ok());
+  EXPECT_TRUE(AllFinite(Value("r")));
+}
+
 TEST_F(VariableStoreTest, UnknownVariableNamesVariableAndTaskAndChangesNothing) {
   std::vector<int64_t> versions;
   absl::Status status = store_.ApplyGradients({"w", "nope"}, {torch::ones({2, 3}), torch::ones({1})}, &versions);

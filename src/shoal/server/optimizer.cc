@@ -114,9 +114,11 @@ class RmsPropOptimizer final : public Optimizer {
   using Optimizer::Optimizer;
   OptimizerSlots MakeSlots(const torch::Tensor& value) const override {
     OptimizerSlots slots;
-    slots.tensors.push_back(torch::zeros_like(value));                                    // square average
-    slots.tensors.push_back(config().momentum() != 0 ? torch::zeros_like(value) : torch::Tensor());
-    slots.tensors.push_back(config().centered() ? torch::zeros_like(value) : torch::Tensor());
+    // All three always, as TensorFlow keeps its momentum slot: a set_optimizer
+    // may turn momentum or centering on later.
+    slots.tensors.push_back(torch::zeros_like(value));  // square average
+    slots.tensors.push_back(torch::zeros_like(value));  // momentum buffer
+    slots.tensors.push_back(torch::zeros_like(value));  // gradient average (centered)
     return slots;
   }
   void Apply(torch::Tensor& value, const torch::Tensor& grad, OptimizerSlots& slots) const override {
@@ -157,6 +159,13 @@ absl::Status CheckRange(absl::string_view kind, absl::string_view field, double 
 }
 
 }  // namespace
+
+void Optimizer::AddMissingSlots(const torch::Tensor& value, OptimizerSlots* slots) const {
+  OptimizerSlots needed = MakeSlots(value);
+  for (size_t k = slots->tensors.size(); k < needed.tensors.size(); ++k) {
+    slots->tensors.push_back(std::move(needed.tensors[k]));
+  }
+}
 
 torch::Tensor Optimizer::WithWeightDecay(const torch::Tensor& value, const torch::Tensor& grad) const {
   return config_.weight_decay() != 0 ? grad.add(value, config_.weight_decay()) : grad;

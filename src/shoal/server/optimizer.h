@@ -49,8 +49,14 @@ class Optimizer {
   // The configuration with every default filled in.
   const wire::OptimizerConfig& config() const { return config_; }
 
-  // Allocates the slots for a variable shaped like `value`.
+  // Allocates the slots for a variable shaped like `value`. Every slot is a
+  // defined tensor (they are read, saved and assigned as they are).
   virtual OptimizerSlots MakeSlots(const torch::Tensor& value) const = 0;
+
+  // Adds the slots `slots` lacks for this configuration, as zeros or the
+  // optimizer's initial value (momentum set where the variable was made
+  // without it); keeps every slot it has. For a set_optimizer.
+  void AddMissingSlots(const torch::Tensor& value, OptimizerSlots* slots) const;
 
   // value -= update(grad). `grad` has value's shape and is finite.
   virtual void Apply(torch::Tensor& value, const torch::Tensor& grad, OptimizerSlots& slots) const = 0;

@@ -412,6 +412,12 @@ absl::Status VariableStore::SetOptimizer(const std::vector<std::string>& names,
   }
   std::unique_lock definitions(map_mu_);  // Lookup and Create read the definitions under it
   for (const auto& var : vars) {
+    {
+      // Before the rule is published: an apply that finds the new rule finds
+      // its slots (momentum turned on for a variable made without it).
+      std::lock_guard lock(var->update_mu);
+      rule->AddMissingSlots(var->value, &var->slots);
+    }
     std::atomic_store(&var->optimizer, rule);  // applies in flight finish with the old one
     *var->def.mutable_optimizer() = rule->config();
   }
