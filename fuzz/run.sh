@@ -12,9 +12,9 @@ scripts/bootstrap.sh >&2
 command -v clang++ > /dev/null || apt-get install -y --no-install-recommends clang >&2
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHOAL_BUILD_TESTS=OFF -DSHOAL_BUILD_BENCH=OFF -DSHOAL_FUZZ=ON > /dev/null
-ninja -C build-fuzz -j2 wire_decode_fuzz checkpoint_shard_fuzz table_checkpoint_fuzz >&2
+ninja -C build-fuzz -j2 wire_decode_fuzz checkpoint_shard_fuzz table_checkpoint_fuzz variable_service_fuzz >&2
 status=0
-for target in wire_decode_fuzz checkpoint_shard_fuzz table_checkpoint_fuzz; do
+for target in wire_decode_fuzz checkpoint_shard_fuzz table_checkpoint_fuzz variable_service_fuzz; do
   corpus=build-fuzz/corpus_$target
   mkdir -p "$corpus"
   "build-fuzz/fuzz/$target" --write_seeds="$corpus"

@@ -59,6 +59,12 @@ absl::Status CheckListLengths(const wire::RequestHeader& h, const std::string& t
   return absl::OkStatus();
 }
 
+// The request's operation as the wire names it ("apply_gradients").
+std::string OpName(const wire::RequestHeader& h) {
+  const auto* field = wire::RequestHeader::descriptor()->FindFieldByNumber(static_cast<int>(h.op_case()));
+  return field == nullptr ? "empty" : field->name();
+}
+
 }  // namespace
 
 absl::Status ResponseStatus(const wire::ResponseHeader& header) {
@@ -118,7 +124,7 @@ void VariableService::Handle(const Request& request, Response* response) {
       return;
     }
   }
-  Conclude(Dispatch(request, response), response);
+  Conclude(DispatchGuarded(request, response), response);
   if (recorded) ledger_.Finish(h.client_id(), h.request_id(), response->header);
   ReadAfterApply(request, response);
 }
@@ -165,6 +171,21 @@ absl::StatusOr<EmbeddingTable*> VariableService::TableFor(absl::string_view op, 
                                                    ")"));
   }
   return table;
+}
+
+absl::Status VariableService::DispatchGuarded(const Request& request, Response* response) {
+  // Every request is validated before it is served, so nothing here should
+  // throw; if something does (libtorch throws on misuse), that request
+  // fails, not the whole ps task with every client's variables.
+  try {
+    return Dispatch(request, response);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(options_.task_name, " ran out of memory serving a ", OpName(request.header), " request"));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(options_.task_name, " failed serving a ", OpName(request.header),
+                                            " request (a bug in shoal; please report it): ", e.what()));
+  }
 }
 
 absl::Status VariableService::Dispatch(const Request& request, Response* response) {

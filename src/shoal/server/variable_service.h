@@ -72,6 +72,8 @@ class VariableService {
   absl::StatusOr<EmbeddingTable*> TableFor(absl::string_view op, const std::string& name, const Request& request,
                                            size_t tensors, absl::string_view which);
   absl::Status Dispatch(const Request& request, Response* response);
+  // Dispatch, with an exception turned into an error for that request alone.
+  absl::Status DispatchGuarded(const Request& request, Response* response);
   // Writes the verdict, and this server's incarnation, into the header.
   void Conclude(const absl::Status& status, Response* response) const;
   // An apply that asked for the values after it (read_after) gets them.
