@@ -116,7 +116,8 @@ PYBIND11_MODULE(_shoal, m) {
       .def(
           "create_table",
           [](shoal::ClusterClient& client, const std::string& name, int64_t rows, int64_t dim, uint64_t seed,
-             double init_scale, const std::string& optimizer_yaml, int64_t min_count, int64_t steps_to_live) {
+             double init_scale, const std::string& optimizer_yaml, int64_t min_count, int64_t steps_to_live,
+             int64_t max_rows) {
             shoal::TableOptions options;
             options.rows = rows;
             options.dim = dim;
@@ -125,6 +126,7 @@ PYBIND11_MODULE(_shoal, m) {
             options.optimizer_yaml = optimizer_yaml;
             options.min_count = min_count;
             options.steps_to_live = steps_to_live;
+            options.max_rows = max_rows;
             client.CreateTable(name, options);
           },
           py::call_guard<py::gil_scoped_release>())

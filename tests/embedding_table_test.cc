@@ -244,6 +244,55 @@ TEST(EmbeddingTableTest, ADynamicTableAdmitsRowsAfterMinCountAndEvictsIdleOnes) 
   EXPECT_TRUE(torch::allclose(table->Pull(Ids({-5})).value(), initial.narrow(0, 1, 1) - 0.7));
 }
 
+// A dynamic table's shard holds at most its share of max_rows: new ids
+// beyond it are refused (gradients dropped, pulls answered with initial
+// rows) until eviction makes room, and sightings below min_count count
+// against the same room, so an unbounded id stream cannot grow the ps.
+TEST(EmbeddingTableTest, AFullDynamicTableAdmitsNoNewIdUntilEvictionMakesRoom) {
+  auto def = Def("sgd", /*rows=*/0, /*dim=*/2);
+  def.set_max_rows(3);
+  def.set_steps_to_live(4);
+  auto table = Make(def);
+  const torch::Tensor initial = table->Pull(Ids({3, 4})).value().clone();
+  ASSERT_TRUE(table->Push(Ids({0, 1, 2}), torch::ones({3, 2})).ok());
+  ASSERT_TRUE(table->Push(Ids({3, 4}), torch::ones({2, 2})).ok());
+  EXPECT_EQ(table->size(), 3);
+  EXPECT_EQ(table->refused_admissions(), 2);
+  EXPECT_TRUE(table->Pull(Ids({3, 4})).value().equal(initial));  // their gradients were dropped
+  // Only 0 stays busy: 1 and 2 are evicted, and 3 then gets a row.
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(table->Push(Ids({0}), torch::ones({1, 2})).ok());
+  EXPECT_EQ(table->size(), 1);
+  ASSERT_TRUE(table->Push(Ids({3}), torch::ones({1, 2})).ok());
+  EXPECT_EQ(table->size(), 2);
+  EXPECT_TRUE(torch::allclose(table->Pull(Ids({3})).value(), initial.narrow(0, 0, 1) - 0.1));
+
+  // Sightings take room too: with min_count 2 and room for 2, a third new
+  // id is not even remembered; a remembered one is admitted on its second push.
+  auto counted = Def("sgd", 0, 2);
+  counted.set_max_rows(2);
+  counted.set_min_count(2);
+  auto sighted = Make(counted);
+  for (int64_t id : {10, 11, 12}) ASSERT_TRUE(sighted->Push(Ids({id}), torch::ones({1, 2})).ok());
+  EXPECT_EQ(sighted->refused_admissions(), 1);
+  ASSERT_TRUE(sighted->Push(Ids({10, 12}), torch::ones({2, 2})).ok());
+  EXPECT_EQ(sighted->size(), 1);  // 10 admitted; 12 was never remembered
+  EXPECT_EQ(sighted->refused_admissions(), 2);
+
+  // Each of 2 shards holds its share, rounded up; a fixed table takes none.
+  auto sharded = Def("sgd", 0, 2, /*shard=*/0, /*shards=*/2);
+  sharded.set_max_rows(3);
+  auto half = Make(sharded);
+  ASSERT_TRUE(half->Push(Ids({0, 2, 4, 6}), torch::ones({4, 2})).ok());
+  EXPECT_EQ(half->size(), 2);
+  auto fixed = Def("sgd", 10, 2);
+  fixed.set_max_rows(5);
+  EXPECT_NE(EmbeddingTable::Create(fixed, "t").status().message().find("max_rows are for dynamic tables"),
+            std::string::npos);
+  auto negative = Def("sgd", 0, 2);
+  negative.set_max_rows(-1);
+  EXPECT_FALSE(EmbeddingTable::Create(negative, "t").ok());
+}
+
 TEST(EmbeddingTableTest, TheClientPullsAndPushesByIdOverTwoPsTasks) {
   JobConfig config;
   config.cluster.ps = 2;

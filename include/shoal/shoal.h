@@ -159,6 +159,9 @@ struct TableOptions {
   std::string optimizer_yaml = "{kind: adagrad, learning_rate: 0.05}";
   int64_t min_count = 0;      // dynamic: a row is made once its id was pushed this often
   int64_t steps_to_live = 0;  // dynamic: a row untouched for this many of its shard's pushes goes (0: never)
+  // Dynamic: at most this many rows over all ps tasks (0: as many as fit in
+  // their memory); a full table admits no new id.
+  int64_t max_rows = 0;
 };
 
 // A parameter-server client: reads, assigns and applies gradients to

@@ -197,6 +197,13 @@ def test_client_pulls_and_pushes_embedding_rows_by_id():
     first = client.pull_rows("dyn", big)
     client.push_rows("dyn", big, torch.ones(1, 2))
     assert (client.pull_rows("dyn", big) < first).all()
+    # ... up to max_rows over all ps tasks (each its share): a full one admits no new id.
+    client.create_table("capped", dim=2, max_rows=2, optimizer={"kind": "sgd", "learning_rate": 1.0})
+    ids = torch.tensor([0, 2, 1, 3])  # 0 and 2 on ps 0, 1 and 3 on ps 1: one row each
+    initial = client.pull_rows("capped", ids)
+    client.push_rows("capped", ids, torch.ones(4, 2))
+    moved = (client.pull_rows("capped", ids) != initial).all(dim=1).tolist()
+    assert moved[0] != moved[1] and moved[2] != moved[3], moved  # one row made on each ps
     client.shutdown_servers()
     del servers
 

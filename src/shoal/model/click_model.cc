@@ -39,6 +39,7 @@ absl::Status ValidateClickConfig(const ClickConfig& config, const std::string& p
                                    std::tuple{"bag_size", config.bag_size, 1}, std::tuple{"rows", config.rows, 0},
                                    std::tuple{"dim", config.dim, 1}, std::tuple{"min_count", config.min_count, 0},
                                    std::tuple{"steps_to_live", config.steps_to_live, 0},
+                                   std::tuple{"max_rows", config.max_rows, 0},
                                    std::tuple{"cache_rows", config.cache_rows, 0},
                                    std::tuple{"cache_staleness", config.cache_staleness, 0}}) {
     if (value < least) {
@@ -105,6 +106,7 @@ absl::StatusOr<std::unique_ptr<ClickModel>> ClickModel::Create(const ClickConfig
   *table.mutable_optimizer() = config.optimizer;
   table.set_min_count(config.min_count);
   table.set_steps_to_live(config.steps_to_live);
+  table.set_max_rows(config.max_rows);
   std::unique_ptr<ClickModel> model(new ClickModel(config, std::move(table)));
   const int64_t integers = config.integer_features, features = config.categorical_features, dim = config.dim;
   auto add = [&model](const std::vector<std::string>& names, const std::vector<torch::Tensor>& params) {

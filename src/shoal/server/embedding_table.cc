@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <new>
@@ -34,6 +35,18 @@ double UsableMemoryBytes() {
   double cgroup = 0;
   if (limit >> cgroup && cgroup > 0) bytes = std::min(bytes, cgroup);
   return bytes;
+}
+
+// Row-sized slots each sparse optimizer keeps.
+int SlotsOf(const std::string& kind) { return kind == "sgd" ? 0 : kind == "adagrad" ? 1 : 2; }
+
+// The rows a shard of a dynamic table may hold: its share of max_rows, or
+// else as many as fit in 90% of the task's memory, each with its slots and
+// its place in the id index (about 64 bytes).
+int64_t DynamicCapacity(const wire::TableDef& def) {
+  if (def.max_rows() > 0) return (def.max_rows() + def.num_shards() - 1) / def.num_shards();
+  const double row_bytes = static_cast<double>(def.dim()) * sizeof(float) * (1 + SlotsOf(def.optimizer().kind())) + 64;
+  return static_cast<int64_t>(std::min(0.9 * UsableMemoryBytes() / row_bytes, 9e18));
 }
 
 // The shard that holds `id` among `shards`.
@@ -90,9 +103,10 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wir
   if (def.min_count() < 0 || def.steps_to_live() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": min_count and steps_to_live must be >= 0"));
   }
-  if (def.rows() > 0 && (def.min_count() > 1 || def.steps_to_live() > 0)) {
+  if (def.max_rows() < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": max_rows must be >= 0"));
+  if (def.rows() > 0 && (def.min_count() > 1 || def.steps_to_live() > 0 || def.max_rows() > 0)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": min_count and steps_to_live are for dynamic tables (rows: 0)"));
+        absl::StrCat(where, ": min_count, steps_to_live and max_rows are for dynamic tables (rows: 0)"));
   }
   wire::TableDef filled = def;
   wire::OptimizerConfig& o = *filled.mutable_optimizer();
@@ -128,7 +142,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wir
     // A fixed table's shard is made whole, here: a size that cannot fit is
     // refused before anything is allocated (a typo'd row count, or a hostile
     // request, must not take the ps task down).
-    const int slots = kind == "sgd" ? 0 : kind == "adagrad" ? 1 : 2;
+    const int slots = SlotsOf(kind);
     const double shard_rows = std::ceil(static_cast<double>(filled.rows()) / filled.num_shards());
     const double bytes = shard_rows * static_cast<double>(filled.dim()) * sizeof(float) * (1 + slots);
     const double usable = UsableMemoryBytes();
@@ -166,6 +180,7 @@ EmbeddingTable::EmbeddingTable(wire::TableDef def, std::string task_name)
       rule_(RuleOf(def_.optimizer().kind())),
       where_(absl::StrCat("table '", def_.name(), "' on ", task_name)),
       dim_(def_.dim()),
+      capacity_(def_.rows() == 0 && !def_.read_only() ? DynamicCapacity(def_) : 0),
       values_(def_.dim()) {
   if (def_.read_only()) return;  // no optimizer state: nothing will be pushed
   const float initial_accumulator = static_cast<float>(def_.optimizer().initial_accumulator_value());
@@ -253,13 +268,33 @@ int64_t EmbeddingTable::FindOrAdmit(int64_t id) {
     last_push_[it->second] = pushes_;
     return it->second;
   }
+  // A full shard admits nothing new, and its rows and the sightings it
+  // remembers (each smaller than a row) stay within its capacity together.
+  const bool full = static_cast<int64_t>(index_.size()) >= capacity_;
   if (def_.min_count() > 1) {
-    Sighting& s = sightings_[id];
-    s.last_push = pushes_;
-    if (++s.count < def_.min_count()) return -1;
-    sightings_.erase(id);
+    auto sighting = sightings_.find(id);
+    if (sighting == sightings_.end()) {
+      if (static_cast<int64_t>(index_.size() + sightings_.size()) >= capacity_) return Refuse();
+      sighting = sightings_.emplace(id, Sighting{0, 0}).first;
+    }
+    sighting->second.last_push = pushes_;
+    if (++sighting->second.count < def_.min_count()) return -1;
+    if (full) return Refuse();
+    sightings_.erase(sighting);
+  } else if (full) {
+    return Refuse();
   }
   return MakeRow(id);
+}
+
+int64_t EmbeddingTable::Refuse() {
+  if (refused_++ == 0) {
+    absl::FPrintF(stderr,
+                  "shoal: %s is full (%d rows on this shard): new ids are not admitted, their gradients dropped "
+                  "and their pulls answered with initial rows; raise max_rows, add ps tasks, or set steps_to_live\n",
+                  where_, capacity_);
+  }
+  return -1;
 }
 
 int64_t EmbeddingTable::MakeRow(int64_t id) {
@@ -443,6 +478,11 @@ int64_t EmbeddingTable::Restore(const wire::TableChunk& chunk, const torch::Tens
 int64_t EmbeddingTable::size() const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   return dense_ ? values_.rows() : static_cast<int64_t>(index_.size());
+}
+
+int64_t EmbeddingTable::refused_admissions() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return refused_;
 }
 
 int64_t EmbeddingTable::pushes() const {

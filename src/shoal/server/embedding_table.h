@@ -6,7 +6,11 @@
 // way). A fixed table has `rows` rows and takes ids in [0, rows); a dynamic
 // table (rows = 0) takes any int64 id and makes a row when a gradient first
 // reaches it (after `min_count` sightings), dropping rows that no push has
-// touched for `steps_to_live` pushes.
+// touched for `steps_to_live` pushes. A dynamic shard holds at most its
+// share of `max_rows`, or by default as many rows as fit in 90% of the
+// task's memory: a full shard admits no new id (its gradients are dropped,
+// its pulls answered with its initial row) and says so once on stderr, so
+// an unbounded id space ends as refused ids, not as a ps killed for memory.
 //
 // Rows start from the seed, not from the wire: row `id` starts uniform in
 // [-init_scale, init_scale], drawn from (seed, id) alone, so every shard
@@ -124,6 +128,8 @@ class EmbeddingTable {
   // Rows held (a fixed table: all of its shard).
   int64_t size() const;
   int64_t pushes() const;
+  // Dynamic tables: new ids a full shard did not admit (max_rows).
+  int64_t refused_admissions() const;
   // Bytes of row and slot storage held.
   int64_t bytes() const;
 
@@ -142,6 +148,8 @@ class EmbeddingTable {
   // Tables that are not dense: a new row for `id` (not yet held), from its
   // initial value.
   int64_t MakeRow(int64_t id);
+  // A new id a full shard does not admit: counted, said once on stderr; -1.
+  int64_t Refuse();
   // Dynamic tables: drops rows (and sightings) untouched for steps_to_live pushes.
   void Evict();
   void ApplyRow(int64_t index, const float* gradient);
@@ -158,10 +166,12 @@ class EmbeddingTable {
   const Rule rule_;
   const std::string where_;  // "table 'name' on /job:ps/task:0"
   const int64_t dim_;
+  const int64_t capacity_;  // dynamic tables: the rows this shard may hold
   mutable std::shared_mutex mu_;  // pushes exclusive; pulls shared
   RowArena values_;
   std::vector<RowArena> slots_;  // adagrad: accumulator; lazy_adam: m, v; ftrl: z, n
   int64_t pushes_ = 0;
+  int64_t refused_ = 0;
   // Tables that are not dense only.
   std::unordered_map<int64_t, int64_t> index_;  // id -> row index
   std::vector<int64_t> free_rows_;
