@@ -9,20 +9,16 @@
 #include <filesystem>
 #include <string>
 
+#include "fuzz_support.h"
 #include "shoal/server/checkpoint_shard.h"
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
-  for (int i = 1; i < *argc; ++i) {
-    const std::string arg = (*argv)[i];
-    if (arg.rfind("--write_seeds=", 0) == 0) {
-      const std::string dir = arg.substr(14);
-      std::filesystem::create_directories(dir);
-      shoal::SavedVariable kernel{"dense_1/kernel", "adam", torch::ones({3, 2}), {{torch::zeros({3, 2}), torch::ones({3, 2})}, 7}};
-      shoal::SavedVariable bias{"dense_1/bias", "sgd", torch::arange(2, torch::kFloat32), {}};
-      (void)shoal::WriteShard(dir + "/seed_shard", {kernel, bias});
-      std::exit(0);
-    }
-  }
+  shoal::fuzz::WriteSeedsIfAsked(*argc, *argv, [](const std::string& dir) {
+    std::filesystem::create_directories(dir);
+    shoal::SavedVariable kernel{"dense_1/kernel", "adam", torch::ones({3, 2}), {{torch::zeros({3, 2}), torch::ones({3, 2})}, 7}};
+    shoal::SavedVariable bias{"dense_1/bias", "sgd", torch::arange(2, torch::kFloat32), {}};
+    (void)shoal::WriteShard(dir + "/seed_shard", {kernel, bias});
+  });
   return 0;
 }
 

@@ -23,7 +23,7 @@
 
 #include <fuzzer/FuzzedDataProvider.h>
 
-#include "shoal/core/crc32c.h"
+#include "fuzz_support.h"
 #include "shoal/server/table_checkpoint.h"
 
 namespace {
@@ -57,28 +57,11 @@ shoal::TableStore& Tables() {
   return *tables;
 }
 
-// Everything a restore may change, as one number per table: its rows, slots,
-// row count and push count.
+// Everything a restore may change: each table's rows, slots, row count and
+// push count.
 std::vector<uint64_t> Fingerprint() {
   std::vector<uint64_t> prints;
-  for (const shoal::EmbeddingTable* table : Tables().All()) {
-    uint32_t crc = 0;
-    auto add = [&](const torch::Tensor& t) {
-      crc = shoal::Crc32c(t.data_ptr(), t.nbytes(), crc);
-    };
-    const absl::Status walked = table->ForEachChunk(
-        256, [&](const torch::Tensor& ids, const torch::Tensor& rows, const std::vector<torch::Tensor>& slots,
-                 int64_t) {
-          add(ids);
-          add(rows);
-          for (const torch::Tensor& slot : slots) add(slot);
-          return absl::OkStatus();
-        });
-    if (!walked.ok()) std::abort();
-    prints.push_back(crc);
-    prints.push_back(static_cast<uint64_t>(table->size()));
-    prints.push_back(static_cast<uint64_t>(table->pushes()));
-  }
+  shoal::fuzz::AddTablesFingerprint(Tables(), &prints);
   return prints;
 }
 
@@ -118,16 +101,11 @@ void WriteDescribedChunks(FuzzedDataProvider& input, const std::string& path) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
-  for (int i = 1; i < *argc; ++i) {
-    const std::string arg = (*argv)[i];
-    if (arg.rfind("--write_seeds=", 0) == 0) {
-      const std::string dir = arg.substr(14);
-      std::filesystem::create_directories(dir);
-      if (!shoal::SaveTables(Tables(), dir + "/seed_tables").ok()) std::abort();
-      std::ofstream(dir + "/seed_described", std::ios::binary) << std::string(1, '\1') << std::string(256, '\3');
-      std::exit(0);
-    }
-  }
+  shoal::fuzz::WriteSeedsIfAsked(*argc, *argv, [](const std::string& dir) {
+    std::filesystem::create_directories(dir);
+    if (!shoal::SaveTables(Tables(), dir + "/seed_tables").ok()) std::abort();
+    std::ofstream(dir + "/seed_described", std::ios::binary) << std::string(1, '\1') << std::string(256, '\3');
+  });
   return 0;
 }
 

@@ -25,6 +25,7 @@
 
 #include <google/protobuf/stubs/logging.h>
 
+#include "fuzz_support.h"
 #include "shoal/core/crc32c.h"
 #include "shoal/server/variable_service.h"
 
@@ -97,19 +98,7 @@ std::vector<uint64_t> Fingerprint() {
     prints.push_back(static_cast<uint64_t>(s.step));
   }
   prints.push_back(static_cast<uint64_t>(service.store().AddToCounter("global_step", 0)));
-  for (const shoal::EmbeddingTable* table : service.tables().All()) {
-    const absl::Status walked = table->ForEachChunk(
-        256, [&](const torch::Tensor& ids, const torch::Tensor& rows, const std::vector<torch::Tensor>& table_slots,
-                 int64_t) {
-          add(ids);
-          add(rows);
-          for (const torch::Tensor& slot : table_slots) add(slot);
-          return absl::OkStatus();
-        });
-    if (!walked.ok()) std::abort();
-    prints.push_back(static_cast<uint64_t>(table->size()));
-    prints.push_back(static_cast<uint64_t>(table->pushes()));
-  }
+  shoal::fuzz::AddTablesFingerprint(service.tables(), &prints);
   prints.push_back(crc);
   return prints;
 }
@@ -235,13 +224,7 @@ void WriteSeeds(const std::string& dir) {
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   google::protobuf::SetLogHandler(nullptr);  // headers with invalid UTF-8 are refused; not worth a line each
-  for (int i = 1; i < *argc; ++i) {
-    const std::string arg = (*argv)[i];
-    if (arg.rfind("--write_seeds=", 0) == 0) {
-      WriteSeeds(arg.substr(14));
-      std::exit(0);
-    }
-  }
+  shoal::fuzz::WriteSeedsIfAsked(*argc, *argv, WriteSeeds);
   return 0;
 }
 

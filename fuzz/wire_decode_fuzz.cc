@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "fuzz_support.h"
 #include "shoal/core/codec.h"
 
 namespace {
@@ -33,13 +34,7 @@ void WriteSeeds(const std::string& dir) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
-  for (int i = 1; i < *argc; ++i) {
-    const std::string arg = (*argv)[i];
-    if (arg.rfind("--write_seeds=", 0) == 0) {
-      WriteSeeds(arg.substr(14));
-      std::exit(0);
-    }
-  }
+  shoal::fuzz::WriteSeedsIfAsked(*argc, *argv, WriteSeeds);
   return 0;
 }
 

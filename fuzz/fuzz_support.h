@@ -1,0 +1,54 @@
+// What the libFuzzer targets share: the seeds flag, and a fingerprint of
+// everything a ps task's tables hold, to check that a refused input changed
+// none of it.
+#ifndef SHOAL_FUZZ_FUZZ_SUPPORT_H_
+#define SHOAL_FUZZ_FUZZ_SUPPORT_H_
+
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "shoal/core/crc32c.h"
+#include "shoal/server/embedding_table.h"
+
+namespace shoal::fuzz {
+
+// With `--write_seeds=DIR` among the arguments, `write(DIR)` writes the
+// target's seeds and the process ends; otherwise nothing happens.
+inline void WriteSeedsIfAsked(int argc, char** argv, const std::function<void(const std::string&)>& write) {
+  const std::string flag = "--write_seeds=";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind(flag, 0) == 0) {
+      write(arg.substr(flag.size()));
+      std::exit(0);
+    }
+  }
+}
+
+// A CRC32C over each table's ids, rows and slots, then its row and push
+// counts, appended to `prints`.
+inline void AddTablesFingerprint(const TableStore& tables, std::vector<uint64_t>* prints) {
+  for (const EmbeddingTable* table : tables.All()) {
+    uint32_t crc = 0;
+    auto add = [&](const torch::Tensor& t) { crc = Crc32c(t.data_ptr(), t.nbytes(), crc); };
+    const absl::Status walked = table->ForEachChunk(
+        256, [&](const torch::Tensor& ids, const torch::Tensor& rows, const std::vector<torch::Tensor>& slots,
+                 int64_t) {
+          add(ids);
+          add(rows);
+          for (const torch::Tensor& slot : slots) add(slot);
+          return absl::OkStatus();
+        });
+    if (!walked.ok()) std::abort();
+    prints->push_back(crc);
+    prints->push_back(static_cast<uint64_t>(table->size()));
+    prints->push_back(static_cast<uint64_t>(table->pushes()));
+  }
+}
+
+}  // namespace shoal::fuzz
+
+#endif  // SHOAL_FUZZ_FUZZ_SUPPORT_H_
