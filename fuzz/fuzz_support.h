@@ -1,6 +1,6 @@
-// What the libFuzzer targets share: the seeds flag, and a fingerprint of
-// everything a ps task's tables hold, to check that a refused input changed
-// none of it.
+// What the libFuzzer targets share: the seeds flag, the tables a ps task
+// holds in them, and a fingerprint of everything its tables hold, to check
+// that a refused input changed none of it.
 #ifndef SHOAL_FUZZ_FUZZ_SUPPORT_H_
 #define SHOAL_FUZZ_FUZZ_SUPPORT_H_
 
@@ -26,6 +26,26 @@ inline void WriteSeedsIfAsked(int argc, char** argv, const std::function<void(co
       std::exit(0);
     }
   }
+}
+
+// Shard 0 of 2 of a fixed Adagrad table "emb" (1000 x 4), and a dynamic
+// LazyAdam one "dyn" (x 2).
+inline std::vector<wire::TableDef> TwoTables() {
+  wire::TableDef fixed;
+  fixed.set_name("emb");
+  fixed.set_rows(1000);
+  fixed.set_dim(4);
+  fixed.set_num_shards(2);
+  fixed.set_shard(0);
+  fixed.set_seed(1);
+  fixed.set_init_scale(0.05);
+  fixed.mutable_optimizer()->set_kind("adagrad");
+  wire::TableDef dynamic = fixed;
+  dynamic.set_name("dyn");
+  dynamic.set_rows(0);
+  dynamic.set_dim(2);
+  dynamic.mutable_optimizer()->set_kind("lazy_adam");
+  return {fixed, dynamic};
 }
 
 // A CRC32C over each table's ids, rows and slots, then its row and push

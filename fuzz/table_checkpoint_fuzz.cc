@@ -31,21 +31,7 @@ namespace {
 shoal::TableStore& Tables() {
   static shoal::TableStore* tables = [] {
     auto* store = new shoal::TableStore("/job:ps/task:0");
-    shoal::wire::TableDef fixed;
-    fixed.set_name("emb");
-    fixed.set_rows(1000);
-    fixed.set_dim(4);
-    fixed.set_num_shards(2);
-    fixed.set_shard(0);
-    fixed.set_seed(1);
-    fixed.set_init_scale(0.05);
-    fixed.mutable_optimizer()->set_kind("adagrad");
-    shoal::wire::TableDef dynamic = fixed;
-    dynamic.set_name("dyn");
-    dynamic.set_rows(0);
-    dynamic.set_dim(2);
-    dynamic.mutable_optimizer()->set_kind("lazy_adam");
-    if (!store->Create({fixed, dynamic}).ok()) std::abort();
+    if (!store->Create(shoal::fuzz::TwoTables()).ok()) std::abort();
     // Some rows trained, so that slots and the dynamic table hold something.
     for (const char* name : {"emb", "dyn"}) {
       shoal::EmbeddingTable* table = store->Find(name).value();

@@ -58,20 +58,7 @@ shoal::VariableService& Service() {
       std::abort();
     }
     s->store().AddToCounter("global_step", 5);
-    shoal::wire::TableDef fixed;
-    fixed.set_name("emb");
-    fixed.set_rows(1000);
-    fixed.set_dim(4);
-    fixed.set_num_shards(2);
-    fixed.set_seed(1);
-    fixed.set_init_scale(0.05);
-    fixed.mutable_optimizer()->set_kind("adagrad");
-    shoal::wire::TableDef dynamic = fixed;
-    dynamic.set_name("dyn");
-    dynamic.set_rows(0);
-    dynamic.set_dim(2);
-    dynamic.mutable_optimizer()->set_kind("lazy_adam");
-    if (!s->tables().Create({fixed, dynamic}).ok()) std::abort();
+    if (!s->tables().Create(shoal::fuzz::TwoTables()).ok()) std::abort();
     return s;
   }();
   return *service;
