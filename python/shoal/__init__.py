@@ -213,10 +213,10 @@ class Client:
         rows=0 makes a dynamic table keyed by any int64 id, whose rows are made once an
         id was pushed min_count times and dropped after steps_to_live pushes of their
         shard without one; it holds at most max_rows rows (0: as many as fit in the ps
-        tasks' memory), and once full admits no new id. `optimizer` is a sparse one, updating only pushed rows: sgd,
-        adagrad (the default, learning rate 0.05), lazy_adam or ftrl (l1, l2,
-        learning_rate_power). A table that exists with the same definition is left
-        alone; one with another is refused."""
+        tasks' memory), and once full admits no new id. `optimizer` is a sparse one,
+        updating only pushed rows: sgd, adagrad (the default, learning rate 0.05),
+        lazy_adam or ftrl (l1, l2, learning_rate_power). A table that exists with the
+        same definition is left alone; one with another is refused."""
         optimizer = optimizer or {"kind": "adagrad", "learning_rate": 0.05}
         self._client.create_table(name, rows, dim, seed, init_scale, json.dumps(optimizer), min_count, steps_to_live,
                                   max_rows)
