@@ -221,6 +221,33 @@ TEST(EmbeddingTableTest, AFixedTableTooLargeForMemoryIsRefusedBeforeAnythingIsAl
   EXPECT_TRUE(EmbeddingTable::Create(Def("adagrad", 0, 16), "t").ok());
 }
 
+// Tables that each fit but together do not: the one that would overflow
+// is refused naming what the others hold, and nothing of it is made. The
+// store is given 8 MB for its tables, as a task with that much memory.
+TEST(EmbeddingTableTest, AFixedTableThatFitsOnlyWithoutTheOthersIsRefused) {
+  TableStore store("/job:ps/task:0", /*memory_bytes=*/8e6);
+  wire::TableDef first = Def("sgd", 1 << 16, 16);  // 4.2 MB
+  first.set_name("first");
+  ASSERT_TRUE(store.Create({first}).ok());
+  wire::TableDef second = first;
+  second.set_name("second");
+  auto refused = store.Create({second});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("table 'second' on /job:ps/task:0"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("needs 4.2 MB, which with the 4.2 MB its other tables hold is more than the 8.0 MB"), std::string::npos)
+      << refused.status();
+  EXPECT_FALSE(store.Find("second").ok());
+  // Two in one request that fit only one at a time: neither is made.
+  TableStore empty("/job:ps/task:0", 8e6);
+  wire::TableDef third = first;
+  third.set_name("third");
+  EXPECT_FALSE(empty.Create({first, third}).ok());
+  EXPECT_TRUE(empty.All().empty());
+  second.set_rows(1 << 14);  // 1 MB: fits beside the first
+  EXPECT_TRUE(store.Create({second}).ok());
+}
+
 TEST(EmbeddingTableTest, ADynamicTableAdmitsRowsAfterMinCountAndEvictsIdleOnes) {
   auto def = Def("sgd", /*rows=*/0);
   def.set_min_count(2);

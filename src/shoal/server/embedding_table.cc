@@ -28,25 +28,21 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// The memory this process may use: the host's, or its cgroup's limit if lower.
-double UsableMemoryBytes() {
-  double bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-  std::ifstream limit("/sys/fs/cgroup/memory.max");  // cgroup v2; "max" when unlimited
-  double cgroup = 0;
-  if (limit >> cgroup && cgroup > 0) bytes = std::min(bytes, cgroup);
-  return bytes;
+// "4.2 MB", "25.3 GB".
+std::string Size(double bytes) {
+  return bytes >= 1e9 ? absl::StrFormat("%.1f GB", bytes / 1e9) : absl::StrFormat("%.1f MB", bytes / 1e6);
 }
 
 // Row-sized slots each sparse optimizer keeps.
 int SlotsOf(const std::string& kind) { return kind == "sgd" ? 0 : kind == "adagrad" ? 1 : 2; }
 
 // The rows a shard of a dynamic table may hold: its share of max_rows, or
-// else as many as fit in 90% of the task's memory, each with its slots and
-// its place in the id index (about 64 bytes).
-int64_t DynamicCapacity(const wire::TableDef& def) {
+// else as many as fit in 90% of `memory_bytes`, each with its slots and its
+// place in the id index (about 64 bytes).
+int64_t DynamicCapacity(const wire::TableDef& def, double memory_bytes) {
   if (def.max_rows() > 0) return (def.max_rows() + def.num_shards() - 1) / def.num_shards();
   const double row_bytes = static_cast<double>(def.dim()) * sizeof(float) * (1 + SlotsOf(def.optimizer().kind())) + 64;
-  return static_cast<int64_t>(std::min(0.9 * UsableMemoryBytes() / row_bytes, 9e18));
+  return static_cast<int64_t>(std::min(0.9 * memory_bytes / row_bytes, 9e18));
 }
 
 // The shard that holds `id` among `shards`.
@@ -85,8 +81,18 @@ void EmbeddingTable::InitialRow(const wire::TableDef& def, int64_t id, float* ro
   }
 }
 
+double EmbeddingTable::UsableMemoryBytes() {
+  double bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  std::ifstream limit("/sys/fs/cgroup/memory.max");  // cgroup v2; "max" when unlimited
+  double cgroup = 0;
+  if (limit >> cgroup && cgroup > 0) bytes = std::min(bytes, cgroup);
+  return bytes;
+}
+
 absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wire::TableDef& def,
-                                                                       const std::string& task_name) {
+                                                                       const std::string& task_name,
+                                                                       double memory_bytes, double memory_in_use) {
+  if (memory_bytes <= 0) memory_bytes = UsableMemoryBytes();
   const std::string where = absl::StrCat("table '", def.name(), "' on ", task_name);
   if (def.name().empty()) return absl::InvalidArgumentError(absl::StrCat("a table on ", task_name, " has no name"));
   if (def.dim() <= 0 || def.dim() > (1 << 16)) {
@@ -145,15 +151,18 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wir
     const int slots = SlotsOf(kind);
     const double shard_rows = std::ceil(static_cast<double>(filled.rows()) / filled.num_shards());
     const double bytes = shard_rows * static_cast<double>(filled.dim()) * sizeof(float) * (1 + slots);
-    const double usable = UsableMemoryBytes();
-    if (bytes > usable) {
+    if (bytes + memory_in_use > memory_bytes) {
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "%s: its shard of %.0f rows x %d floats (with %s's %d slots) needs %.1f GB, more than the %.1f GB of "
-          "memory this task may use; spread it over more ps tasks, or make it dynamic (rows: 0)",
-          where, shard_rows, filled.dim(), kind, slots, bytes / 1e9, usable / 1e9));
+          "%s: its shard of %.0f rows x %d floats (with %s's %d slots) needs %s, %s than the %s of memory this "
+          "task's tables may use; spread it over more ps tasks, or make it dynamic (rows: 0)",
+          where, shard_rows, filled.dim(), kind, slots, Size(bytes),
+          memory_in_use > 0 ? absl::StrCat("which with the ", Size(memory_in_use), " its other tables hold is more")
+                            : "more",
+          Size(memory_bytes)));
     }
   }
-  auto table = std::make_unique<EmbeddingTable>(std::move(filled), task_name);
+  const int64_t capacity = filled.rows() == 0 && !filled.read_only() ? DynamicCapacity(filled, memory_bytes) : 0;
+  auto table = std::make_unique<EmbeddingTable>(std::move(filled), task_name, capacity);
   if (table->dense_) {
     // This shard's rows: ids shard, shard + num_shards, ...
     const int64_t local = (table->def_.rows() - table->def_.shard() + table->def_.num_shards() - 1) /
@@ -174,13 +183,13 @@ EmbeddingTable::Rule EmbeddingTable::RuleOf(const std::string& kind) {
   return Rule::kSgd;  // Create() has refused any other
 }
 
-EmbeddingTable::EmbeddingTable(wire::TableDef def, std::string task_name)
+EmbeddingTable::EmbeddingTable(wire::TableDef def, std::string task_name, int64_t capacity)
     : def_(std::move(def)),
       dense_(def_.rows() > 0 && !def_.read_only()),
       rule_(RuleOf(def_.optimizer().kind())),
       where_(absl::StrCat("table '", def_.name(), "' on ", task_name)),
       dim_(def_.dim()),
-      capacity_(def_.rows() == 0 && !def_.read_only() ? DynamicCapacity(def_) : 0),
+      capacity_(capacity),
       values_(def_.dim()) {
   if (def_.read_only()) return;  // no optimizer state: nothing will be pushed
   const float initial_accumulator = static_cast<float>(def_.optimizer().initial_accumulator_value());
@@ -519,6 +528,11 @@ std::string Differs(const wire::TableDef& a, const wire::TableDef& b) {
 absl::StatusOr<std::vector<bool>> TableStore::Create(const std::vector<wire::TableDef>& defs) {
   std::vector<std::unique_ptr<EmbeddingTable>> made(defs.size());
   std::unique_lock<std::shared_mutex> lock(mu_);
+  // What the tables hold already, and those this request made so far: a
+  // fixed table is refused if it does not fit beside them.
+  const double memory = memory_bytes_ > 0 ? memory_bytes_ : EmbeddingTable::UsableMemoryBytes();
+  double in_use = 0;
+  for (const auto& [name, table] : tables_) in_use += static_cast<double>(table->bytes());
   for (size_t i = 0; i < defs.size(); ++i) {
     auto existing = tables_.find(defs[i].name());
     if (existing != tables_.end()) {
@@ -538,7 +552,8 @@ absl::StatusOr<std::vector<bool>> TableStore::Create(const std::vector<wire::Tab
             absl::StrCat("table '", defs[i].name(), "' is defined twice in one request to ", task_name_));
       }
     }
-    SHOAL_ASSIGN_OR_RETURN(made[i], EmbeddingTable::Create(defs[i], task_name_));
+    SHOAL_ASSIGN_OR_RETURN(made[i], EmbeddingTable::Create(defs[i], task_name_, memory, in_use));
+    in_use += static_cast<double>(made[i]->bytes());
   }
   std::vector<bool> created(defs.size(), false);
   for (size_t i = 0; i < defs.size(); ++i) {

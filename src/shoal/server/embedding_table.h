@@ -89,10 +89,16 @@ class RowArena {
 
 class EmbeddingTable {
  public:
+  // The memory a task's tables may take: its host's, or its cgroup's limit.
+  static double UsableMemoryBytes();
+
   // Validates `def` (errors name the table and the field) and fills in the
-  // optimizer's defaults. A fixed table's rows are made here, from the seed.
+  // optimizer's defaults. A fixed table's rows are made here, from the seed,
+  // if they fit in `memory_bytes` (0: UsableMemoryBytes()) beside the
+  // `memory_in_use` the task's other tables hold.
   static absl::StatusOr<std::unique_ptr<EmbeddingTable>> Create(const wire::TableDef& def,
-                                                                const std::string& task_name);
+                                                                const std::string& task_name,
+                                                                double memory_bytes = 0, double memory_in_use = 0);
 
   // rows [n, dim] float32: the current value of each id in `ids` (int64 [n]).
   absl::StatusOr<torch::Tensor> Pull(const torch::Tensor& ids) const;
@@ -136,7 +142,8 @@ class EmbeddingTable {
   // The value every row `id` starts from.
   static void InitialRow(const wire::TableDef& def, int64_t id, float* row);
 
-  EmbeddingTable(wire::TableDef def, std::string task_name);
+  // `capacity`: the rows a dynamic table's shard may hold.
+  EmbeddingTable(wire::TableDef def, std::string task_name, int64_t capacity);
 
  private:
   // Where `id`'s row lives: its index in the arenas, or -1 (not held).
@@ -186,7 +193,10 @@ class EmbeddingTable {
 // The tables one task hosts. Thread-safe; tables are never dropped.
 class TableStore {
  public:
-  explicit TableStore(std::string task_name) : task_name_(std::move(task_name)) {}
+  // `memory_bytes`: what its tables may take together (0: the task's
+  // usable memory, EmbeddingTable::UsableMemoryBytes()).
+  explicit TableStore(std::string task_name, double memory_bytes = 0)
+      : task_name_(std::move(task_name)), memory_bytes_(memory_bytes) {}
 
   // Creates each table. One that exists with the same definition is left
   // alone (created=false), so a restarted chief does not reset training; a
@@ -201,6 +211,7 @@ class TableStore {
 
  private:
   const std::string task_name_;
+  const double memory_bytes_;
   mutable std::shared_mutex mu_;
   std::map<std::string, std::unique_ptr<EmbeddingTable>> tables_;
 };
