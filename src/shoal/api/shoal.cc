@@ -179,17 +179,6 @@ void CheckTensors(const char* what, const std::vector<std::string>& names, const
   }
 }
 
-// Ids of a table's rows: an int64 CPU tensor of one dimension.
-void CheckIds(const std::string& table, const torch::Tensor& ids) {
-  if (!ids.defined() || ids.scalar_type() != torch::kInt64 || !ids.device().is_cpu() || ids.dim() != 1) {
-    throw Error("INVALID_ARGUMENT",
-                absl::StrCat("the ids for table '", table, "' must be an int64 CPU tensor of one dimension, not ",
-                             ids.defined() ? absl::StrCat(DTypeName(ids.scalar_type()), " ", ShapeString(ids.sizes()),
-                                                          " on ", ids.device().str())
-                                           : "an undefined one"));
-  }
-}
-
 // Where this process's VariableServers register besides serving over gRPC,
 // so that a ClusterClient of the same process calls them directly.
 InProcNetwork& ProcessNetwork() {
@@ -513,14 +502,11 @@ void ClusterClient::CreateTable(const std::string& name, const TableOptions& opt
 }
 
 torch::Tensor ClusterClient::PullRows(const std::string& table, const torch::Tensor& ids) {
-  CheckIds(table, ids);
   torch::Tensor rows = ValueOrThrow(state_->client->PullRows(table, ids));
   return state_->copy_reads ? rows.clone() : rows;
 }
 
 void ClusterClient::PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients) {
-  CheckIds(table, ids);
-  CheckTensors("the gradient rows", {table}, {gradients}, /*int64_too=*/false);
   ThrowIfError(state_->client->PushRows(table, ids, gradients));
 }
 

@@ -691,17 +691,25 @@ absl::StatusOr<int64_t> Client::RestoreTables(int64_t step, const std::vector<in
 
 namespace {
 
-// Checks that `ids` is a 1-D int64 tensor (and `gradients`, if given, has a
-// row per id); names the table.
+// "float64 [1,4] on cpu", for errors.
+std::string Describe(const torch::Tensor& t) {
+  if (!t.defined()) return "nothing";
+  return absl::StrCat(DTypeName(t.scalar_type()), " [", absl::StrJoin(t.sizes(), ","), "] on ", t.device().str());
+}
+
+// Checks that `ids` is a 1-D int64 CPU tensor (and `gradients`, if given, a
+// float32 CPU tensor with a row per id); names the table and what was given.
 absl::Status CheckRowRequest(const std::string& table, const torch::Tensor& ids, const torch::Tensor* gradients) {
-  if (!ids.defined() || ids.scalar_type() != torch::kInt64 || ids.dim() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("ids for table '", table, "' must be a 1-D int64 tensor"));
+  if (!ids.defined() || ids.scalar_type() != torch::kInt64 || ids.dim() != 1 || !ids.device().is_cpu()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ids for table '", table, "' must be a 1-D int64 CPU tensor, not ", Describe(ids)));
   }
   if (gradients != nullptr && (!gradients->defined() || gradients->scalar_type() != torch::kFloat32 ||
-                                gradients->dim() != 2 || gradients->size(0) != ids.size(0))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gradients for table '", table, "' must be float32 with one row per id (", ids.size(0), " ids), got ",
-        gradients->defined() ? absl::StrCat("[", absl::StrJoin(gradients->sizes(), ","), "]") : "nothing"));
+                                gradients->dim() != 2 || gradients->size(0) != ids.size(0) ||
+                                !gradients->device().is_cpu())) {
+    return absl::InvalidArgumentError(absl::StrCat("gradients for table '", table,
+                                                   "' must be float32 on the CPU with one row per id (", ids.size(0),
+                                                   " ids), got ", Describe(*gradients)));
   }
   return absl::OkStatus();
 }

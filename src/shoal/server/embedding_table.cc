@@ -530,7 +530,6 @@ absl::StatusOr<std::vector<bool>> TableStore::Create(const std::vector<wire::Tab
   std::unique_lock<std::shared_mutex> lock(mu_);
   // What the tables hold already, and those this request made so far: a
   // fixed table is refused if it does not fit beside them.
-  const double memory = memory_bytes_ > 0 ? memory_bytes_ : EmbeddingTable::UsableMemoryBytes();
   double in_use = 0;
   for (const auto& [name, table] : tables_) in_use += static_cast<double>(table->bytes());
   for (size_t i = 0; i < defs.size(); ++i) {
@@ -552,7 +551,7 @@ absl::StatusOr<std::vector<bool>> TableStore::Create(const std::vector<wire::Tab
             absl::StrCat("table '", defs[i].name(), "' is defined twice in one request to ", task_name_));
       }
     }
-    SHOAL_ASSIGN_OR_RETURN(made[i], EmbeddingTable::Create(defs[i], task_name_, memory, in_use));
+    SHOAL_ASSIGN_OR_RETURN(made[i], EmbeddingTable::Create(defs[i], task_name_, memory_bytes_, in_use));
     in_use += static_cast<double>(made[i]->bytes());
   }
   std::vector<bool> created(defs.size(), false);

@@ -477,10 +477,9 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
   // fresh; weights alone may come from the peer cache.
   auto read_donor = [&](const Member& source) -> absl::StatusOr<MemberState> {
     if (pc.inherit_slots) return ReadMemberState(peers.client(), source.names, /*with_slots=*/true, source.buffers);
-    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, peers.Read(source.names, step));
     SHOAL_ASSIGN_OR_RETURN(MemberState state,
                            ReadMemberState(peers.client(), {}, /*with_slots=*/false, source.buffers));
-    state.values = std::move(values);
+    SHOAL_ASSIGN_OR_RETURN(state.values, peers.Read(source.names, step));
     return state;
   };
 
