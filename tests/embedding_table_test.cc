@@ -313,11 +313,94 @@ TEST(EmbeddingTableTest, AFullDynamicTableAdmitsNoNewIdUntilEvictionMakesRoom) {
   EXPECT_EQ(half->size(), 2);
   auto fixed = Def("sgd", 10, 2);
   fixed.set_max_rows(5);
-  EXPECT_NE(EmbeddingTable::Create(fixed, "t").status().message().find("max_rows are for dynamic tables"),
+  EXPECT_NE(EmbeddingTable::Create(fixed, "t").status().message().find("are for dynamic tables (rows: 0)"),
             std::string::npos);
   auto negative = Def("sgd", 0, 2);
   negative.set_max_rows(-1);
   EXPECT_FALSE(EmbeddingTable::Create(negative, "t").ok());
+}
+
+// With evict_when_full a full shard makes room for a new id by dropping
+// what no push has touched for longest (rows and sightings alike), never
+// what the current push touched: a push of more new ids than the shard
+// holds admits what fits and refuses the rest.
+TEST(EmbeddingTableTest, AFullTableThatEvictsDropsTheRowsUntouchedLongest) {
+  auto def = Def("sgd", /*rows=*/0, /*dim=*/2);
+  def.set_max_rows(4);
+  def.set_evict_when_full(true);
+  auto table = Make(def);
+  auto initial = [&](int64_t id) {
+    torch::Tensor row = torch::empty({1, 2});
+    EmbeddingTable::InitialRow(table->def(), id, row.data_ptr<float>());
+    return row;
+  };
+  auto held = [&](int64_t id) { return !table->Pull(Ids({id})).value().equal(initial(id)); };
+  for (auto ids : std::vector<std::vector<int64_t>>{{0, 1}, {2}, {3}, {0}}) {
+    ASSERT_TRUE(table->Push(Ids(ids), torch::ones({static_cast<int64_t>(ids.size()), 2})).ok());
+  }
+  ASSERT_TRUE(table->Push(Ids({4}), torch::ones({1, 2})).ok());  // 1 is the oldest: 0 was pushed again
+  EXPECT_EQ(table->size(), 4);
+  EXPECT_FALSE(held(1));
+  for (int64_t id : {0, 2, 3, 4}) EXPECT_TRUE(held(id)) << id;
+  EXPECT_TRUE(torch::allclose(table->Pull(Ids({4})).value(), initial(4) - 0.1));
+  ASSERT_TRUE(table->Push(Ids({5, 6}), torch::ones({2, 2})).ok());  // then 2 and 3
+  EXPECT_FALSE(held(2));
+  EXPECT_FALSE(held(3));
+  EXPECT_EQ(table->evicted_when_full(), 3);
+  EXPECT_EQ(table->refused_admissions(), 0);
+  // Five new ids in one push: four take the older rows, the fifth finds
+  // only rows this push touched, and is refused.
+  ASSERT_TRUE(table->Push(Ids({7, 8, 9, 10, 11}), torch::ones({5, 2})).ok());
+  EXPECT_EQ(table->size(), 4);
+  for (int64_t id : {7, 8, 9, 10}) EXPECT_TRUE(held(id)) << id;
+  EXPECT_FALSE(held(11));
+  EXPECT_EQ(table->refused_admissions(), 1);
+
+  // Sightings below min_count make room the same way.
+  auto counted = Def("sgd", 0, 2);
+  counted.set_max_rows(2);
+  counted.set_min_count(2);
+  counted.set_evict_when_full(true);
+  auto sighted = Make(counted);
+  for (int64_t id : {20, 21, 22}) ASSERT_TRUE(sighted->Push(Ids({id}), torch::ones({1, 2})).ok());
+  ASSERT_TRUE(sighted->Push(Ids({20, 22}), torch::ones({2, 2})).ok());
+  // 22 has a row on its second sighting; 20 was forgotten to make room for
+  // 22, so its second push was a first sighting again (and 21 went for it).
+  EXPECT_EQ(sighted->size(), 1);
+  EXPECT_EQ(sighted->refused_admissions(), 0);
+
+  auto fixed = Def("sgd", 10, 2);
+  fixed.set_evict_when_full(true);
+  EXPECT_NE(EmbeddingTable::Create(fixed, "t").status().message().find("evict_when_full are for dynamic tables"),
+            std::string::npos);
+}
+
+// A large shard drops 1/64 of its room per sweep, the oldest found by
+// counting ages in buckets of several pushes: exactly that many go, all of
+// them older than everything that stays, except within the boundary bucket.
+TEST(EmbeddingTableTest, EvictionDropsTheOldestSixtyFourthOfTheRoomAtOnce) {
+  auto def = Def("sgd", 0, 2);
+  def.set_max_rows(640);
+  def.set_evict_when_full(true);
+  auto table = Make(def);
+  for (int64_t id = 0; id < 640; ++id) ASSERT_TRUE(table->Push(Ids({id}), torch::ones({1, 2})).ok());
+  // Id 0 stays busy while 2000 pushes go by: the other ages then span more
+  // pushes than there are buckets (3 pushes a bucket).
+  for (int i = 0; i < 2000; ++i) ASSERT_TRUE(table->Push(Ids({0}), torch::ones({1, 2})).ok());
+  const torch::Tensor before = table->Pull(torch::arange(0, 640, torch::kInt64)).value().clone();
+  ASSERT_TRUE(table->Push(Ids({5000}), torch::ones({1, 2})).ok());
+  EXPECT_EQ(table->evicted_when_full(), 10);
+  EXPECT_EQ(table->size(), 631);
+  const torch::Tensor after = table->Pull(torch::arange(0, 640, torch::kInt64)).value();
+  std::vector<int64_t> gone;
+  for (int64_t id = 0; id < 640; ++id) {
+    if (!after[id].equal(before[id])) gone.push_back(id);
+  }
+  ASSERT_EQ(gone.size(), 10u);
+  // Id k was last pushed by push k + 1: buckets of 3 from push 2 hold ids
+  // 1-3, 4-6, 7-9 (all gone) and 10-12, of which one goes.
+  for (int64_t id = 1; id <= 9; ++id) EXPECT_EQ(gone[id - 1], id);
+  EXPECT_TRUE(gone[9] >= 10 && gone[9] <= 12) << gone[9];
 }
 
 TEST(EmbeddingTableTest, TheClientPullsAndPushesByIdOverTwoPsTasks) {

@@ -204,6 +204,13 @@ def test_client_pulls_and_pushes_embedding_rows_by_id():
     client.push_rows("capped", ids, torch.ones(4, 2))
     moved = (client.pull_rows("capped", ids) != initial).all(dim=1).tolist()
     assert moved[0] != moved[1] and moved[2] != moved[3], moved  # one row made on each ps
+    # With evict_when_full the row no push touched for longest makes room instead.
+    client.create_table("lru", dim=2, max_rows=2, evict_when_full=True, optimizer={"kind": "sgd", "learning_rate": 1.0})
+    ids = torch.tensor([0, 1, 2])
+    initial = client.pull_rows("lru", ids)
+    for push in ([0], [1], [2]):  # 0 and 2 share ps 0's one row: 2 takes 0's
+        client.push_rows("lru", torch.tensor(push), torch.ones(1, 2))
+    assert torch.equal(client.pull_rows("lru", ids), initial - torch.tensor([[0.0], [1.0], [1.0]]))
     client.shutdown_servers()
     del servers
 

@@ -110,9 +110,11 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wir
     return absl::InvalidArgumentError(absl::StrCat(where, ": min_count and steps_to_live must be >= 0"));
   }
   if (def.max_rows() < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": max_rows must be >= 0"));
-  if (def.rows() > 0 && (def.min_count() > 1 || def.steps_to_live() > 0 || def.max_rows() > 0)) {
+  if (def.rows() > 0 && (def.min_count() > 1 || def.steps_to_live() > 0 || def.max_rows() > 0 ||
+                         def.evict_when_full())) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": min_count, steps_to_live and max_rows are for dynamic tables (rows: 0)"));
+        absl::StrCat(where, ": min_count, steps_to_live, max_rows and evict_when_full are for dynamic tables ",
+                     "(rows: 0)"));
   }
   wire::TableDef filled = def;
   wire::OptimizerConfig& o = *filled.mutable_optimizer();
@@ -279,18 +281,20 @@ int64_t EmbeddingTable::FindOrAdmit(int64_t id) {
   }
   // A full shard admits nothing new, and its rows and the sightings it
   // remembers (each smaller than a row) stay within its capacity together.
-  const bool full = static_cast<int64_t>(index_.size()) >= capacity_;
   if (def_.min_count() > 1) {
     auto sighting = sightings_.find(id);
     if (sighting == sightings_.end()) {
-      if (static_cast<int64_t>(index_.size() + sightings_.size()) >= capacity_) return Refuse();
+      if (!HasRoom(/*counting_sightings=*/true)) return Refuse();
       sighting = sightings_.emplace(id, Sighting{0, 0}).first;
     }
     sighting->second.last_push = pushes_;
     if (++sighting->second.count < def_.min_count()) return -1;
-    if (full) return Refuse();
-    sightings_.erase(sighting);
-  } else if (full) {
+    sightings_.erase(sighting);  // its room becomes the row's
+    if (!HasRoom(/*counting_sightings=*/false)) {
+      sightings_.emplace(id, Sighting{def_.min_count() - 1, pushes_});
+      return Refuse();
+    }
+  } else if (!HasRoom(/*counting_sightings=*/false)) {
     return Refuse();
   }
   return MakeRow(id);
@@ -300,10 +304,80 @@ int64_t EmbeddingTable::Refuse() {
   if (refused_++ == 0) {
     absl::FPrintF(stderr,
                   "shoal: %s is full (%d rows on this shard): new ids are not admitted, their gradients dropped "
-                  "and their pulls answered with initial rows; raise max_rows, add ps tasks, or set steps_to_live\n",
+                  "and their pulls answered with initial rows; raise max_rows, add ps tasks, set steps_to_live, "
+                  "or let the rows untouched longest make room (evict_when_full)\n",
                   where_, capacity_);
   }
   return -1;
+}
+
+bool EmbeddingTable::HasRoom(bool counting_sightings) {
+  auto held = [&] { return static_cast<int64_t>(index_.size() + (counting_sightings ? sightings_.size() : 0)); };
+  if (held() < capacity_) return true;
+  if (!def_.evict_when_full()) return false;
+  // A restore may have left more than the room (rows are never lost to one).
+  while (held() >= capacity_) {
+    if (!EvictOldest()) return false;
+  }
+  return true;
+}
+
+bool EmbeddingTable::EvictOldest() {
+  if (nothing_to_evict_at_ == pushes_) return false;  // this push touched every row: no second sweep
+  // The oldest push among what is held; only what no push touched since
+  // an earlier push may go.
+  int64_t oldest = pushes_;
+  for (const auto& [id, index] : index_) oldest = std::min(oldest, last_push_[index]);
+  for (const auto& [id, sighting] : sightings_) oldest = std::min(oldest, sighting.last_push);
+  if (oldest >= pushes_) {
+    nothing_to_evict_at_ = pushes_;
+    return false;
+  }
+  // Count the candidates by age in buckets of pushes, so that the goal's
+  // worth of the oldest is found in two passes and no per-row list (which
+  // for a large shard would be gigabytes).
+  constexpr int64_t kBuckets = 1024;
+  const int64_t width = (pushes_ - oldest + kBuckets - 1) / kBuckets;
+  auto bucket = [&](int64_t last_push) { return last_push >= pushes_ ? kBuckets : (last_push - oldest) / width; };
+  std::vector<int64_t> counts(kBuckets + 1, 0);
+  for (const auto& [id, index] : index_) ++counts[bucket(last_push_[index])];
+  for (const auto& [id, sighting] : sightings_) ++counts[bucket(sighting.last_push)];
+  const int64_t goal = std::max<int64_t>(1, capacity_ / 64);
+  int64_t boundary = 0;  // every bucket before it goes whole, and of it what the goal still needs
+  for (int64_t below = 0; boundary < kBuckets - 1 && below + counts[boundary] < goal; ++boundary) {
+    below += counts[boundary];
+  }
+  int64_t left = goal;
+  auto goes = [&](int64_t last_push) {
+    const int64_t b = bucket(last_push);
+    if (left == 0 || b > boundary) return false;
+    --left;
+    return true;
+  };
+  // The whole buckets first, so that the boundary bucket's share is what is left.
+  for (int pass = 0; pass < 2; ++pass) {
+    auto in_pass = [&](int64_t last_push) { return (bucket(last_push) == boundary) == (pass == 1); };
+    for (auto it = index_.begin(); it != index_.end();) {
+      if (in_pass(last_push_[it->second]) && goes(last_push_[it->second])) {
+        free_rows_.push_back(it->second);
+        it = index_.erase(it);
+        ++evicted_;
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = sightings_.begin(); it != sightings_.end();) {
+      it = in_pass(it->second.last_push) && goes(it->second.last_push) ? sightings_.erase(it) : std::next(it);
+    }
+  }
+  if (left < goal && !said_evicting_) {
+    said_evicting_ = true;
+    absl::FPrintF(stderr,
+                  "shoal: %s is full (%d rows on this shard): the rows no push has touched for longest now make "
+                  "room for new ids (evict_when_full)\n",
+                  where_, capacity_);
+  }
+  return left < goal;
 }
 
 int64_t EmbeddingTable::MakeRow(int64_t id) {
@@ -492,6 +566,11 @@ int64_t EmbeddingTable::size() const {
 int64_t EmbeddingTable::refused_admissions() const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   return refused_;
+}
+
+int64_t EmbeddingTable::evicted_when_full() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return evicted_;
 }
 
 int64_t EmbeddingTable::pushes() const {

@@ -11,6 +11,10 @@
 // task's memory: a full shard admits no new id (its gradients are dropped,
 // its pulls answered with its initial row) and says so once on stderr, so
 // an unbounded id space ends as refused ids, not as a ps killed for memory.
+// With `evict_when_full` it makes room instead: the rows and sightings no
+// push has touched for longest go, 1/64 of the shard's room at a time (so
+// the sweep's cost is spread over as many admissions), as a cache of the
+// recently active ids would; the rows the current push touched stay.
 //
 // Rows start from the seed, not from the wire: row `id` starts uniform in
 // [-init_scale, init_scale], drawn from (seed, id) alone, so every shard
@@ -136,6 +140,8 @@ class EmbeddingTable {
   int64_t pushes() const;
   // Dynamic tables: new ids a full shard did not admit (max_rows).
   int64_t refused_admissions() const;
+  // Dynamic tables with evict_when_full: rows dropped to make room.
+  int64_t evicted_when_full() const;
   // Bytes of row and slot storage held.
   int64_t bytes() const;
 
@@ -157,6 +163,13 @@ class EmbeddingTable {
   int64_t MakeRow(int64_t id);
   // A new id a full shard does not admit: counted, said once on stderr; -1.
   int64_t Refuse();
+  // Dynamic tables: whether the shard has room for one more row (or, when
+  // `counting_sightings`, one more row or sighting), made with
+  // evict_when_full by EvictOldest.
+  bool HasRoom(bool counting_sightings);
+  // evict_when_full: drops the rows and sightings untouched longest, about
+  // capacity_ / 64 of them; none this push touched. False if none could go.
+  bool EvictOldest();
   // Dynamic tables: drops rows (and sightings) untouched for steps_to_live pushes.
   void Evict();
   void ApplyRow(int64_t index, const float* gradient);
@@ -179,6 +192,9 @@ class EmbeddingTable {
   std::vector<RowArena> slots_;  // adagrad: accumulator; lazy_adam: m, v; ftrl: z, n
   int64_t pushes_ = 0;
   int64_t refused_ = 0;
+  int64_t evicted_ = 0;
+  bool said_evicting_ = false;
+  int64_t nothing_to_evict_at_ = -1;  // the push whose rows were all touched by it
   // Tables that are not dense only.
   std::unordered_map<int64_t, int64_t> index_;  // id -> row index
   std::vector<int64_t> free_rows_;
