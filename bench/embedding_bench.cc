@@ -11,6 +11,15 @@
 // Prints one JSON line per table: rows, dynamic, distinct ids per step,
 // bytes per step (sent + received, framing included), bytes the table
 // holds, the ratio of the two, and the ps tasks' rows held at the end.
+//
+//   build/bench/embedding_bench --eviction 1 [--max_rows 1000000] [--steps 40] [--batch 1024]
+//
+// The price of evict_when_full: one dynamic shard (Adagrad, 16 dims) takes
+// pushes of a Zipf stream over 100M ids, whose tail keeps bringing new
+// ids, once it is full (max_rows rows), and pushes per second are compared
+// with the same stream into a shard that refuses new ids once full and one
+// that is never full (no max_rows: it grows). One JSON line.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -21,6 +30,7 @@
 #include "absl/strings/str_split.h"
 #include "shoal/client/client.h"
 #include "shoal/placement/placement.h"
+#include "shoal/server/embedding_table.h"
 #include "shoal/server/variable_service.h"
 #include "shoal/transport/inproc/inproc_transport.h"
 
@@ -57,7 +67,84 @@ class ZipfIds {
   std::uniform_real_distribution<double> uniform_{0.0, 1.0};
 };
 
+// Pushes per second of `steps` pushes of the stream into a dynamic shard
+// with `max_rows` (0: none) and evict_when_full as given, after pushes that
+// filled it (or, with no max_rows, as many as filling took the capped one).
+struct EvictionRun {
+  double pushes_per_second = 0;
+  int64_t rows_held = 0, refused = 0, evicted = 0, warm_up_pushes = 0;
+};
+EvictionRun PushStream(int64_t max_rows, bool evict, int64_t warm_up_pushes, int64_t steps, int64_t batch) {
+  wire::TableDef def;
+  def.set_name("emb");
+  def.set_dim(kDim);
+  def.set_num_shards(1);
+  def.set_seed(1);
+  def.set_init_scale(0.05);
+  def.mutable_optimizer()->set_kind("adagrad");
+  def.set_max_rows(max_rows);
+  def.set_evict_when_full(evict);
+  auto table = EmbeddingTable::Create(def, "/job:ps/task:0").value();
+  ZipfIds draw(100'000'000, 1.05, 42);
+  auto push = [&] {
+    torch::Tensor ids = torch::empty({batch * kFeatures}, torch::kInt64);
+    int64_t* id = ids.data_ptr<int64_t>();
+    for (int64_t i = 0; i < ids.numel(); ++i) id[i] = draw.Next();
+    torch::Tensor distinct = std::get<0>(torch::_unique2(ids));
+    if (!table->Push(distinct, torch::full({distinct.numel(), kDim}, 0.01f)).ok()) std::abort();
+  };
+  EvictionRun run;
+  // Full once it has turned a new id away or evicted for one (a shard that
+  // evicts hovers just below max_rows).
+  auto full = [&] { return table->refused_admissions() + table->evicted_when_full() > 0; };
+  while (max_rows > 0 ? !full() : run.warm_up_pushes < warm_up_pushes) {
+    push();
+    ++run.warm_up_pushes;
+  }
+  // Only the pushes are timed, not drawing the ids.
+  const int64_t evicted_before = table->evicted_when_full(), refused_before = table->refused_admissions();
+  double seconds = 0;
+  for (int64_t step = 0; step < steps; ++step) {
+    torch::Tensor ids = torch::empty({batch * kFeatures}, torch::kInt64);
+    int64_t* id = ids.data_ptr<int64_t>();
+    for (int64_t i = 0; i < ids.numel(); ++i) id[i] = draw.Next();
+    torch::Tensor distinct = std::get<0>(torch::_unique2(ids));
+    torch::Tensor gradients = torch::full({distinct.numel(), kDim}, 0.01f);
+    const auto start = std::chrono::steady_clock::now();
+    if (!table->Push(distinct, gradients).ok()) std::abort();
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  run.pushes_per_second = steps / seconds;
+  run.rows_held = table->size();
+  run.refused = table->refused_admissions() - refused_before;
+  run.evicted = table->evicted_when_full() - evicted_before;
+  return run;
+}
+
+int RunEviction(int argc, char** argv) {
+  int64_t steps = 40, batch = 1024, max_rows = 1'000'000;
+  (void)absl::SimpleAtoi(Flag(argc, argv, "steps", "40"), &steps);
+  (void)absl::SimpleAtoi(Flag(argc, argv, "batch", "1024"), &batch);
+  (void)absl::SimpleAtoi(Flag(argc, argv, "max_rows", "1000000"), &max_rows);
+  const EvictionRun evicting = PushStream(max_rows, /*evict=*/true, 0, steps, batch);
+  const EvictionRun refusing = PushStream(max_rows, /*evict=*/false, 0, steps, batch);
+  const EvictionRun growing = PushStream(0, false, evicting.warm_up_pushes, steps, batch);
+  std::printf(
+      "{\"max_rows\": %lld, \"batch\": %lld, \"warm_up_pushes\": %lld, \"pushes_per_second\": "
+      "{\"evicting\": %.1f, \"refusing\": %.1f, \"growing\": %.1f}, \"evicting_vs_growing\": %.3f, "
+      "\"refusing_vs_growing\": %.3f, \"evicted_per_push\": %.0f, \"refused_per_push\": %.0f, "
+      "\"rows_held\": {\"evicting\": %lld, \"refusing\": %lld, \"growing\": %lld}}\n",
+      static_cast<long long>(max_rows), static_cast<long long>(batch),
+      static_cast<long long>(evicting.warm_up_pushes), evicting.pushes_per_second, refusing.pushes_per_second,
+      growing.pushes_per_second, evicting.pushes_per_second / growing.pushes_per_second,
+      refusing.pushes_per_second / growing.pushes_per_second, static_cast<double>(evicting.evicted) / steps,
+      static_cast<double>(refusing.refused) / steps, static_cast<long long>(evicting.rows_held),
+      static_cast<long long>(refusing.rows_held), static_cast<long long>(growing.rows_held));
+  return 0;
+}
+
 int Run(int argc, char** argv) {
+  if (Flag(argc, argv, "eviction", "0") == "1") return RunEviction(argc, argv);
   int64_t steps = 20, batch = 1024;
   (void)absl::SimpleAtoi(Flag(argc, argv, "steps", "20"), &steps);
   (void)absl::SimpleAtoi(Flag(argc, argv, "batch", "1024"), &batch);

@@ -73,6 +73,7 @@ main_runs = [json.loads(l) for l in (out / "main_job.jsonl").read_text().split("
 # Embedding tables: bytes per step against the table's size, 1M / 10M / 100M rows.
 click = json.loads((out / "click.json").read_text())
 embedding_bytes = [json.loads(l) for l in (out / "embedding_bytes.jsonl").read_text().split("\n") if l]
+embedding_eviction = json.loads((out / "embedding_eviction.json").read_text())
 
 
 one_worker_runs = [json.loads(l) for l in (out / "one_worker.jsonl").read_text().split("\n") if l]
@@ -179,6 +180,7 @@ print(json.dumps({
     "c_two_workers_vs_ddp": c,
     "d_sync_two_workers_vs_ddp": d,
     "f_embedding_bytes_per_step": embedding_bytes,
+    "f_embedding_eviction": embedding_eviction,
     "g_click": click,
     "targets": {
         "a_grpc_1MiB_push_pull_vs_raw_tcp_stream": target(a["1024KiB"]["grpc_best_vs_tcp_stream"], 0.8),

@@ -91,6 +91,8 @@ done
 
 echo "(f) embedding tables: bytes per step for 1M, 10M and 100M (dynamic) rows x 16" >&2
 build/bench/embedding_bench --steps 20 --batch 1024 > "$out/embedding_bytes.jsonl"
+echo "(f) a full dynamic shard (1M rows) under a stream of new ids: evicting, refusing, and one that grows" >&2
+build/bench/embedding_bench --eviction 1 --steps 40 > "$out/embedding_eviction.json"
 
 echo "(g) click-through training, 10M x 16 table, 2 ps + 2 workers as processes vs the PyTorch EmbeddingBag peer" >&2
 bench/click.sh >&2

@@ -403,6 +403,25 @@ TEST(EmbeddingTableTest, EvictionDropsTheOldestSixtyFourthOfTheRoomAtOnce) {
   EXPECT_TRUE(gone[9] >= 10 && gone[9] <= 12) << gone[9];
 }
 
+// A stream of new ids into a full shard evicts about one row per new id
+// (a sweep's 1/64 at a time), not more: the shard stays about full.
+TEST(EmbeddingTableTest, EvictionFreesOnlyTheRoomNewIdsTake) {
+  auto def = Def("sgd", 0, 2);
+  def.set_max_rows(6400);
+  def.set_evict_when_full(true);
+  auto table = Make(def);
+  int64_t next = 0;
+  for (int push = 0; push < 20; ++push) {
+    ASSERT_TRUE(table->Push(torch::arange(next, next + 1000, torch::kInt64), torch::ones({1000, 2})).ok());
+    next += 1000;
+    const int64_t beyond = std::max<int64_t>(0, next - 6400);  // new ids past the room
+    EXPECT_GE(table->evicted_when_full(), beyond) << push;
+    EXPECT_LE(table->evicted_when_full(), beyond + 100) << push;  // one sweep's worth ahead at most
+    EXPECT_GE(table->size(), std::min<int64_t>(next, 6400) - 100) << push;
+  }
+  EXPECT_EQ(table->refused_admissions(), 0);
+}
+
 TEST(EmbeddingTableTest, TheClientPullsAndPushesByIdOverTwoPsTasks) {
   JobConfig config;
   config.cluster.ps = 2;

@@ -324,60 +324,55 @@ bool EmbeddingTable::HasRoom(bool counting_sightings) {
 
 bool EmbeddingTable::EvictOldest() {
   if (nothing_to_evict_at_ == pushes_) return false;  // this push touched every row: no second sweep
-  // The oldest push among what is held; only what no push touched since
-  // an earlier push may go.
+  // Rows are walked by index (last_push_ and row_ids_ side by side, a free
+  // row marked kFreeRow), not through the id map: a sweep streams through
+  // memory instead of chasing a node per row. Three passes: the oldest
+  // push, the candidates' ages counted in buckets of pushes (no per-row
+  // list, which for a large shard would take gigabytes), the eviction.
   int64_t oldest = pushes_;
-  for (const auto& [id, index] : index_) oldest = std::min(oldest, last_push_[index]);
+  for (int64_t last : last_push_) oldest = std::min(oldest, last);
   for (const auto& [id, sighting] : sightings_) oldest = std::min(oldest, sighting.last_push);
-  if (oldest >= pushes_) {
+  if (oldest >= pushes_) {  // only what no push touched since an earlier push may go
     nothing_to_evict_at_ = pushes_;
     return false;
   }
-  // Count the candidates by age in buckets of pushes, so that the goal's
-  // worth of the oldest is found in two passes and no per-row list (which
-  // for a large shard would be gigabytes).
   constexpr int64_t kBuckets = 1024;
   const int64_t width = (pushes_ - oldest + kBuckets - 1) / kBuckets;
   auto bucket = [&](int64_t last_push) { return last_push >= pushes_ ? kBuckets : (last_push - oldest) / width; };
   std::vector<int64_t> counts(kBuckets + 1, 0);
-  for (const auto& [id, index] : index_) ++counts[bucket(last_push_[index])];
+  for (int64_t last : last_push_) ++counts[bucket(last)];
   for (const auto& [id, sighting] : sightings_) ++counts[bucket(sighting.last_push)];
+  // Every bucket before `boundary` goes whole, and of it what the goal still needs.
   const int64_t goal = std::max<int64_t>(1, capacity_ / 64);
-  int64_t boundary = 0;  // every bucket before it goes whole, and of it what the goal still needs
-  for (int64_t below = 0; boundary < kBuckets - 1 && below + counts[boundary] < goal; ++boundary) {
-    below += counts[boundary];
-  }
-  int64_t left = goal;
+  int64_t boundary = 0, below = 0;
+  while (boundary < kBuckets - 1 && below + counts[boundary] < goal) below += counts[boundary++];
+  int64_t boundary_share = goal - below;
+  int64_t gone = 0;
   auto goes = [&](int64_t last_push) {
     const int64_t b = bucket(last_push);
-    if (left == 0 || b > boundary) return false;
-    --left;
+    if (b > boundary || (b == boundary && boundary_share == 0)) return false;
+    if (b == boundary) --boundary_share;
+    ++gone;
     return true;
   };
-  // The whole buckets first, so that the boundary bucket's share is what is left.
-  for (int pass = 0; pass < 2; ++pass) {
-    auto in_pass = [&](int64_t last_push) { return (bucket(last_push) == boundary) == (pass == 1); };
-    for (auto it = index_.begin(); it != index_.end();) {
-      if (in_pass(last_push_[it->second]) && goes(last_push_[it->second])) {
-        free_rows_.push_back(it->second);
-        it = index_.erase(it);
-        ++evicted_;
-      } else {
-        ++it;
-      }
-    }
-    for (auto it = sightings_.begin(); it != sightings_.end();) {
-      it = in_pass(it->second.last_push) && goes(it->second.last_push) ? sightings_.erase(it) : std::next(it);
-    }
+  for (int64_t index = 0; index < static_cast<int64_t>(last_push_.size()); ++index) {
+    if (!goes(last_push_[index])) continue;
+    index_.erase(row_ids_[index]);
+    last_push_[index] = kFreeRow;
+    free_rows_.push_back(index);
+    ++evicted_;
   }
-  if (left < goal && !said_evicting_) {
+  for (auto it = sightings_.begin(); it != sightings_.end();) {
+    it = goes(it->second.last_push) ? sightings_.erase(it) : std::next(it);
+  }
+  if (gone > 0 && !said_evicting_) {
     said_evicting_ = true;
     absl::FPrintF(stderr,
                   "shoal: %s is full (%d rows on this shard): the rows no push has touched for longest now make "
                   "room for new ids (evict_when_full)\n",
                   where_, capacity_);
   }
-  return left < goal;
+  return gone > 0;
 }
 
 int64_t EmbeddingTable::MakeRow(int64_t id) {
@@ -390,7 +385,9 @@ int64_t EmbeddingTable::MakeRow(int64_t id) {
     values_.Grow(index + 1);
     for (RowArena& slot : slots_) slot.Grow(index + 1);
     last_push_.push_back(0);
+    row_ids_.push_back(0);
   }
+  row_ids_[index] = id;
   InitialRow(def_, id, values_.Row(index));
   const float initial_accumulator = static_cast<float>(def_.optimizer().initial_accumulator_value());
   for (size_t s = 0; s < slots_.size(); ++s) {
@@ -406,6 +403,7 @@ void EmbeddingTable::Evict() {
   const int64_t ttl = def_.steps_to_live();
   for (auto it = index_.begin(); it != index_.end();) {
     if (pushes_ - last_push_[it->second] > ttl) {
+      last_push_[it->second] = kFreeRow;
       free_rows_.push_back(it->second);
       it = index_.erase(it);
     } else {

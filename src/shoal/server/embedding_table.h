@@ -45,6 +45,7 @@
 #include <torch/types.h>
 
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -198,7 +199,11 @@ class EmbeddingTable {
   // Tables that are not dense only.
   std::unordered_map<int64_t, int64_t> index_;  // id -> row index
   std::vector<int64_t> free_rows_;
-  std::vector<int64_t> last_push_;  // per row index: the push that last touched it
+  // Per row index: the push that last touched it (kFreeRow: a free row),
+  // and its id.
+  static constexpr int64_t kFreeRow = std::numeric_limits<int64_t>::max();
+  std::vector<int64_t> last_push_;
+  std::vector<int64_t> row_ids_;
   struct Sighting {
     int64_t count;
     int64_t last_push;
