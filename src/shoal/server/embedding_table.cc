@@ -357,9 +357,7 @@ bool EmbeddingTable::EvictOldest() {
   };
   for (int64_t index = 0; index < static_cast<int64_t>(last_push_.size()); ++index) {
     if (!goes(last_push_[index])) continue;
-    index_.erase(row_ids_[index]);
-    last_push_[index] = kFreeRow;
-    free_rows_.push_back(index);
+    FreeRow(index);
     ++evicted_;
   }
   for (auto it = sightings_.begin(); it != sightings_.end();) {
@@ -399,16 +397,16 @@ int64_t EmbeddingTable::MakeRow(int64_t id) {
   return index;
 }
 
+void EmbeddingTable::FreeRow(int64_t index) {
+  index_.erase(row_ids_[index]);
+  last_push_[index] = kFreeRow;
+  free_rows_.push_back(index);
+}
+
 void EmbeddingTable::Evict() {
   const int64_t ttl = def_.steps_to_live();
-  for (auto it = index_.begin(); it != index_.end();) {
-    if (pushes_ - last_push_[it->second] > ttl) {
-      last_push_[it->second] = kFreeRow;
-      free_rows_.push_back(it->second);
-      it = index_.erase(it);
-    } else {
-      ++it;
-    }
+  for (int64_t index = 0; index < static_cast<int64_t>(last_push_.size()); ++index) {
+    if (pushes_ - last_push_[index] > ttl) FreeRow(index);  // (a free row's mark is in the future)
   }
   for (auto it = sightings_.begin(); it != sightings_.end();) {
     it = pushes_ - it->second.last_push > ttl ? sightings_.erase(it) : std::next(it);

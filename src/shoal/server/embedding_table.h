@@ -173,6 +173,8 @@ class EmbeddingTable {
   bool EvictOldest();
   // Dynamic tables: drops rows (and sightings) untouched for steps_to_live pushes.
   void Evict();
+  // Forgets row `index`'s id and makes it free for the next new id.
+  void FreeRow(int64_t index);
   void ApplyRow(int64_t index, const float* gradient);
 
   // The optimizer, resolved once from def_.optimizer().kind() (not per row).
