@@ -133,6 +133,13 @@ PYBIND11_MODULE(_shoal, m) {
           py::call_guard<py::gil_scoped_release>())
       .def("pull_rows", &shoal::ClusterClient::PullRows, py::call_guard<py::gil_scoped_release>())
       .def("push_rows", &shoal::ClusterClient::PushRows, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "table_stats",
+          [](shoal::ClusterClient& client, const std::string& table) {
+            const shoal::ClusterClient::TableStats stats = client.GetTableStats(table);
+            return std::make_tuple(stats.rows_held, stats.ids_refused, stats.rows_evicted);
+          },
+          py::call_guard<py::gil_scoped_release>())
       .def("add_to_counter", &shoal::ClusterClient::AddToCounter, py::call_guard<py::gil_scoped_release>())
       .def("shutdown_servers", &shoal::ClusterClient::ShutdownServers, py::call_guard<py::gil_scoped_release>());
 

@@ -290,6 +290,9 @@ TEST(ClickTrainingTest, WideAndDeepLearnsThePlantedModelAsyncAndHybrid) {
     } else {
       EXPECT_EQ(report->row_cache_hit_rate, 0);
     }
+    // The report says how full the table ended: a fixed one holds every row.
+    EXPECT_EQ(report->table_rows_held, config.model.click.rows);
+    EXPECT_EQ(report->table_ids_refused, 0);
     std::printf("%s: test AUC %.4f, log loss %.4f; planted AUC %.4f\n", mode.c_str(), report->test_auc,
                 report->test_loss, planted_auc);
     // A model that learned nothing scores 0.5; the planted one about 0.8.

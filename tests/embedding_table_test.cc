@@ -460,6 +460,30 @@ TEST(EmbeddingTableTest, TheClientPullsAndPushesByIdOverTwoPsTasks) {
   EXPECT_NE(mismatch.message().find("one row per id (2 ids)"), std::string::npos) << mismatch;
   auto unknown = client->PullRows("nope", Ids({1}));
   EXPECT_TRUE(absl::IsNotFound(unknown.status())) << unknown.status();
+
+  // How full a table is, over its shards: a fixed one holds all its rows; a
+  // dynamic one what was admitted, and says what it turned away or evicted.
+  EXPECT_EQ(client->Occupancy("emb").value().rows_held, 100);
+  auto capped = Def("sgd", 0, 3);
+  capped.set_name("capped");
+  capped.set_max_rows(4);  // 2 rows a shard
+  auto evicting = capped;
+  evicting.set_name("evicting");
+  evicting.set_evict_when_full(true);
+  ASSERT_TRUE(client->CreateTables({capped, evicting}).ok());
+  for (const char* table : {"capped", "evicting"}) {
+    ASSERT_TRUE(client->PushRows(table, Ids({0, 1, 2, 3}), torch::ones({4, 3})).ok());
+    ASSERT_TRUE(client->PushRows(table, Ids({4, 5, 6}), torch::ones({3, 3})).ok());
+  }
+  const Client::TableOccupancy refusing = client->Occupancy("capped").value();
+  EXPECT_EQ(refusing.rows_held, 4);
+  EXPECT_EQ(refusing.ids_refused, 3);
+  EXPECT_EQ(refusing.rows_evicted, 0);
+  const Client::TableOccupancy evicted = client->Occupancy("evicting").value();
+  EXPECT_EQ(evicted.rows_held, 4);  // 4 and 6 on shard 0 (0 and 2 made room), 3 and 5 on shard 1
+  EXPECT_EQ(evicted.ids_refused, 0);
+  EXPECT_EQ(evicted.rows_evicted, 3);
+  EXPECT_TRUE(absl::IsNotFound(client->Occupancy("nope").status()));
 }
 
 // A pull's answer is bounded before it is made: ids x dim floats over the

@@ -71,6 +71,11 @@ struct Report {
   double test_loss = 0;      // the mean loss on the test set (click models: log loss)
   double test_auc = 0;       // click models (model.kind click): the AUC on the test set
   double row_cache_hit_rate = 0;  // click models with model.click.cache_rows
+  // Models with embedding tables, at the end: rows held over all shards,
+  // new ids a full dynamic table turned away, rows evicted to make room.
+  int64_t table_rows_held = 0;
+  int64_t table_ids_refused = 0;
+  int64_t table_rows_evicted = 0;
   int64_t global_step = 0;
   double seconds = 0;
   double examples_per_second = 0;
@@ -213,6 +218,14 @@ class ClusterClient {
   // Pushes gradient rows (float32 [n, dim], one per id; rows of repeated ids
   // are summed here) to the table's optimizer on the ps tasks.
   void PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients);
+  // How full a table is, over all its ps tasks: rows held, new ids a full
+  // dynamic table turned away, rows evicted to make room (evict_when_full).
+  struct TableStats {
+    int64_t rows_held = 0;
+    int64_t ids_refused = 0;
+    int64_t rows_evicted = 0;
+  };
+  TableStats GetTableStats(const std::string& table);
   // Adds `delta` to a named counter (on the first ps task); returns its value.
   int64_t AddToCounter(const std::string& name, int64_t delta);
   // Asks every ps task to shut down (ends `shoal server` and VariableServer::Wait).

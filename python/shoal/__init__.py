@@ -232,6 +232,12 @@ class Client:
         rows of repeated ids are summed here, so one row per id goes on the wire."""
         self._client.push_rows(table, ids, gradients.detach() if isinstance(gradients, torch.Tensor) else gradients)
 
+    def table_stats(self, table):
+        """How full a table is, over all its ps tasks: {"rows_held", "ids_refused" (new ids
+        a full dynamic table turned away), "rows_evicted" (dropped to make room)}."""
+        rows_held, ids_refused, rows_evicted = self._client.table_stats(table)
+        return {"rows_held": rows_held, "ids_refused": ids_refused, "rows_evicted": rows_evicted}
+
     def add_to_counter(self, name, delta=1):
         return self._client.add_to_counter(name, delta)
 

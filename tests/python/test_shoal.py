@@ -211,6 +211,8 @@ def test_client_pulls_and_pushes_embedding_rows_by_id():
     for push in ([0], [1], [2]):  # 0 and 2 share ps 0's one row: 2 takes 0's
         client.push_rows("lru", torch.tensor(push), torch.ones(1, 2))
     assert torch.equal(client.pull_rows("lru", ids), initial - torch.tensor([[0.0], [1.0], [1.0]]))
+    assert client.table_stats("lru") == {"rows_held": 2, "ids_refused": 0, "rows_evicted": 1}
+    assert client.table_stats("capped") == {"rows_held": 2, "ids_refused": 2, "rows_evicted": 0}
     client.shutdown_servers()
     del servers
 

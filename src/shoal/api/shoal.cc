@@ -89,6 +89,9 @@ Report ToReport(const TrainReport& internal) {
   report.test_loss = internal.test_loss;
   report.test_auc = internal.test_auc;
   report.row_cache_hit_rate = internal.row_cache_hit_rate;
+  report.table_rows_held = internal.table_rows_held;
+  report.table_ids_refused = internal.table_ids_refused;
+  report.table_rows_evicted = internal.table_rows_evicted;
   report.global_step = internal.global_step;
   report.seconds = internal.seconds;
   report.examples_per_second = internal.examples_per_second;
@@ -509,6 +512,11 @@ torch::Tensor ClusterClient::PullRows(const std::string& table, const torch::Ten
 
 void ClusterClient::PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients) {
   ThrowIfError(state_->client->PushRows(table, ids, gradients));
+}
+
+ClusterClient::TableStats ClusterClient::GetTableStats(const std::string& table) {
+  const Client::TableOccupancy occupancy = ValueOrThrow(state_->client->Occupancy(table));
+  return TableStats{occupancy.rows_held, occupancy.ids_refused, occupancy.rows_evicted};
 }
 
 int64_t ClusterClient::AddToCounter(const std::string& name, int64_t delta) {

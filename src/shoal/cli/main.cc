@@ -247,6 +247,10 @@ void PrintReport(const TrainReport& report, bool clicks) {
     if (report.row_cache_hit_rate > 0) {
       absl::PrintF("row cache: %.1f%% of the distinct ids served without a pull\n", 100 * report.row_cache_hit_rate);
     }
+    if (report.table_ids_refused > 0 || report.table_rows_evicted > 0) {
+      absl::PrintF("tables: %d rows held; %d new ids turned away by full shards, %d rows evicted to make room\n",
+                   report.table_rows_held, report.table_ids_refused, report.table_rows_evicted);
+    }
   } else {
     absl::PrintF("trained %d steps in %.1f s (%.0f examples/s); test accuracy %.2f%%, test loss %.4f\n",
                  report.global_step, report.seconds, report.examples_per_second, 100 * report.test_accuracy,

@@ -760,6 +760,25 @@ absl::StatusOr<torch::Tensor> Client::PullRows(const std::string& table, const t
   return inverse.defined() ? unique_rows.index_select(0, inverse) : unique_rows;
 }
 
+absl::StatusOr<Client::TableOccupancy> Client::Occupancy(const std::string& table) {
+  SHOAL_ASSIGN_OR_RETURN(const std::vector<TaskId> shards, TableShards());
+  TaskCalls calls;
+  for (const TaskId& shard : shards) {
+    TaskCall& call = calls[shard];
+    call.request.header.mutable_pull_rows()->set_table(table);
+    call.request.tensors.push_back(torch::empty({0}, torch::kInt64));  // no rows: the figures alone
+  }
+  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  TableOccupancy total;
+  for (const auto& [task, call] : calls) {
+    const wire::PullRowsResponse& answer = call.response.header.pull_rows();
+    total.rows_held += answer.rows_held();
+    total.ids_refused += answer.ids_refused();
+    total.rows_evicted += answer.rows_evicted();
+  }
+  return total;
+}
+
 absl::Status Client::PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients,
                               Ids ids_are) {
   SHOAL_RETURN_IF_ERROR(CheckRowRequest(table, ids, &gradients));

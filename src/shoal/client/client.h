@@ -200,6 +200,13 @@ class Client {
   // The rows of `ids` (int64 [n]; repeats allowed): float32 [n, dim]. Each
   // distinct id is pulled once, from its shard, all shards in parallel.
   absl::StatusOr<torch::Tensor> PullRows(const std::string& table, const torch::Tensor& ids, Ids ids_are = Ids::kAny);
+  // How full a table is, summed over its shards (wire.proto: PullRowsResponse).
+  struct TableOccupancy {
+    int64_t rows_held = 0;
+    int64_t ids_refused = 0;
+    int64_t rows_evicted = 0;
+  };
+  absl::StatusOr<TableOccupancy> Occupancy(const std::string& table);
   // Sums the gradient rows ([n, dim]) of repeated ids, then pushes each
   // shard its distinct ids and their rows, in parallel.
   absl::Status PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients,

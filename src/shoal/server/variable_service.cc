@@ -395,7 +395,10 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
             options_.max_message_bytes));
       }
       SHOAL_ASSIGN_OR_RETURN(torch::Tensor rows, table->Pull(request.tensors[0]));
-      response->header.mutable_pull_rows();
+      wire::PullRowsResponse* answer = response->header.mutable_pull_rows();
+      answer->set_rows_held(table->size());
+      answer->set_ids_refused(table->refused_admissions());
+      answer->set_rows_evicted(table->evicted_when_full());
       response->tensors.push_back(std::move(rows));
       return absl::OkStatus();
     }

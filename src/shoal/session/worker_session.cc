@@ -130,6 +130,12 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
   SHOAL_ASSIGN_OR_RETURN(const int64_t cache_lookups, context.client->AddToCounter(kRowCacheLookups, 0));
   SHOAL_ASSIGN_OR_RETURN(const int64_t cache_hits, context.client->AddToCounter(kRowCacheHits, 0));
   if (cache_lookups > 0) report->row_cache_hit_rate = static_cast<double>(cache_hits) / cache_lookups;
+  for (const std::string& table : worker->tables) {
+    SHOAL_ASSIGN_OR_RETURN(const Client::TableOccupancy occupancy, context.client->Occupancy(table));
+    report->table_rows_held += occupancy.rows_held;
+    report->table_ids_refused += occupancy.ids_refused;
+    report->table_rows_evicted += occupancy.rows_evicted;
+  }
   SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(*context.client));
   if (stopped) {
     report->stop_reason = worker->stop_reason.empty() ? "a worker's hook stopped the job" : worker->stop_reason;

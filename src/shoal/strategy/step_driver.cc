@@ -61,7 +61,10 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
                                         SHOAL_RETURN_IF_ERROR(CreateRowTables(context, model));
                                         return policy.Join(model);
                                       }));
-  if (tables != nullptr) result.row_cache = tables->cache_stats();
+  if (tables != nullptr) {
+    result.row_cache = tables->cache_stats();
+    for (const wire::TableDef& table : tables->TableDefs()) result.tables.push_back(table.name());
+  }
   return result;
 }
 

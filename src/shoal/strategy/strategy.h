@@ -8,6 +8,8 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -100,6 +102,7 @@ struct WorkerResult {
   double last_loss = 0;
   std::string stop_reason;  // set when a hook of this worker stopped the job
   RowTables::CacheStats row_cache;  // a model with row tables: its cache's figures
+  std::vector<std::string> tables;  // ... and their names
 };
 
 // Counters of the SSP clock gaps seen: "ssp_gap/<g>" counts steps that began

@@ -5,7 +5,9 @@
 namespace shoal {
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(MemberReport, member, fitness, test_accuracy, hyperparameters)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainReport, test_accuracy, test_loss, test_auc, row_cache_hit_rate, global_step, seconds, examples_per_second,
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainReport, test_accuracy, test_loss, test_auc, row_cache_hit_rate,
+                                                table_rows_held, table_ids_refused, table_rows_evicted,
+                                                global_step, seconds, examples_per_second,
                                                 steady_examples_per_second, last_loss, stale_gradients_dropped,
                                                 ssp_gap_histogram, stop_reason, bytes_sent, bytes_received,
                                                 tensor_bytes_sent, epochs_trained, members, best_member,

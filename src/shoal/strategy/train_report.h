@@ -26,6 +26,11 @@ struct TrainReport {
   double test_loss = 0;      // the mean loss on the test set (mse: the regression's figure; clicks: log loss)
   double test_auc = 0;       // clicks (model.kind click): the AUC on the test set
   double row_cache_hit_rate = 0;  // clicks with model.click.cache_rows: distinct ids served by the workers' caches
+  // Models with embedding tables, over their shards at the end: rows held,
+  // new ids a full dynamic table turned away, rows evicted to make room.
+  int64_t table_rows_held = 0;
+  int64_t table_ids_refused = 0;
+  int64_t table_rows_evicted = 0;
   int64_t global_step = 0;
   double seconds = 0;
   double examples_per_second = 0;         // over the whole session, start-up included
