@@ -29,7 +29,8 @@ inline void WriteSeedsIfAsked(int argc, char** argv, const std::function<void(co
 }
 
 // Shard 0 of 2 of a fixed Adagrad table "emb" (1000 x 4), and a dynamic
-// LazyAdam one "dyn" (x 2).
+// LazyAdam one "dyn" (x 2, admitting on a second sighting, at most 8 rows,
+// evicting when full).
 inline std::vector<wire::TableDef> TwoTables() {
   wire::TableDef fixed;
   fixed.set_name("emb");
@@ -45,6 +46,11 @@ inline std::vector<wire::TableDef> TwoTables() {
   dynamic.set_rows(0);
   dynamic.set_dim(2);
   dynamic.mutable_optimizer()->set_kind("lazy_adam");
+  // Small enough that pushes soon fill it: admission after two sightings,
+  // then eviction of what was touched longest ago.
+  dynamic.set_min_count(2);
+  dynamic.set_max_rows(8);
+  dynamic.set_evict_when_full(true);
   return {fixed, dynamic};
 }
 
