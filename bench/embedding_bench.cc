@@ -86,32 +86,32 @@ EvictionRun PushStream(int64_t max_rows, bool evict, int64_t warm_up_pushes, int
   def.set_evict_when_full(evict);
   auto table = EmbeddingTable::Create(def, "/job:ps/task:0").value();
   ZipfIds draw(100'000'000, 1.05, 42);
-  auto push = [&] {
+  auto next_ids = [&] {  // a batch's distinct ids
     torch::Tensor ids = torch::empty({batch * kFeatures}, torch::kInt64);
     int64_t* id = ids.data_ptr<int64_t>();
     for (int64_t i = 0; i < ids.numel(); ++i) id[i] = draw.Next();
-    torch::Tensor distinct = std::get<0>(torch::_unique2(ids));
-    if (!table->Push(distinct, torch::full({distinct.numel(), kDim}, 0.01f)).ok()) std::abort();
+    return std::get<0>(torch::_unique2(ids));
   };
+  auto push = [&](const torch::Tensor& ids, const torch::Tensor& gradients) {
+    if (!table->Push(ids, gradients).ok()) std::abort();
+  };
+  auto gradients_for = [](const torch::Tensor& ids) { return torch::full({ids.numel(), kDim}, 0.01f); };
   EvictionRun run;
   // Full once it has turned a new id away or evicted for one (a shard that
   // evicts hovers just below max_rows).
   auto full = [&] { return table->refused_admissions() + table->evicted_when_full() > 0; };
   while (max_rows > 0 ? !full() : run.warm_up_pushes < warm_up_pushes) {
-    push();
+    const torch::Tensor ids = next_ids();
+    push(ids, gradients_for(ids));
     ++run.warm_up_pushes;
   }
   // Only the pushes are timed, not drawing the ids.
   const int64_t evicted_before = table->evicted_when_full(), refused_before = table->refused_admissions();
   double seconds = 0;
   for (int64_t step = 0; step < steps; ++step) {
-    torch::Tensor ids = torch::empty({batch * kFeatures}, torch::kInt64);
-    int64_t* id = ids.data_ptr<int64_t>();
-    for (int64_t i = 0; i < ids.numel(); ++i) id[i] = draw.Next();
-    torch::Tensor distinct = std::get<0>(torch::_unique2(ids));
-    torch::Tensor gradients = torch::full({distinct.numel(), kDim}, 0.01f);
+    const torch::Tensor ids = next_ids(), gradients = gradients_for(ids);
     const auto start = std::chrono::steady_clock::now();
-    if (!table->Push(distinct, gradients).ok()) std::abort();
+    push(ids, gradients);
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   run.pushes_per_second = steps / seconds;
