@@ -235,7 +235,7 @@ TEST(EmbeddingTableTest, AFixedTableThatFitsOnlyWithoutTheOthersIsRefused) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(refused.status().message().find("table 'second' on /job:ps/task:0"), std::string::npos) << refused.status();
-  EXPECT_NE(refused.status().message().find("needs 4.2 MB, which with the 4.2 MB its other tables hold is more than the 8.0 MB"), std::string::npos)
+  EXPECT_NE(refused.status().message().find("needs 4.2 MB, which with the 4.2 MB this task holds already is more than the 8.0 MB"), std::string::npos)
       << refused.status();
   EXPECT_FALSE(store.Find("second").ok());
   // Two in one request that fit only one at a time: neither is made.
@@ -244,6 +244,12 @@ TEST(EmbeddingTableTest, AFixedTableThatFitsOnlyWithoutTheOthersIsRefused) {
   third.set_name("third");
   EXPECT_FALSE(empty.Create({first, third}).ok());
   EXPECT_TRUE(empty.All().empty());
+  // The task's variables count too (VariableService passes their bytes).
+  auto beside_variables = empty.Create({first}, /*other_bytes=*/5e6);
+  EXPECT_NE(beside_variables.status().message().find("which with the 5.0 MB this task holds already"),
+            std::string::npos)
+      << beside_variables.status();
+  EXPECT_TRUE(empty.Create({first}, /*other_bytes=*/3e6).ok());
   second.set_rows(1 << 14);  // 1 MB: fits beside the first
   EXPECT_TRUE(store.Create({second}).ok());
 }

@@ -75,7 +75,9 @@ TEST_F(VariableStoreTest, MomentumTurnedOnLaterGetsItsBufferAndEverySlotCanBeRea
   momentum.set_kind("sgd");
   momentum.set_learning_rate(0.5);
   momentum.set_momentum(0.9);
+  const int64_t bytes_before = store_.bytes();
   ASSERT_TRUE(store_.SetOptimizer({"w"}, momentum).ok());
+  EXPECT_EQ(store_.bytes(), bytes_before + 6 * 4);  // the momentum buffer, counted for the tables' memory check
   std::vector<int64_t> versions;
   for (int i = 0; i < 2; ++i) ASSERT_TRUE(store_.ApplyGradients({"w"}, {torch::ones({2, 3})}, &versions).ok());
   // buf = 1, then 0.9 + 1: w = 1 - 0.5 - 0.95.

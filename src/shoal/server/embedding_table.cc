@@ -156,9 +156,9 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wir
     if (bytes + memory_in_use > memory_bytes) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "%s: its shard of %.0f rows x %d floats (with %s's %d slots) needs %s, %s than the %s of memory this "
-          "task's tables may use; spread it over more ps tasks, or make it dynamic (rows: 0)",
+          "task may use; spread it over more ps tasks, or make it dynamic (rows: 0)",
           where, shard_rows, filled.dim(), kind, slots, Size(bytes),
-          memory_in_use > 0 ? absl::StrCat("which with the ", Size(memory_in_use), " its other tables hold is more")
+          memory_in_use > 0 ? absl::StrCat("which with the ", Size(memory_in_use), " this task holds already is more")
                             : "more",
           Size(memory_bytes)));
     }
@@ -554,20 +554,16 @@ int64_t EmbeddingTable::Restore(const wire::TableChunk& chunk, const torch::Tens
   return taken;
 }
 
-int64_t EmbeddingTable::size() const {
+int64_t EmbeddingTable::size() const { return occupancy().rows_held; }
+
+EmbeddingTable::Occupancy EmbeddingTable::occupancy() const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  return dense_ ? values_.rows() : static_cast<int64_t>(index_.size());
+  return Occupancy{dense_ ? values_.rows() : static_cast<int64_t>(index_.size()), refused_, evicted_};
 }
 
-int64_t EmbeddingTable::refused_admissions() const {
-  std::shared_lock<std::shared_mutex> lock(mu_);
-  return refused_;
-}
+int64_t EmbeddingTable::refused_admissions() const { return occupancy().ids_refused; }
 
-int64_t EmbeddingTable::evicted_when_full() const {
-  std::shared_lock<std::shared_mutex> lock(mu_);
-  return evicted_;
-}
+int64_t EmbeddingTable::evicted_when_full() const { return occupancy().rows_evicted; }
 
 int64_t EmbeddingTable::pushes() const {
   std::shared_lock<std::shared_mutex> lock(mu_);
@@ -600,12 +596,12 @@ std::string Differs(const wire::TableDef& a, const wire::TableDef& b) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<bool>> TableStore::Create(const std::vector<wire::TableDef>& defs) {
+absl::StatusOr<std::vector<bool>> TableStore::Create(const std::vector<wire::TableDef>& defs, double other_bytes) {
   std::vector<std::unique_ptr<EmbeddingTable>> made(defs.size());
   std::unique_lock<std::shared_mutex> lock(mu_);
-  // What the tables hold already, and those this request made so far: a
-  // fixed table is refused if it does not fit beside them.
-  double in_use = 0;
+  // What the task holds already, and the tables this request made so far:
+  // a fixed table is refused if it does not fit beside them.
+  double in_use = other_bytes;
   for (const auto& [name, table] : tables_) in_use += static_cast<double>(table->bytes());
   for (size_t i = 0; i < defs.size(); ++i) {
     auto existing = tables_.find(defs[i].name());

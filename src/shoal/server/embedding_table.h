@@ -100,7 +100,7 @@ class EmbeddingTable {
   // Validates `def` (errors name the table and the field) and fills in the
   // optimizer's defaults. A fixed table's rows are made here, from the seed,
   // if they fit in `memory_bytes` (0: UsableMemoryBytes()) beside the
-  // `memory_in_use` the task's other tables hold.
+  // `memory_in_use` the task holds already (other tables, variables).
   static absl::StatusOr<std::unique_ptr<EmbeddingTable>> Create(const wire::TableDef& def,
                                                                 const std::string& task_name,
                                                                 double memory_bytes = 0, double memory_in_use = 0);
@@ -143,6 +143,13 @@ class EmbeddingTable {
   int64_t refused_admissions() const;
   // Dynamic tables with evict_when_full: rows dropped to make room.
   int64_t evicted_when_full() const;
+  // The three at one moment (a pull's answer carries them).
+  struct Occupancy {
+    int64_t rows_held = 0;
+    int64_t ids_refused = 0;
+    int64_t rows_evicted = 0;
+  };
+  Occupancy occupancy() const;
   // Bytes of row and slot storage held.
   int64_t bytes() const;
 
@@ -224,8 +231,9 @@ class TableStore {
   // Creates each table. One that exists with the same definition is left
   // alone (created=false), so a restarted chief does not reset training; a
   // different definition is AlreadyExists naming what differs. All or
-  // nothing: every definition is checked first.
-  absl::StatusOr<std::vector<bool>> Create(const std::vector<wire::TableDef>& defs);
+  // nothing: every definition is checked first. A fixed table must fit
+  // beside the tables held and `other_bytes` (the task's variables).
+  absl::StatusOr<std::vector<bool>> Create(const std::vector<wire::TableDef>& defs, double other_bytes = 0);
 
   // The table `name`, or NotFound naming it and this task.
   absl::StatusOr<EmbeddingTable*> Find(const std::string& name) const;

@@ -378,7 +378,7 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
     }
     case wire::RequestHeader::kCreateTables: {
       std::vector<wire::TableDef> defs(h.create_tables().tables().begin(), h.create_tables().tables().end());
-      SHOAL_ASSIGN_OR_RETURN(std::vector<bool> created, tables_.Create(defs));
+      SHOAL_ASSIGN_OR_RETURN(std::vector<bool> created, tables_.Create(defs, static_cast<double>(store_.bytes())));
       for (bool c : created) response->header.mutable_create_tables()->add_created(c);
       return absl::OkStatus();
     }
@@ -395,10 +395,11 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
             options_.max_message_bytes));
       }
       SHOAL_ASSIGN_OR_RETURN(torch::Tensor rows, table->Pull(request.tensors[0]));
+      const EmbeddingTable::Occupancy occupancy = table->occupancy();
       wire::PullRowsResponse* answer = response->header.mutable_pull_rows();
-      answer->set_rows_held(table->size());
-      answer->set_ids_refused(table->refused_admissions());
-      answer->set_rows_evicted(table->evicted_when_full());
+      answer->set_rows_held(occupancy.rows_held);
+      answer->set_ids_refused(occupancy.ids_refused);
+      answer->set_rows_evicted(occupancy.rows_evicted);
       response->tensors.push_back(std::move(rows));
       return absl::OkStatus();
     }

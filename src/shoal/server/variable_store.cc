@@ -46,6 +46,16 @@ bool AllFinite(const torch::Tensor& t) {
   return AllFiniteFloats(c.data_ptr<float>(), c.numel());
 }
 
+namespace {
+
+int64_t SlotBytes(const OptimizerSlots& slots) {
+  int64_t bytes = 0;
+  for (const torch::Tensor& slot : slots.tensors) bytes += slot.defined() ? slot.nbytes() : 0;
+  return bytes;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<bool>> VariableStore::Create(const std::vector<wire::VariableDef>& defs,
                                                         const std::vector<torch::Tensor>& initial_values) {
   if (defs.size() != initial_values.size()) {
@@ -120,6 +130,7 @@ absl::StatusOr<std::vector<bool>> VariableStore::Create(const std::vector<wire::
     Variable& var = *fresh[i];
     var.value = initial_values[i].clone(at::MemoryFormat::Contiguous);
     if (var.optimizer) var.slots = var.optimizer->MakeSlots(var.value);
+    bytes_ += var.value.nbytes() + SlotBytes(var.slots);
     variables_.emplace(defs[i].name(), std::move(fresh[i]));
     created[i] = true;
   }
@@ -416,7 +427,9 @@ absl::Status VariableStore::SetOptimizer(const std::vector<std::string>& names,
       // Before the rule is published: an apply that finds the new rule finds
       // its slots (momentum turned on for a variable made without it).
       std::lock_guard lock(var->update_mu);
+      const int64_t before = SlotBytes(var->slots);
       rule->AddMissingSlots(var->value, &var->slots);
+      bytes_ += SlotBytes(var->slots) - before;
     }
     std::atomic_store(&var->optimizer, rule);  // applies in flight finish with the old one
     *var->def.mutable_optimizer() = rule->config();

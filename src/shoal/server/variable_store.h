@@ -133,6 +133,9 @@ class VariableStore {
   std::vector<VariableInfo> Lookup(const std::vector<std::string>& names) const;
 
   const std::string& task_name() const { return task_name_; }
+  // Bytes of the values and optimizer slots held: what the task's memory
+  // holds besides its tables (their memory check counts it).
+  int64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
 
  private:
   struct Variable {
@@ -173,6 +176,7 @@ class VariableStore {
   const std::string task_name_;
   mutable std::shared_mutex map_mu_;
   std::map<std::string, std::shared_ptr<Variable>> variables_;  // never erased
+  std::atomic<int64_t> bytes_{0};
   std::mutex counter_mu_;
   std::condition_variable counter_changed_;
   std::map<std::string, int64_t> counters_;
