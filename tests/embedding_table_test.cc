@@ -235,7 +235,9 @@ TEST(EmbeddingTableTest, AFixedTableThatFitsOnlyWithoutTheOthersIsRefused) {
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(refused.status().message().find("table 'second' on /job:ps/task:0"), std::string::npos) << refused.status();
-  EXPECT_NE(refused.status().message().find("needs 4.2 MB, which with the 4.2 MB this task holds already is more than the 8.0 MB"), std::string::npos)
+  EXPECT_NE(refused.status().message().find(
+                "needs 4.2 MB, which with the 4.2 MB this task holds already is more than the 8.0 MB"),
+            std::string::npos)
       << refused.status();
   EXPECT_FALSE(store.Find("second").ok());
   // Two in one request that fit only one at a time: neither is made.
