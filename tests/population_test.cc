@@ -599,7 +599,19 @@ TEST(PopulationTrainingTest, DataParallelMembersShareTheirVariablesThroughThePs)
   auto report = TrainInProcess(config, InProcOptions{}, nullptr);
   ASSERT_TRUE(report.ok()) << report.status();
   ASSERT_EQ(report->members.size(), 2u);
-  for (const auto& m : report->members) EXPECT_GT(m.fitness, 0.7) << m.member;
+  // Each member learned, its two workers training one copy of its variables
+  // on the ps: each evaluated above 0.7 at some point. Not necessarily at
+  // the end: an explore late in the run may resample a member's learning
+  // rate (measured: to 0.098, 14 steps before the end, under a CPU load),
+  // with no evaluation left for an exploit to undo it.
+  EXPECT_GT(report->members[report->best_member].fitness, 0.7);
+  auto events = ReadLineage(dir);
+  ASSERT_TRUE(events.ok()) << events.status();
+  std::vector<double> best_evaluated(2, 0);
+  for (const auto& e : *events) {
+    if (e.event == "eval") best_evaluated[e.member] = std::max(best_evaluated[e.member], e.fitness);
+  }
+  for (int member = 0; member < 2; ++member) EXPECT_GT(best_evaluated[member], 0.7) << member;
   std::filesystem::remove_all(dir);
 }
 
