@@ -256,6 +256,41 @@ TEST(EmbeddingTableTest, AFixedTableThatFitsOnlyWithoutTheOthersIsRefused) {
   EXPECT_TRUE(store.Create({second}).ok());
 }
 
+// A dynamic table's bound is what the task's variables and other tables
+// leave of its memory (90% of it), so its rows cannot push them out.
+TEST(EmbeddingTableTest, ADynamicTableLeavesTheTasksVariablesTheirRoom) {
+  wire::TableDef def = Def("sgd", /*rows=*/0, /*dim=*/64);  // 320 bytes a row with its index entry
+  def.set_name("dynamic");
+  const torch::Tensor ids = torch::arange(20000, torch::kInt64);
+  const torch::Tensor gradient = torch::ones({20000, 64});
+  TableStore alone("/job:ps/task:0", /*memory_bytes=*/8e6);
+  ASSERT_TRUE(alone.Create({def}).ok());
+  ASSERT_TRUE(alone.Find("dynamic").value()->Push(ids, gradient).ok());
+  EXPECT_EQ(alone.Find("dynamic").value()->size(), 20000);  // room for 22,500
+  TableStore beside_variables("/job:ps/task:0", 8e6);
+  ASSERT_TRUE(beside_variables.Create({def}, /*other_bytes=*/5e6).ok());
+  EmbeddingTable* table = beside_variables.Find("dynamic").value();
+  ASSERT_TRUE(table->Push(ids, gradient).ok());
+  EXPECT_EQ(table->size(), 8437);  // 90% of 3 MB, in rows of 320 bytes
+  EXPECT_EQ(table->refused_admissions(), 20000 - 8437);
+  // max_rows bounds it further, never past what memory holds.
+  def.set_max_rows(100);
+  TableStore capped("/job:ps/task:0", 8e6);
+  ASSERT_TRUE(capped.Create({def}, 5e6).ok());
+  ASSERT_TRUE(capped.Find("dynamic").value()->Push(ids, gradient).ok());
+  EXPECT_EQ(capped.Find("dynamic").value()->size(), 100);
+  // No room at all: refused when made, naming the table and what holds the memory.
+  TableStore full("/job:ps/task:0", 8e6);
+  auto refused = full.Create({def}, 8e6);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("table 'dynamic' on /job:ps/task:0: a dynamic table needs 320 bytes a "
+                                            "row, and the 8.0 MB this task holds already leave no room"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_TRUE(full.All().empty());
+}
+
 TEST(EmbeddingTableTest, ADynamicTableAdmitsRowsAfterMinCountAndEvictsIdleOnes) {
   auto def = Def("sgd", /*rows=*/0);
   def.set_min_count(2);

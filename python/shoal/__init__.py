@@ -212,8 +212,8 @@ class Client:
 
         rows=0 makes a dynamic table keyed by any int64 id, whose rows are made once an
         id was pushed min_count times and dropped after steps_to_live pushes of their
-        shard without one; it holds at most max_rows rows (0: as many as fit in the ps
-        tasks' memory), and once full admits no new id, or with evict_when_full drops
+        shard without one; it holds at most max_rows rows (0: as many as fit in
+        what the ps tasks' variables and other tables leave of their memory), and once full admits no new id, or with evict_when_full drops
         the rows no push touched for longest to make room. `optimizer` is a sparse one,
         updating only pushed rows: sgd, adagrad (the default, learning rate 0.05),
         lazy_adam or ftrl (l1, l2, learning_rate_power). A table that exists with the

@@ -28,21 +28,29 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// "4.2 MB", "25.3 GB".
+// "96 bytes", "4.2 MB", "25.3 GB".
 std::string Size(double bytes) {
+  if (bytes < 1e3) return absl::StrFormat("%.0f bytes", bytes);
+  if (bytes < 1e6) return absl::StrFormat("%.1f kB", bytes / 1e3);
   return bytes >= 1e9 ? absl::StrFormat("%.1f GB", bytes / 1e9) : absl::StrFormat("%.1f MB", bytes / 1e6);
 }
 
 // Row-sized slots each sparse optimizer keeps.
 int SlotsOf(const std::string& kind) { return kind == "sgd" ? 0 : kind == "adagrad" ? 1 : 2; }
 
-// The rows a shard of a dynamic table may hold: its share of max_rows, or
-// else as many as fit in 90% of `memory_bytes`, each with its slots and its
+// What one row of a dynamic table takes: its values, its slots and its
 // place in the id index (about 64 bytes).
-int64_t DynamicCapacity(const wire::TableDef& def, double memory_bytes) {
-  if (def.max_rows() > 0) return (def.max_rows() + def.num_shards() - 1) / def.num_shards();
-  const double row_bytes = static_cast<double>(def.dim()) * sizeof(float) * (1 + SlotsOf(def.optimizer().kind())) + 64;
-  return static_cast<int64_t>(std::min(0.9 * memory_bytes / row_bytes, 9e18));
+double DynamicRowBytes(const wire::TableDef& def) {
+  return static_cast<double>(def.dim()) * sizeof(float) * (1 + SlotsOf(def.optimizer().kind())) + 64;
+}
+
+// The rows a shard of a dynamic table may hold: as many as fit in 90% of
+// the memory the task does not hold already (`free_bytes`), and no more
+// than its share of max_rows where that is set.
+int64_t DynamicCapacity(const wire::TableDef& def, double free_bytes) {
+  const auto fit = static_cast<int64_t>(std::min(0.9 * free_bytes / DynamicRowBytes(def), 9e18));
+  if (def.max_rows() > 0) return std::min(fit, (def.max_rows() + def.num_shards() - 1) / def.num_shards());
+  return fit;
 }
 
 // The shard that holds `id` among `shards`.
@@ -163,7 +171,18 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wir
           Size(memory_bytes)));
     }
   }
-  const int64_t capacity = filled.rows() == 0 && !filled.read_only() ? DynamicCapacity(filled, memory_bytes) : 0;
+  int64_t capacity = 0;
+  if (filled.rows() == 0 && !filled.read_only()) {
+    // A dynamic table's rows come later, one by one, so its bound is set
+    // now, from what the task's variables and other tables leave.
+    capacity = DynamicCapacity(filled, memory_bytes - memory_in_use);
+    if (capacity < 1) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%s: a dynamic table needs %s a row, and the %s this task holds already leave no room in the %s of "
+          "memory it may use; spread the variables and tables over more ps tasks",
+          where, Size(DynamicRowBytes(filled)), Size(memory_in_use), Size(memory_bytes)));
+    }
+  }
   auto table = std::make_unique<EmbeddingTable>(std::move(filled), task_name, capacity);
   if (table->dense_) {
     // This shard's rows: ids shard, shard + num_shards, ...

@@ -100,7 +100,9 @@ class EmbeddingTable {
   // Validates `def` (errors name the table and the field) and fills in the
   // optimizer's defaults. A fixed table's rows are made here, from the seed,
   // if they fit in `memory_bytes` (0: UsableMemoryBytes()) beside the
-  // `memory_in_use` the task holds already (other tables, variables).
+  // `memory_in_use` the task holds already (other tables, variables). A
+  // dynamic table may hold as many rows as fit in 90% of what is left then
+  // (or its share of max_rows, if fewer).
   static absl::StatusOr<std::unique_ptr<EmbeddingTable>> Create(const wire::TableDef& def,
                                                                 const std::string& task_name,
                                                                 double memory_bytes = 0, double memory_in_use = 0);
@@ -232,7 +234,10 @@ class TableStore {
   // alone (created=false), so a restarted chief does not reset training; a
   // different definition is AlreadyExists naming what differs. All or
   // nothing: every definition is checked first. A fixed table must fit
-  // beside the tables held and `other_bytes` (the task's variables).
+  // beside the tables held and `other_bytes` (the task's variables), and a
+  // dynamic table's bound leaves them their room. Several dynamic tables
+  // without max_rows each count only the rows the others hold when it is
+  // made: give them max_rows to split a task's memory between them.
   absl::StatusOr<std::vector<bool>> Create(const std::vector<wire::TableDef>& defs, double other_bytes = 0);
 
   // The table `name`, or NotFound naming it and this task.
