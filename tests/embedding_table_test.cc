@@ -503,6 +503,10 @@ TEST(EmbeddingTableTest, TheClientPullsAndPushesByIdOverTwoPsTasks) {
   EXPECT_NE(mismatch.message().find("one row per id (2 ids)"), std::string::npos) << mismatch;
   auto unknown = client->PullRows("nope", Ids({1}));
   EXPECT_TRUE(absl::IsNotFound(unknown.status())) << unknown.status();
+  // No ids (an empty batch): no rows, of the table's width; the table must exist.
+  const torch::Tensor none = client->PullRows("emb", Ids({})).value();
+  EXPECT_EQ(none.sizes(), (std::vector<int64_t>{0, 3}));
+  EXPECT_TRUE(absl::IsNotFound(client->PullRows("nope", Ids({})).status()));
 
   // How full a table is, over its shards: a fixed one holds all its rows; a
   // dynamic one what was admitted, and says what it turned away or evicted.

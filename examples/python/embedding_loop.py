@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A PyTorch click-through model whose embedding table lives on shoal's ps
-tasks, row by row, as in Persia or HugeCTR: each step pulls only the rows of
-the batch's distinct ids, and pushes their gradients back to the table's
-sparse optimizer (Adagrad). The small dense part is trained by PyTorch here.
+tasks, row by row, as in Persia or HugeCTR: shoal.Embedding, a PyTorch layer,
+pulls only the rows of each batch's distinct ids, and backward pushes their
+gradients to the table's sparse optimizer (Adagrad) on the ps. The small
+dense part is trained by PyTorch here.
 The log is made up: Zipf-distributed ids of 8 features and a planted logistic
 model, so the AUC the data allows is known.
 
@@ -70,29 +71,25 @@ def main():
                         optimizer={"kind": "adagrad", "learning_rate": 0.1, "initial_accumulator_value": 1e-8})
 
     torch.manual_seed(0)
-    dense = torch.nn.Sequential(torch.nn.Linear(FEATURES * DIM, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    optimizer = torch.optim.Adam(dense.parameters(), lr=1e-2)
-
-    def forward(ids):
-        """The logits of a batch, and the pulled rows (a leaf whose gradient is pushed)."""
-        distinct, where = torch.unique(ids, return_inverse=True)
-        rows = client.pull_rows("embeddings", distinct).requires_grad_()
-        embedded = rows[where.flatten()].view(len(ids), FEATURES * DIM)
-        return dense(embedded).squeeze(1), distinct, rows
+    model = torch.nn.Sequential(
+        shoal.Embedding(client, "embeddings"),  # [batch, FEATURES] ids -> [batch, FEATURES, DIM] rows
+        torch.nn.Flatten(),
+        torch.nn.Linear(FEATURES * DIM, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)  # the dense part: the table is the ps's
 
     for step in range(args.steps):
         batch = slice(step * args.batch_size, (step + 1) * args.batch_size)
-        logits, distinct, rows = forward(train_ids[batch])
+        ids = train_ids[batch]
+        logits = model(ids).squeeze(1)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, train_labels[batch])
         optimizer.zero_grad()
-        loss.backward()
+        loss.backward()  # also pushes one gradient row per distinct id to the table
         optimizer.step()
-        client.push_rows("embeddings", distinct, rows.grad)  # one row per distinct id
         if step % 100 == 0 or step == args.steps - 1:
-            print(f"step {step}: loss {loss.item():.4f}, {len(distinct)} distinct ids pulled and pushed")
+            print(f"step {step}: loss {loss.item():.4f}, {len(torch.unique(ids))} distinct ids pulled and pushed")
 
-    with torch.no_grad():
-        scores = torch.cat([forward(test_ids[i:i + 4096])[0] for i in range(0, len(test_ids), 4096)])
+    with torch.no_grad():  # nothing is pushed
+        scores = torch.cat([model(test_ids[i:i + 4096]).squeeze(1) for i in range(0, len(test_ids), 4096)])
     labels = test_labels.numpy()
     print(f"test AUC {auc(scores.numpy(), labels):.4f} (the planted model's {auc(test_logits, labels):.4f})")
     if servers:

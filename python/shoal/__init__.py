@@ -6,7 +6,8 @@
 
 train() runs a whole job (every task in this process, or as processes);
 Client talks to a running cluster's parameter servers by variable name;
-Server runs a parameter server in this process. Every failure is a
+Server runs a parameter server in this process; Embedding and EmbeddingBag
+are PyTorch layers over a Client's tables on the ps tasks. Every failure is a
 shoal.Error carrying shoal's message (and its status code in .code).
 """
 
@@ -20,7 +21,7 @@ import torch  # first: shoal's extension uses the libtorch this torch loaded
 from shoal._shoal import Error  # noqa: F401  (re-exported)
 from shoal import _shoal
 
-__all__ = ["train", "Client", "Server", "Error"]
+__all__ = ["train", "Client", "Server", "Embedding", "EmbeddingBag", "Error"]
 Error.__module__ = "shoal"
 
 
@@ -212,9 +213,10 @@ class Client:
 
         rows=0 makes a dynamic table keyed by any int64 id, whose rows are made once an
         id was pushed min_count times and dropped after steps_to_live pushes of their
-        shard without one; it holds at most max_rows rows (0: as many as fit in
-        what the ps tasks' variables and other tables leave of their memory), and once full admits no new id, or with evict_when_full drops
-        the rows no push touched for longest to make room. `optimizer` is a sparse one,
+        shard without one; it holds at most max_rows rows (0: as many as fit in what
+        the ps tasks' variables and other tables leave of their memory), and once full
+        admits no new id, or with evict_when_full drops the rows no push touched for
+        longest to make room. `optimizer` is a sparse one,
         updating only pushed rows: sgd, adagrad (the default, learning rate 0.05),
         lazy_adam or ftrl (l1, l2, learning_rate_power). A table that exists with the
         same definition is left alone; one with another is refused."""
@@ -244,6 +246,75 @@ class Client:
     def shutdown_servers(self):
         """Asks every ps task to shut down."""
         self._client.shutdown_servers()
+
+
+class Embedding(torch.nn.Module):
+    """A table on the ps tasks as a PyTorch layer, as nn.Embedding is a local one:
+
+        emb = shoal.Embedding(client, "emb")     # made by client.create_table("emb", ...)
+        loss = loss_fn(dense(emb(ids).flatten(1)), labels)
+        loss.backward()                          # also pushes the rows' gradients
+
+    forward(ids) pulls each distinct id of the batch once and returns its row
+    for every id: float32 [*ids.shape, dim]. While autograd records, backward
+    pushes the gradient of each distinct id's row (summed over its uses) to
+    the table's sparse optimizer on the ps, so the table trains without an
+    optimizer step here; every backward through a forward pushes once. Under
+    torch.no_grad() (evaluation) nothing is pushed.
+    """
+
+    def __init__(self, client, table):
+        super().__init__()
+        self.client, self.table = client, table
+
+    def extra_repr(self):
+        return f"table={self.table!r}"
+
+    def _pull(self, ids):
+        """The rows of ids' distinct values [n, dim], and where each id's row is in them."""
+        if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex():
+            raise TypeError(f"shoal.{type(self).__name__} '{self.table}': ids must be an integer tensor, "
+                            f"not {ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__}")
+        distinct, where = torch.unique(ids.reshape(-1).to(torch.int64), return_inverse=True)
+        rows = self.client.pull_rows(self.table, distinct)
+        if torch.is_grad_enabled():
+            rows.requires_grad_()
+            rows.register_hook(lambda gradient: self.client.push_rows(self.table, distinct, gradient.contiguous()))
+        return rows, where
+
+    def forward(self, ids):
+        rows, where = self._pull(ids)
+        return rows[where].view(*ids.shape, rows.shape[1])
+
+
+class EmbeddingBag(Embedding):
+    """A table on the ps tasks pooled per bag, as nn.EmbeddingBag: mode "sum" or "mean".
+
+        bag = shoal.EmbeddingBag(client, "emb", mode="mean")
+        pooled = bag(ids)              # ids [batch, bag]: one bag a row -> [batch, dim]
+        pooled = bag(ids, offsets)     # ids [n], bag b from offsets[b] to the next -> [len(offsets), dim]
+
+    Rows are pulled once per distinct id and their gradients pushed on
+    backward, as with shoal.Embedding.
+    """
+
+    def __init__(self, client, table, mode="sum"):
+        super().__init__(client, table)
+        if mode not in ("sum", "mean"):
+            raise ValueError(f"shoal.EmbeddingBag '{table}': mode '{mode}' is not sum or mean")
+        self.mode = mode
+
+    def extra_repr(self):
+        return f"table={self.table!r}, mode={self.mode!r}"
+
+    def forward(self, ids, offsets=None):
+        if isinstance(ids, torch.Tensor) and (ids.dim() == 2) == (offsets is not None):
+            raise ValueError(f"shoal.EmbeddingBag '{self.table}': give ids [batch, bag], or ids [n] with offsets "
+                             f"(got ids of {ids.dim()} dimensions{' and offsets' if offsets is not None else ''})")
+        rows, where = self._pull(ids)
+        if offsets is None:
+            return torch.nn.functional.embedding_bag(where.view(ids.shape), rows, mode=self.mode)
+        return torch.nn.functional.embedding_bag(where, rows, offsets.to(torch.int64), mode=self.mode)
 
 
 class Server:

@@ -217,6 +217,66 @@ def test_client_pulls_and_pushes_embedding_rows_by_id():
     del servers
 
 
+def test_embedding_layers_pull_by_id_and_push_their_gradients_on_backward():
+    addresses = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    servers = [shoal.Server(address) for address in addresses]
+    client = shoal.Client({"ps": addresses}, {})
+    client.create_table("emb", rows=100, dim=4, optimizer={"kind": "sgd", "learning_rate": 1.0})
+    every = torch.arange(100)
+    start = client.pull_rows("emb", every)
+
+    # shoal.Embedding: a row per id, shaped like the ids; backward pushes each
+    # distinct id's gradient, summed over its uses (id 3 is used twice here).
+    embedding = shoal.Embedding(client, "emb")
+    ids = torch.tensor([[3, 8], [3, 51]], dtype=torch.int32)
+    out = embedding(ids)
+    assert out.shape == (2, 2, 4) and torch.equal(out[0, 0], start[3]) and torch.equal(out[1, 1], start[51])
+    out.sum().backward()
+    moved = start - client.pull_rows("emb", every)
+    expected = torch.zeros(100, 4)
+    expected[[3, 8, 51]] = torch.tensor([[2.0], [1.0], [1.0]])
+    assert torch.allclose(moved, expected), moved[[3, 8, 51]]
+
+    # shoal.EmbeddingBag pools as torch's embedding_bag does over the same rows,
+    # for ids [batch, bag] and for ids with offsets; the gradient follows the pooling.
+    before = client.pull_rows("emb", every)
+    for mode in ("sum", "mean"):
+        bag = shoal.EmbeddingBag(client, "emb", mode=mode)
+        with torch.no_grad():  # evaluation: nothing is pushed
+            pooled = bag(torch.tensor([[1, 2, 2], [7, 1, 9]]))
+            flat = bag(torch.tensor([1, 2, 2, 7, 1]), torch.tensor([0, 3]))
+        reference = torch.nn.functional.embedding_bag(torch.tensor([[1, 2, 2], [7, 1, 9]]), before, mode=mode)
+        assert torch.allclose(pooled, reference)
+        assert torch.allclose(flat, torch.nn.functional.embedding_bag(
+            torch.tensor([1, 2, 2, 7, 1]), before, torch.tensor([0, 3]), mode=mode))
+    assert torch.equal(client.pull_rows("emb", every), before)
+    mean = shoal.EmbeddingBag(client, "emb", mode="mean")
+    mean(torch.tensor([1, 2, 2, 7, 1]), torch.tensor([0, 3])).sum().backward()  # bags {1, 2, 2} and {7, 1}
+    moved = before - client.pull_rows("emb", every)
+    expected = torch.zeros(100, 4)
+    expected[[1, 2, 7]] = torch.tensor([[1 / 3 + 1 / 2], [2 / 3], [1 / 2]])
+    assert torch.allclose(moved, expected), moved[[1, 2, 7]]
+
+    # An empty batch has the table's width; bad input is named and changes nothing.
+    assert embedding(torch.zeros(0, 2, dtype=torch.int64)).shape == (0, 2, 4)
+    after = client.pull_rows("emb", every)
+    for call, error, words in [
+        (lambda: embedding(torch.tensor([1.0])), TypeError, ["emb", "integer"]),
+        (lambda: embedding(torch.tensor([100])), shoal.Error, ["emb", "100"]),
+        (lambda: shoal.Embedding(client, "nope")(torch.tensor([1])), shoal.Error, ["nope"]),
+        (lambda: shoal.EmbeddingBag(client, "emb", mode="max"), ValueError, ["max"]),
+        (lambda: mean(torch.tensor([1, 2])), ValueError, ["offsets"]),
+        (lambda: mean(torch.tensor([[1, 2]]), torch.tensor([0])), ValueError, ["offsets"]),
+    ]:
+        with pytest.raises(error) as raised:
+            call()
+        for word in words:
+            assert word in str(raised.value), (words, str(raised.value))
+    assert torch.equal(client.pull_rows("emb", every), after)
+    client.shutdown_servers()
+    del servers
+
+
 def test_client_reaches_a_shoal_server_process_over_grpc(tmp_path):
     address, worker = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     cluster = tmp_path / "cluster.json"

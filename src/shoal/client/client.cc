@@ -737,7 +737,9 @@ absl::StatusOr<torch::Tensor> Client::PullRows(const std::string& table, const t
   const std::vector<torch::Tensor> positions = PositionsByShard(unique_ids, static_cast<int64_t>(shards.size()));
   TaskCalls calls;
   for (size_t s = 0; s < shards.size(); ++s) {
-    if (positions[s].numel() == 0) continue;
+    // No ids at all still asks the first shard, whose empty answer has the
+    // table's width (and which refuses an unknown table).
+    if (positions[s].numel() == 0 && (s > 0 || unique_ids.numel() > 0)) continue;
     TaskCall& call = calls[shards[s]];
     call.request.header.mutable_pull_rows()->set_table(table);
     call.request.tensors.push_back(unique_ids.index_select(0, positions[s]));
@@ -756,7 +758,9 @@ absl::StatusOr<torch::Tensor> Client::PullRows(const std::string& table, const t
     if (!unique_rows.defined()) unique_rows = torch::empty({unique_ids.size(0), rows.size(1)}, rows.options());
     unique_rows.index_copy_(0, positions[s], rows);
   }
-  if (!unique_rows.defined()) return torch::empty({0, 0}, torch::kFloat32);  // no ids: no row width known
+  if (!unique_rows.defined()) {
+    return absl::InternalError(absl::StrCat("no ps task answered a pull of table '", table, "'"));
+  }
   return inverse.defined() ? unique_rows.index_select(0, inverse) : unique_rows;
 }
 

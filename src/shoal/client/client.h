@@ -198,7 +198,8 @@ class Client {
   // ids repeat anyway is refused by the ps, naming the id.
   enum class Ids { kAny, kDistinct };
   // The rows of `ids` (int64 [n]; repeats allowed): float32 [n, dim]. Each
-  // distinct id is pulled once, from its shard, all shards in parallel.
+  // distinct id is pulled once, from its shard, all shards in parallel. No
+  // ids: [0, dim], from the first shard.
   absl::StatusOr<torch::Tensor> PullRows(const std::string& table, const torch::Tensor& ids, Ids ids_are = Ids::kAny);
   // How full a table is, summed over its shards (wire.proto: PullRowsResponse).
   struct TableOccupancy {
