@@ -165,8 +165,9 @@ struct TableOptions {
   int64_t min_count = 0;      // dynamic: a row is made once its id was pushed this often
   int64_t steps_to_live = 0;  // dynamic: a row untouched for this many of its shard's pushes goes (0: never)
   // Dynamic: at most this many rows over all ps tasks (0: as many as fit in
-  // what their variables and other tables leave of their memory); a full table admits no new id, or with evict_when_full
-  // drops the rows no push touched for longest to make room.
+  // what their variables and other tables leave of their memory); a full
+  // table admits no new id, or with evict_when_full drops the rows no push
+  // touched for longest to make room.
   int64_t max_rows = 0;
   bool evict_when_full = false;
 };
