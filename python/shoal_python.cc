@@ -140,11 +140,13 @@ PYBIND11_MODULE(_shoal, m) {
             return std::make_tuple(stats.rows_held, stats.ids_refused, stats.rows_evicted);
           },
           py::call_guard<py::gil_scoped_release>())
+      .def("save", &shoal::ClusterClient::Save, py::call_guard<py::gil_scoped_release>())
+      .def("restore", &shoal::ClusterClient::Restore, py::call_guard<py::gil_scoped_release>())
       .def("add_to_counter", &shoal::ClusterClient::AddToCounter, py::call_guard<py::gil_scoped_release>())
       .def("shutdown_servers", &shoal::ClusterClient::ShutdownServers, py::call_guard<py::gil_scoped_release>());
 
   py::class_<shoal::VariableServer>(m, "VariableServer")
-      .def(py::init<const std::string&, const std::string&>(), py::arg("address"), py::arg("token") = "",
-           py::call_guard<py::gil_scoped_release>())
+      .def(py::init<const std::string&, const std::string&, const std::string&>(), py::arg("address"),
+           py::arg("token") = "", py::arg("checkpoint_dir") = "", py::call_guard<py::gil_scoped_release>())
       .def("wait", &shoal::VariableServer::Wait, py::call_guard<py::gil_scoped_release>());
 }

@@ -227,6 +227,21 @@ class ClusterClient {
     int64_t rows_evicted = 0;
   };
   TableStats GetTableStats(const std::string& table);
+  // Saves every variable of this client (values and optimizer slots) and
+  // every table of the ps tasks as the checkpoint `dir`/ckpt-`step` (step
+  // < 0: the global_step counter's value), then keeps the newest `keep`
+  // (0: all). Each ps writes its own shard into the same folder of its own
+  // checkpoint directory (VariableServer's, or `shoal server
+  // --checkpoint_dir`), which must be `dir`, on a file system this client
+  // reads. Returns the checkpoint's path.
+  std::string Save(const std::string& dir, int64_t step = -1, int keep = 5);
+  // Puts the newest complete checkpoint under `dir` back: the tables first
+  // (they must exist, as create_table made them), then this client's
+  // variables (which must exist too) with their slots, then global_step.
+  // Onto any number of ps tasks. Returns its step, or -1 if `dir` holds no
+  // checkpoint. A checkpoint that lacks a variable, or holds another shape,
+  // is refused before anything changes.
+  int64_t Restore(const std::string& dir);
   // Adds `delta` to a named counter (on the first ps task); returns its value.
   int64_t AddToCounter(const std::string& name, int64_t delta);
   // Asks every ps task to shut down (ends `shoal server` and VariableServer::Wait).
@@ -243,8 +258,11 @@ class ClusterClient {
 class VariableServer {
  public:
   // Listens on `address` ("127.0.0.1:2222"). Without a token it serves
-  // only a loopback address, as every shoal server does.
-  explicit VariableServer(const std::string& address, const std::string& token = "");
+  // only a loopback address, as every shoal server does. With a
+  // `checkpoint_dir` it writes and reads checkpoints there
+  // (ClusterClient::Save and Restore); without one it refuses them.
+  explicit VariableServer(const std::string& address, const std::string& token = "",
+                          const std::string& checkpoint_dir = "");
   ~VariableServer();  // stops serving
   VariableServer(const VariableServer&) = delete;
   VariableServer& operator=(const VariableServer&) = delete;

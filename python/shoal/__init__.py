@@ -240,6 +240,23 @@ class Client:
         rows_held, ids_refused, rows_evicted = self._client.table_stats(table)
         return {"rows_held": rows_held, "ids_refused": ids_refused, "rows_evicted": rows_evicted}
 
+    def save(self, directory, step=None, keep=5):
+        """Saves this client's variables (values and optimizer slots) and the ps tasks'
+        tables as the checkpoint directory/ckpt-<step> (step: default the global step),
+        keeping the newest `keep` (0: all); returns its path. Each ps writes its own
+        shard there, so its checkpoint_dir must be this directory, on a file system
+        this process reads."""
+        return self._client.save(os.fspath(directory), -1 if step is None else step, keep)
+
+    def restore(self, directory):
+        """Puts the newest checkpoint under directory back: the tables, then this
+        client's variables with their slots, then the global step, onto any number of
+        ps tasks. The variables and tables must exist (create, create_table). Returns
+        the checkpoint's step, or None if the directory holds none; a checkpoint that
+        lacks a variable or holds another shape raises shoal.Error, changing nothing."""
+        step = self._client.restore(os.fspath(directory))
+        return None if step < 0 else step
+
     def add_to_counter(self, name, delta=1):
         return self._client.add_to_counter(name, delta)
 
@@ -320,12 +337,14 @@ class EmbeddingBag(Embedding):
 class Server:
     """A parameter server (a ps task) in this process, over gRPC, until closed.
 
-    Without a token it serves only a loopback address.
+    Without a token it serves only a loopback address. With a checkpoint_dir it
+    writes and reads the checkpoints Client.save and Client.restore ask for there
+    (the same folder the client names); without one it refuses them.
     """
 
-    def __init__(self, address, *, token=""):
+    def __init__(self, address, *, token="", checkpoint_dir=None):
         self.address = address
-        self._server = _shoal.VariableServer(address, token)
+        self._server = _shoal.VariableServer(address, token, os.fspath(checkpoint_dir) if checkpoint_dir else "")
 
     def wait(self, timeout_s):
         """Waits until a client shuts the server down, at most timeout_s; returns whether one did."""

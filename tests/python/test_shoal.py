@@ -277,6 +277,66 @@ def test_embedding_layers_pull_by_id_and_push_their_gradients_on_backward():
     del servers
 
 
+def test_client_saves_and_restores_variables_slots_and_tables(tmp_path):
+    addresses = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    servers = [shoal.Server(address, checkpoint_dir=tmp_path) for address in addresses]
+    client = shoal.Client({"ps": addresses}, {"w": [4], "b": [2]})
+    assert client.restore(tmp_path) is None  # nothing saved yet
+    client.create({"w": torch.zeros(4), "b": torch.zeros(2)},
+                  optimizer={"kind": "momentum", "learning_rate": 1.0, "momentum": 0.5})
+    client.create_table("emb", rows=10, dim=2, optimizer={"kind": "adagrad", "learning_rate": 0.5})
+    ones = {"w": torch.ones(4), "b": torch.ones(2)}
+    ids = torch.arange(10)
+    client.apply(ones)
+    client.push_rows("emb", torch.tensor([1, 2, 7]), torch.ones(3, 2))
+    saved_rows = client.pull_rows("emb", ids)
+    path = client.save(tmp_path)  # at the global step, 1
+    assert path.endswith("ckpt-1"), path
+
+    # Training goes on, then the checkpoint comes back: values, the momentum
+    # buffer (the next apply moves by 1.5 again) and the table's rows.
+    client.apply(ones)
+    client.push_rows("emb", ids, torch.ones(10, 2))
+    assert client.restore(tmp_path) == 1
+    assert torch.equal(client.read(["w"])[0], torch.full((4,), -1.0))
+    assert torch.equal(client.pull_rows("emb", ids), saved_rows)
+    assert client.apply(ones) == 2  # the global step came back too
+    assert torch.equal(client.read(["w"])[0], torch.full((4,), -2.5))  # -1, then -(1 + 0.5)
+    client.shutdown_servers()
+    del servers
+
+    # Onto another number of ps tasks: one, holding what two held.
+    address = f"127.0.0.1:{free_port()}"
+    server = shoal.Server(address, checkpoint_dir=tmp_path)
+    other = shoal.Client({"ps": [address]}, {"w": [4], "b": [2]})
+    other.create({"w": torch.zeros(4), "b": torch.zeros(2)},
+                 optimizer={"kind": "momentum", "learning_rate": 1.0, "momentum": 0.5})
+    other.create_table("emb", rows=10, dim=2, optimizer={"kind": "adagrad", "learning_rate": 0.5})
+    assert other.restore(tmp_path) == 1
+    assert torch.equal(other.pull_rows("emb", ids), saved_rows)
+    assert torch.equal(other.read(["b"])[0], torch.full((2,), -1.0))
+
+    # A variable the checkpoint lacks, or a variable not yet made: named, and nothing changes.
+    before = other.read(["w"])[0]
+    for variables, words in [({"w": [4], "v": [3]}, ["'v'"]), ({"w": [5]}, ["w", "shape"])]:
+        with pytest.raises(shoal.Error) as error:
+            shoal.Client({"ps": [address]}, variables).restore(tmp_path)
+        for word in words:
+            assert word in str(error.value), (words, str(error.value))
+    assert torch.equal(other.read(["w"])[0], before)
+    # A server without a checkpoint directory refuses to write one.
+    bare_address = f"127.0.0.1:{free_port()}"
+    bare = shoal.Server(bare_address)
+    bare_client = shoal.Client({"ps": [bare_address]}, {"w": [4]})
+    bare_client.create({"w": torch.zeros(4)})
+    with pytest.raises(shoal.Error) as error:
+        bare_client.save(tmp_path / "elsewhere")
+    assert "checkpoint directory" in str(error.value), str(error.value)
+    other.shutdown_servers()
+    bare_client.shutdown_servers()
+    del server, bare
+
+
 def test_client_reaches_a_shoal_server_process_over_grpc(tmp_path):
     address, worker = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     cluster = tmp_path / "cluster.json"

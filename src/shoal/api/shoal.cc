@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "shoal/checkpoint/checkpoint.h"
 #include "shoal/client/client.h"
 #include "shoal/config/config.h"
 #include "shoal/core/dtype.h"
@@ -355,6 +356,7 @@ struct ClusterClient::State {
   std::unique_ptr<LocalFirstTransport> transport;
   std::unique_ptr<Client> client;
   std::vector<TaskId> ps_tasks;
+  std::vector<VariableShape> variables;  // in the order given: what Save and Restore cover
   // A ps of this process answers reads with its own memory: the caller
   // gets copies, as from any other ps.
   bool copy_reads = false;
@@ -382,6 +384,7 @@ ClusterClient::ClusterClient(const std::string& cluster_json, const std::vector<
   state_->client = ValueOrThrow(
       Client::Create(cluster, state_->transport.get(), placement, ClientOptions{absl::Seconds(options.rpc_timeout_s)}));
   state_->ps_tasks = cluster.Tasks("ps");
+  state_->variables = variables;
 }
 
 ClusterClient::~ClusterClient() = default;
@@ -519,6 +522,44 @@ ClusterClient::TableStats ClusterClient::GetTableStats(const std::string& table)
   return TableStats{occupancy.rows_held, occupancy.ids_refused, occupancy.rows_evicted};
 }
 
+std::string ClusterClient::Save(const std::string& dir, int64_t step, int keep) {
+  if (dir.empty()) throw Error("INVALID_ARGUMENT", "save: no checkpoint directory given");
+  if (keep < 0) throw Error("INVALID_ARGUMENT", absl::StrCat("save: keep is ", keep, ", must be >= 0"));
+  if (step < 0) step = ValueOrThrow(state_->client->AddToCounter("global_step", 0));
+  const std::string path = ValueOrThrow(SaveCheckpoint(*state_->client, dir, step));
+  if (keep > 0) ThrowIfError(PruneCheckpoints(dir, keep));
+  return path;
+}
+
+int64_t ClusterClient::Restore(const std::string& dir) {
+  absl::StatusOr<std::string> latest = LatestCheckpoint(dir);
+  if (absl::IsNotFound(latest.status())) return -1;
+  const std::string checkpoint = ValueOrThrow(std::move(latest));
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const VariableShape& variable : state_->variables) {
+    names.push_back(variable.name);
+    shapes.push_back(variable.shape);
+  }
+  // Everything is checked before anything is put back: the checkpoint holds
+  // each variable in its shape, and each exists on the ps tasks.
+  CheckpointIndex index;
+  std::vector<CheckpointVariable> all = ValueOrThrow(LoadCheckpoint(checkpoint, &index));
+  std::vector<CheckpointVariable> restored = ValueOrThrow(SelectVariables(std::move(all), names, shapes, checkpoint));
+  const std::vector<bool> exist = ValueOrThrow(state_->client->VariablesExist(names));
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!exist[i]) {
+      throw Error("FAILED_PRECONDITION", absl::StrCat("restore from ", checkpoint, ": variable '", names[i],
+                                                      "' does not exist on the ps tasks; create it first"));
+    }
+  }
+  // A ps checks a table's whole file before it changes a row.
+  if (!index.table_shards.empty()) ValueOrThrow(state_->client->RestoreTables(index.step, index.table_shards));
+  ThrowIfError(RestoreVariables(*state_->client, restored, names));
+  ThrowIfError(state_->client->SetCounter("global_step", index.step).status());
+  return index.step;
+}
+
 int64_t ClusterClient::AddToCounter(const std::string& name, int64_t delta) {
   return ValueOrThrow(state_->client->AddToCounter(name, delta));
 }
@@ -532,10 +573,12 @@ struct VariableServer::State {
   std::unique_ptr<ServerHandle> local;  // in ProcessNetwork(); declared last: stops first
 };
 
-VariableServer::VariableServer(const std::string& address, const std::string& token)
+VariableServer::VariableServer(const std::string& address, const std::string& token,
+                               const std::string& checkpoint_dir)
     : state_(std::make_unique<State>()) {
   JobConfig config = DefaultJobConfig();
   config.security.token = token;
+  if (!checkpoint_dir.empty()) config.checkpoint.dir = std::filesystem::absolute(checkpoint_dir).string();
   const ClusterSpec cluster =
       ValueOrThrow(ClusterSpec::FromJson(nlohmann::json{{"ps", {address}}}.dump(), ClusterUse::kPsClient));
   state_->served = ValueOrThrow(ServeTask(config, cluster, TaskId{"ps", 0}, TaskOptions{}));
