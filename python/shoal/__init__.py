@@ -74,6 +74,11 @@ def _script(model, folder):
         return os.fspath(model)
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module or a TorchScript file's path, not {type(model).__name__}")
+    for name, layer in model.named_modules():
+        if isinstance(layer, Embedding):
+            raise Error(f"model: its layer '{name or type(model).__name__}' is a shoal.{type(layer).__name__}, "
+                        "which a Python loop of your own drives through shoal.Client; shoal.train trains tables "
+                        "with model.kind click (the tables from its config, a TorchScript dense part)")
     if isinstance(model, torch.jit.ScriptModule):
         scripted = model
     else:

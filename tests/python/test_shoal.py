@@ -257,6 +257,11 @@ def test_embedding_layers_pull_by_id_and_push_their_gradients_on_backward():
     expected[[1, 2, 7]] = torch.tensor([[1 / 3 + 1 / 2], [2 / 3], [1 / 2]])
     assert torch.allclose(moved, expected), moved[[1, 2, 7]]
 
+    # shoal.train scripts its model: a table layer is named, not half-scripted.
+    with pytest.raises(shoal.Error) as error:
+        shoal.train(torch.nn.Sequential(embedding, torch.nn.Flatten()))
+    assert "'0' is a shoal.Embedding" in str(error.value), str(error.value)
+
     # An empty batch has the table's width; bad input is named and changes nothing.
     assert embedding(torch.zeros(0, 2, dtype=torch.int64)).shape == (0, 2, 4)
     after = client.pull_rows("emb", every)
