@@ -421,3 +421,15 @@ def test_the_client_example_trains_through_the_parameter_server():
     out = run_example("client_loop.py", "--steps", "300")
     losses = [float(line.split("loss ")[1]) for line in out.splitlines() if line.startswith("step ")]
     assert losses[-1] < losses[0] * 0.6, out
+
+
+def test_the_client_example_resumes_from_its_checkpoint(tmp_path):
+    first = run_example("client_loop.py", "--steps", "150", "--checkpoint_dir", str(tmp_path))
+    assert "no checkpoint yet" in first and sorted(os.listdir(tmp_path)) == ["ckpt-100", "ckpt-150"], first
+    second = run_example("client_loop.py", "--steps", "300", "--checkpoint_dir", str(tmp_path))
+    assert "resumed at step 150" in second, second
+    steps = [int(line.split(":")[0].split()[1]) for line in second.splitlines() if line.startswith("step ")]
+    assert steps == [200, 299], second  # only the steps left
+    first_loss, resumed_loss = (float(out.split("loss ")[1].split()[0]) for out in (first, second))
+    assert resumed_loss < first_loss * 0.8, (first, second)  # the trained weights came back
+    assert "ckpt-300" in os.listdir(tmp_path)
