@@ -282,26 +282,38 @@ class Embedding(torch.nn.Module):
     pushes the gradient of each distinct id's row (summed over its uses) to
     the table's sparse optimizer on the ps, so the table trains without an
     optimizer step here; every backward through a forward pushes once. Under
-    torch.no_grad() (evaluation) nothing is pushed.
+    torch.no_grad() (evaluation) nothing is pushed. An id equal to padding_idx
+    (say -1, for bags padded to one width) is neither pulled nor pushed: its
+    row is zeros.
     """
 
-    def __init__(self, client, table):
+    def __init__(self, client, table, padding_idx=None):
         super().__init__()
-        self.client, self.table = client, table
+        self.client, self.table, self.padding_idx = client, table, padding_idx
 
     def extra_repr(self):
-        return f"table={self.table!r}"
+        return f"table={self.table!r}" + ("" if self.padding_idx is None else f", padding_idx={self.padding_idx}")
 
     def _pull(self, ids):
-        """The rows of ids' distinct values [n, dim], and where each id's row is in them."""
+        """The rows of ids' distinct values [n, dim] (with padding_idx, a row of zeros
+        after them), and where each id's row is in them."""
         if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex():
             raise TypeError(f"shoal.{type(self).__name__} '{self.table}': ids must be an integer tensor, "
                             f"not {ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__}")
-        distinct, where = torch.unique(ids.reshape(-1).to(torch.int64), return_inverse=True)
+        flat = ids.reshape(-1).to(torch.int64)
+        if self.padding_idx is None:
+            distinct, where = torch.unique(flat, return_inverse=True)
+        else:
+            real = flat != self.padding_idx
+            distinct, where_real = torch.unique(flat[real], return_inverse=True)
+            where = torch.full_like(flat, len(distinct))  # padding: the zero row after the pulled ones
+            where[real] = where_real
         rows = self.client.pull_rows(self.table, distinct)
         if torch.is_grad_enabled():
             rows.requires_grad_()
             rows.register_hook(lambda gradient: self.client.push_rows(self.table, distinct, gradient.contiguous()))
+        if self.padding_idx is not None:
+            rows = torch.cat([rows, rows.new_zeros(1, rows.shape[1])])
         return rows, where
 
     def forward(self, ids):
@@ -317,26 +329,31 @@ class EmbeddingBag(Embedding):
         pooled = bag(ids, offsets)     # ids [n], bag b from offsets[b] to the next -> [len(offsets), dim]
 
     Rows are pulled once per distinct id and their gradients pushed on
-    backward, as with shoal.Embedding.
+    backward, as with shoal.Embedding. Ids equal to padding_idx are left out
+    of their bags (a mean counts the others); per_sample_weights (mode "sum",
+    shaped as ids) scales each id's row, as in nn.EmbeddingBag.
     """
 
-    def __init__(self, client, table, mode="sum"):
-        super().__init__(client, table)
+    def __init__(self, client, table, mode="sum", padding_idx=None):
+        super().__init__(client, table, padding_idx)
         if mode not in ("sum", "mean"):
             raise ValueError(f"shoal.EmbeddingBag '{table}': mode '{mode}' is not sum or mean")
         self.mode = mode
 
     def extra_repr(self):
-        return f"table={self.table!r}, mode={self.mode!r}"
+        return f"{super().extra_repr()}, mode={self.mode!r}"
 
-    def forward(self, ids, offsets=None):
+    def forward(self, ids, offsets=None, per_sample_weights=None):
         if isinstance(ids, torch.Tensor) and (ids.dim() == 2) == (offsets is not None):
             raise ValueError(f"shoal.EmbeddingBag '{self.table}': give ids [batch, bag], or ids [n] with offsets "
                              f"(got ids of {ids.dim()} dimensions{' and offsets' if offsets is not None else ''})")
         rows, where = self._pull(ids)
+        padding = None if self.padding_idx is None else len(rows) - 1
         if offsets is None:
-            return torch.nn.functional.embedding_bag(where.view(ids.shape), rows, mode=self.mode)
-        return torch.nn.functional.embedding_bag(where, rows, offsets.to(torch.int64), mode=self.mode)
+            return torch.nn.functional.embedding_bag(where.view(ids.shape), rows, mode=self.mode,
+                                                     per_sample_weights=per_sample_weights, padding_idx=padding)
+        return torch.nn.functional.embedding_bag(where, rows, offsets.to(torch.int64), mode=self.mode,
+                                                 per_sample_weights=per_sample_weights, padding_idx=padding)
 
 
 class Server:

@@ -257,6 +257,28 @@ def test_embedding_layers_pull_by_id_and_push_their_gradients_on_backward():
     expected[[1, 2, 7]] = torch.tensor([[1 / 3 + 1 / 2], [2 / 3], [1 / 2]])
     assert torch.allclose(moved, expected), moved[[1, 2, 7]]
 
+    # Padding (-1, outside the table) is neither pulled nor pushed: its row is
+    # zeros, and a mean leaves it out. Weights per id scale a sum.
+    before = client.pull_rows("emb", every)
+    padded = shoal.Embedding(client, "emb", padding_idx=-1)
+    out = padded(torch.tensor([[4, -1]]))
+    assert torch.equal(out[0, 0], before[4]) and torch.equal(out[0, 1], torch.zeros(4))
+    out.sum().backward()
+    bags = torch.tensor([[1, 2, -1], [7, -1, -1]])
+    padded_mean = shoal.EmbeddingBag(client, "emb", mode="mean", padding_idx=-1)
+    pooled = padded_mean(bags)
+    assert torch.allclose(pooled, torch.stack([(before[1] + before[2]) / 2, before[7]]))
+    pooled.sum().backward()
+    moved = before - client.pull_rows("emb", every)
+    expected = torch.zeros(100, 4)
+    expected[[1, 2, 4, 7]] = torch.tensor([[0.5], [0.5], [1.0], [1.0]])
+    assert torch.allclose(moved, expected), moved[[1, 2, 4, 7]]
+    weights = torch.tensor([[0.5, 2.0, 1.0], [3.0, 1.0, 1.0]])
+    with torch.no_grad():
+        weighted = shoal.EmbeddingBag(client, "emb", padding_idx=-1)(bags, per_sample_weights=weights)
+    after = client.pull_rows("emb", every)
+    assert torch.allclose(weighted, torch.stack([0.5 * after[1] + 2.0 * after[2], 3.0 * after[7]]))
+
     # shoal.train scripts its model: a table layer is named, not half-scripted.
     with pytest.raises(shoal.Error) as error:
         shoal.train(torch.nn.Sequential(embedding, torch.nn.Flatten()))
