@@ -141,6 +141,40 @@ TEST(TableCheckpointTest, AFlippedByteOrAnotherWidthIsRefusedAndChangesNoTable) 
   EXPECT_NE(refused.status().message().find("table 'dynamic' not found"), std::string::npos) << refused.status();
 }
 
+// A dynamic table is restored only if its rows fit under its bound, here a
+// max_rows below what was saved: refused naming the figures, and nothing
+// (the fixed table in the same files included) changes.
+TEST(TableCheckpointTest, ADynamicTableWithoutRoomForTheCheckpointsRowsIsRefused) {
+  const fs::path dir = FreshTempDir("shoal_tables_", "no_room");
+  const std::vector<wire::TableDef> defs = TwoTables();
+  PsTasks one(1, dir);
+  ASSERT_TRUE(one.client->CreateTables(defs).ok());
+  Train(*one.client);  // the dynamic table makes a row for each of its 5 ids
+  ASSERT_TRUE(SaveCheckpoint(*one.client, dir.string(), 3).ok());
+
+  wire::TableDef small = defs[1];
+  small.set_max_rows(4);
+  PsTasks smaller(1, dir);
+  ASSERT_TRUE(smaller.client->CreateTables({defs[0], small}).ok());
+  const torch::Tensor fresh = smaller.client->PullRows("fixed", Ids(kFixedIds)).value();
+  absl::StatusOr<int64_t> refused = smaller.client->RestoreTables(3, {0});
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("table 'dynamic' on /job:ps/task:0: the checkpoint brings 5 new rows to "
+                                            "this shard, which with the 0 it holds are more than the 4 it may hold"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_TRUE(smaller.client->PullRows("fixed", Ids(kFixedIds)).value().equal(fresh));
+  EXPECT_EQ(smaller.client->Occupancy("dynamic").value().rows_held, 0);
+
+  small.set_max_rows(5);  // room for every row: restored
+  PsTasks enough(1, dir);
+  ASSERT_TRUE(enough.client->CreateTables({defs[0], small}).ok());
+  auto rows = enough.client->RestoreTables(3, {0});
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(*rows, 1000 + 5);
+  ExpectSameRows(*enough.client, *one.client);
+}
+
 // An evaluator's copy: read-only tables take the rows of an Adagrad and a
 // LazyAdam checkpoint without their slots, and refuse pushes unchanged.
 TEST(TableCheckpointTest, ReadOnlyTablesRestoreAnyOptimizersRowsAndRefusePushes) {

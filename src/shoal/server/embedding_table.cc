@@ -553,6 +553,30 @@ absl::Status EmbeddingTable::CheckRestore(const wire::TableChunk& chunk, const t
   return absl::OkStatus();
 }
 
+int64_t EmbeddingTable::RowsRestoreMakes(const torch::Tensor& ids, const std::vector<int64_t>* only) const {
+  if (dense_) return 0;
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  int64_t rows = 0;
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    if (ShardOf(id[i], def_.num_shards()) != def_.shard()) continue;
+    if (only != nullptr && !std::binary_search(only->begin(), only->end(), id[i])) continue;
+    if (Find(id[i]) < 0) ++rows;
+  }
+  return rows;
+}
+
+absl::Status EmbeddingTable::CheckRoomToRestore(int64_t new_rows) const {
+  if (dense_ || def_.read_only()) return absl::OkStatus();  // a read-only copy holds what it is asked for
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  const auto rows = static_cast<int64_t>(index_.size());
+  if (rows + new_rows <= capacity_) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      where_, ": the checkpoint brings ", new_rows, " new rows to this shard, which with the ", rows,
+      " it holds are more than the ", capacity_, " it may hold (its share of max_rows, or what fits beside its ",
+      "task's variables and other tables); restore onto more ps tasks, or raise max_rows"));
+}
+
 int64_t EmbeddingTable::Restore(const wire::TableChunk& chunk, const torch::Tensor& ids, const torch::Tensor& rows,
                                 const std::vector<torch::Tensor>& slots, const std::vector<int64_t>* only) {
   std::unique_lock<std::shared_mutex> lock(mu_);

@@ -130,6 +130,12 @@ class EmbeddingTable {
   // fixed table (InvalidArgument naming the table, the file's figure and
   // the table's). Changes nothing.
   absl::Status CheckRestore(const wire::TableChunk& chunk, const torch::Tensor& ids) const;
+  // The rows Restore would make for `ids` (with `only`, of those alone):
+  // the ids of this shard it does not hold yet.
+  int64_t RowsRestoreMakes(const torch::Tensor& ids, const std::vector<int64_t>* only = nullptr) const;
+  // Whether a dynamic table has room for `new_rows` more rows under its
+  // bound: ResourceExhausted naming the table and the figures if not.
+  absl::Status CheckRoomToRestore(int64_t new_rows) const;
   // Sets the rows and slots of the chunk's ids that map to this shard
   // (others are left to their own shards), making a dynamic or read-only
   // table's rows; with `only` (sorted), of those ids alone. The push count

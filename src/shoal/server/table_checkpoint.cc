@@ -221,23 +221,37 @@ absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vecto
     if (!table.ok()) return Annotate(table.status(), absl::StrCat("restoring '", file, "'"));
     return *table;
   };
+  // The ids of a chunk to restore: every one (nullptr), those `only` names,
+  // or none (`*skip`: no row of its table is wanted).
+  auto ids_wanted = [&](const TableChunkData& chunk, bool* skip) -> const std::vector<int64_t>* {
+    *skip = false;
+    if (only == nullptr) return nullptr;
+    auto wanted = only->find(chunk.header.table());
+    *skip = wanted == only->end();
+    return *skip ? nullptr : &wanted->second;
+  };
+  // Everything is checked before a row changes: each chunk fits its table,
+  // and each dynamic table has room for the rows the files bring.
+  std::map<EmbeddingTable*, int64_t> new_rows;
   for (const std::string& file : files) {
     SHOAL_RETURN_IF_ERROR(ReadTableCheckpoint(file, [&](const TableChunkData& chunk) -> absl::Status {
       SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, table_of(chunk, file));
-      return Annotate(table->CheckRestore(chunk.header, chunk.ids), absl::StrCat("restoring '", file, "'"));
+      SHOAL_RETURN_IF_ERROR(
+          Annotate(table->CheckRestore(chunk.header, chunk.ids), absl::StrCat("restoring '", file, "'")));
+      bool skip = false;
+      const std::vector<int64_t>* wanted = ids_wanted(chunk, &skip);
+      if (!skip) new_rows[table] += table->RowsRestoreMakes(chunk.ids, wanted);
+      return absl::OkStatus();
     }));
   }
+  for (const auto& [table, rows] : new_rows) SHOAL_RETURN_IF_ERROR(table->CheckRoomToRestore(rows));
   int64_t taken = 0;
   for (const std::string& file : files) {
     SHOAL_RETURN_IF_ERROR(ReadTableCheckpoint(file, [&](const TableChunkData& chunk) -> absl::Status {
       SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, table_of(chunk, file));
-      const std::vector<int64_t>* ids_wanted = nullptr;
-      if (only != nullptr) {
-        auto wanted = only->find(chunk.header.table());
-        if (wanted == only->end()) return absl::OkStatus();  // no row of this table is wanted
-        ids_wanted = &wanted->second;
-      }
-      taken += table->Restore(chunk.header, chunk.ids, chunk.rows, chunk.slots, ids_wanted);
+      bool skip = false;
+      const std::vector<int64_t>* wanted = ids_wanted(chunk, &skip);
+      if (!skip) taken += table->Restore(chunk.header, chunk.ids, chunk.rows, chunk.slots, wanted);
       return absl::OkStatus();
     }));
   }

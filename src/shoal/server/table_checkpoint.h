@@ -75,8 +75,9 @@ absl::StatusOr<bool> SaveTables(const TableStore& tables, const std::string& pat
 
 // Restores `tables` from table checkpoint `files`: each file is read twice,
 // first to check all of it (checksums, every chunk's table known here, its
-// width, optimizer and ids), then to set the rows that map to this task, so
-// a corrupt or mismatched checkpoint changes no table. With `only`, just
+// width, optimizer and ids, and that each dynamic table has room under its
+// bound for the rows it would make), then to set the rows that map to this
+// task, so a corrupt, mismatched or too large checkpoint changes no table. With `only`, just
 // the ids it lists (sorted) of the tables it names. Returns the rows set.
 absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vector<std::string>& files,
                                       const std::map<std::string, std::vector<int64_t>>* only = nullptr);
