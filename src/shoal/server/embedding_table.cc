@@ -553,14 +553,18 @@ absl::Status EmbeddingTable::CheckRestore(const wire::TableChunk& chunk, const t
   return absl::OkStatus();
 }
 
+bool EmbeddingTable::Restores(int64_t id, const std::vector<int64_t>* only) const {
+  return ShardOf(id, def_.num_shards()) == def_.shard() &&
+         (only == nullptr || std::binary_search(only->begin(), only->end(), id));
+}
+
 int64_t EmbeddingTable::RowsRestoreMakes(const torch::Tensor& ids, const std::vector<int64_t>* only) const {
   if (dense_) return 0;
   std::shared_lock<std::shared_mutex> lock(mu_);
   const int64_t* id = ids.data_ptr<int64_t>();
   int64_t rows = 0;
   for (int64_t i = 0; i < ids.numel(); ++i) {
-    if (ShardOf(id[i], def_.num_shards()) != def_.shard()) continue;
-    if (only != nullptr && !std::binary_search(only->begin(), only->end(), id[i])) continue;
+    if (!Restores(id[i], only)) continue;
     if (Find(id[i]) < 0) ++rows;
   }
   return rows;
@@ -583,8 +587,7 @@ int64_t EmbeddingTable::Restore(const wire::TableChunk& chunk, const torch::Tens
   const int64_t* id = ids.data_ptr<int64_t>();
   int64_t taken = 0;
   for (int64_t i = 0; i < ids.numel(); ++i) {
-    if (ShardOf(id[i], def_.num_shards()) != def_.shard()) continue;
-    if (only != nullptr && !std::binary_search(only->begin(), only->end(), id[i])) continue;
+    if (!Restores(id[i], only)) continue;
     int64_t index = Find(id[i]);
     if (index < 0) index = MakeRow(id[i]);
     std::memcpy(values_.Row(index), rows.data_ptr<float>() + i * dim_, dim_ * sizeof(float));

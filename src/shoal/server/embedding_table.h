@@ -176,6 +176,9 @@ class EmbeddingTable {
   int64_t FindOrAdmit(int64_t id);
   // Tables that are not dense: a new row for `id` (not yet held), from its
   // initial value.
+  // Whether a restore sets `id` here: it maps to this shard, and `only`
+  // (sorted), if given, lists it.
+  bool Restores(int64_t id, const std::vector<int64_t>* only) const;
   int64_t MakeRow(int64_t id);
   // A new id a full shard does not admit: counted, said once on stderr; -1.
   int64_t Refuse();
