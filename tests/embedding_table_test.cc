@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "shoal/client/client.h"
+#include "shoal/server/table_checkpoint.h"
 #include "shoal/server/variable_service.h"
 #include "shoal/session/task_runner.h"
 #include "inproc_servers.h"
@@ -289,6 +290,79 @@ TEST(EmbeddingTableTest, ADynamicTableLeavesTheTasksVariablesTheirRoom) {
             std::string::npos)
       << refused.status();
   EXPECT_TRUE(full.All().empty());
+}
+
+// Dynamic tables without max_rows share one room (90% of the task's memory
+// they find free): the second cannot promise itself what the first holds,
+// and rows the first drops come back to it.
+TEST(EmbeddingTableTest, DynamicTablesShareTheirTasksRoom) {
+  wire::TableDef first = Def("sgd", /*rows=*/0, /*dim=*/64);  // 320 bytes a row with its index entry
+  first.set_name("first");
+  first.set_steps_to_live(2);
+  wire::TableDef second = first;
+  second.set_name("second");
+  second.set_steps_to_live(0);
+  TableStore store("/job:ps/task:0", /*memory_bytes=*/8e6);  // room for 22,500 rows in all
+  ASSERT_TRUE(store.Create({first, second}).ok());
+  EmbeddingTable* a = store.Find("first").value();
+  EmbeddingTable* b = store.Find("second").value();
+  const torch::Tensor ids = torch::arange(20000, torch::kInt64);
+  const torch::Tensor gradient = torch::ones({20000, 64});
+  ASSERT_TRUE(a->Push(ids, gradient).ok());
+  EXPECT_EQ(a->size(), 20000);
+  ASSERT_TRUE(b->Push(ids, gradient).ok());
+  EXPECT_EQ(b->size(), 2500);  // what the first left
+  EXPECT_EQ(b->refused_admissions(), 17500);
+  // The first's rows expire (steps_to_live 2): their room is the second's.
+  const torch::Tensor none = torch::empty({0}, torch::kInt64);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(a->Push(none, torch::empty({0, 64})).ok());
+  EXPECT_EQ(a->size(), 0);
+  ASSERT_TRUE(b->Push(ids, gradient).ok());
+  EXPECT_EQ(b->size(), 20000);
+  // Nor does a restore go past the shared room: the first's 20,000 saved
+  // rows do not fit beside the second's, and nothing changes.
+  const std::string path = ::testing::TempDir() + "/shared_room.tables";
+  TableStore saved("/job:ps/task:0", 8e6);
+  ASSERT_TRUE(saved.Create({first}).ok());
+  ASSERT_TRUE(saved.Find("first").value()->Push(ids, gradient).ok());
+  ASSERT_TRUE(SaveTables(saved, path).value());
+  absl::StatusOr<int64_t> refused = RestoreTables(store, {path});
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("the dynamic tables on /job:ps/task:0: the checkpoint's new rows need 6.4 "
+                                            "MB, which with the 6.4 MB their rows hold already is more than the 7.2 MB"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(a->size(), 0);
+  TableStore empty("/job:ps/task:0", 8e6);
+  ASSERT_TRUE(empty.Create({first, second}).ok());
+  EXPECT_EQ(RestoreTables(empty, {path}).value(), 20000);
+  EXPECT_EQ(empty.shared_room().held(), 20000 * 320);
+}
+
+// Every row and sighting gives back what it took from the shared room,
+// whichever way it goes: admitted from a sighting, evicted when full, expired.
+TEST(EmbeddingTableTest, RowsAndSightingsGiveBackTheirSharedRoom) {
+  wire::TableDef def = Def("adagrad", /*rows=*/0, /*dim=*/8);
+  def.set_name("churn");
+  def.set_min_count(2);
+  def.set_steps_to_live(6);
+  def.set_max_rows(300);
+  def.set_evict_when_full(true);
+  TableStore store("/job:ps/task:0", 1e9);
+  ASSERT_TRUE(store.Create({def}).ok());
+  EmbeddingTable* table = store.Find("churn").value();
+  torch::manual_seed(3);
+  for (int step = 0; step < 200; ++step) {
+    const torch::Tensor ids = std::get<0>(torch::_unique(torch::randint(0, 2000, {150}, torch::kInt64)));
+    ASSERT_TRUE(table->Push(ids, torch::ones({ids.size(0), 8})).ok());
+    ASSERT_LE(store.shared_room().held(), 300 * table->shared_bytes_per_row());
+  }
+  EXPECT_GT(table->evicted_when_full(), 0);
+  EXPECT_GT(store.shared_room().held(), table->size() * table->shared_bytes_per_row());  // sightings too
+  const torch::Tensor none = torch::empty({0}, torch::kInt64);
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(table->Push(none, torch::empty({0, 8})).ok());
+  EXPECT_EQ(table->size(), 0);
+  EXPECT_EQ(store.shared_room().held(), 0);
 }
 
 TEST(EmbeddingTableTest, ADynamicTableAdmitsRowsAfterMinCountAndEvictsIdleOnes) {

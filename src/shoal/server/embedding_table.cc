@@ -58,6 +58,14 @@ int64_t ShardOf(int64_t id, int64_t shards) { return ((id % shards) + shards) % 
 
 }  // namespace
 
+bool SharedRowRoom::Take(int64_t bytes) {
+  int64_t held = held_.load();
+  do {
+    if (held + bytes > limit_.load()) return false;
+  } while (!held_.compare_exchange_weak(held, held + bytes));
+  return true;
+}
+
 void RowArena::Unmap::operator()(float* chunk) const { munmap(chunk, bytes); }
 
 RowArena::Chunk RowArena::NewChunk() const {
@@ -99,7 +107,8 @@ double EmbeddingTable::UsableMemoryBytes() {
 
 absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wire::TableDef& def,
                                                                        const std::string& task_name,
-                                                                       double memory_bytes, double memory_in_use) {
+                                                                       double memory_bytes, double memory_in_use,
+                                                                       SharedRowRoom* room) {
   if (memory_bytes <= 0) memory_bytes = UsableMemoryBytes();
   const std::string where = absl::StrCat("table '", def.name(), "' on ", task_name);
   if (def.name().empty()) return absl::InvalidArgumentError(absl::StrCat("a table on ", task_name, " has no name"));
@@ -183,7 +192,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wir
           where, Size(DynamicRowBytes(filled)), Size(memory_in_use), Size(memory_bytes)));
     }
   }
-  auto table = std::make_unique<EmbeddingTable>(std::move(filled), task_name, capacity);
+  auto table = std::make_unique<EmbeddingTable>(std::move(filled), task_name, capacity, capacity > 0 ? room : nullptr);
   if (table->dense_) {
     // This shard's rows: ids shard, shard + num_shards, ...
     const int64_t local = (table->def_.rows() - table->def_.shard() + table->def_.num_shards() - 1) /
@@ -204,13 +213,15 @@ EmbeddingTable::Rule EmbeddingTable::RuleOf(const std::string& kind) {
   return Rule::kSgd;  // Create() has refused any other
 }
 
-EmbeddingTable::EmbeddingTable(wire::TableDef def, std::string task_name, int64_t capacity)
+EmbeddingTable::EmbeddingTable(wire::TableDef def, std::string task_name, int64_t capacity, SharedRowRoom* room)
     : def_(std::move(def)),
       dense_(def_.rows() > 0 && !def_.read_only()),
       rule_(RuleOf(def_.optimizer().kind())),
       where_(absl::StrCat("table '", def_.name(), "' on ", task_name)),
       dim_(def_.dim()),
       capacity_(capacity),
+      room_(room),
+      entry_bytes_(static_cast<int64_t>(DynamicRowBytes(def_))),
       values_(def_.dim()) {
   if (def_.read_only()) return;  // no optimizer state: nothing will be pushed
   const float initial_accumulator = static_cast<float>(def_.optimizer().initial_accumulator_value());
@@ -308,8 +319,8 @@ int64_t EmbeddingTable::FindOrAdmit(int64_t id) {
     }
     sighting->second.last_push = pushes_;
     if (++sighting->second.count < def_.min_count()) return -1;
-    sightings_.erase(sighting);  // its room becomes the row's
-    if (!HasRoom(/*counting_sightings=*/false)) {
+    sightings_.erase(sighting);  // its room (and its bytes of the shared room) become the row's
+    if (!HasRoom(/*counting_sightings=*/false, /*take_shared=*/false)) {
       sightings_.emplace(id, Sighting{def_.min_count() - 1, pushes_});
       return Refuse();
     }
@@ -320,7 +331,15 @@ int64_t EmbeddingTable::FindOrAdmit(int64_t id) {
 }
 
 int64_t EmbeddingTable::Refuse() {
-  if (refused_++ == 0) {
+  if (refused_++ > 0) return -1;
+  if (room_ != nullptr && room_->held() + entry_bytes_ > room_->limit()) {
+    absl::FPrintF(stderr,
+                  "shoal: %s cannot admit new ids: the dynamic tables on its task hold %s, all of the %s they "
+                  "share (90%% of the memory its variables and fixed tables leave); their gradients are dropped "
+                  "and their pulls answered with initial rows. Give the tables max_rows to split the room, add "
+                  "ps tasks, set steps_to_live, or let the rows untouched longest make room (evict_when_full)\n",
+                  where_, Size(static_cast<double>(room_->held())), Size(static_cast<double>(room_->limit())));
+  } else {
     absl::FPrintF(stderr,
                   "shoal: %s is full (%d rows on this shard): new ids are not admitted, their gradients dropped "
                   "and their pulls answered with initial rows; raise max_rows, add ps tasks, set steps_to_live, "
@@ -330,15 +349,24 @@ int64_t EmbeddingTable::Refuse() {
   return -1;
 }
 
-bool EmbeddingTable::HasRoom(bool counting_sightings) {
-  auto held = [&] { return static_cast<int64_t>(index_.size() + (counting_sightings ? sightings_.size() : 0)); };
-  if (held() < capacity_) return true;
+bool EmbeddingTable::HasRoom(bool counting_sightings, bool take_shared) {
+  auto fits = [&] {
+    const auto held = static_cast<int64_t>(index_.size() + (counting_sightings ? sightings_.size() : 0));
+    return held < capacity_ && (!take_shared || room_ == nullptr || room_->Take(entry_bytes_));
+  };
+  if (fits()) return true;
   if (!def_.evict_when_full()) return false;
-  // A restore may have left more than the room (rows are never lost to one).
-  while (held() >= capacity_) {
+  // A restore may have left more than the room (rows are never lost to
+  // one), and the shared room may be full of other tables' rows: this
+  // shard's own untouched rows make room either way.
+  while (!fits()) {
     if (!EvictOldest()) return false;
   }
   return true;
+}
+
+void EmbeddingTable::GiveShared(int64_t entries) {
+  if (room_ != nullptr) room_->Give(entries * entry_bytes_);
 }
 
 bool EmbeddingTable::EvictOldest() {
@@ -380,7 +408,12 @@ bool EmbeddingTable::EvictOldest() {
     ++evicted_;
   }
   for (auto it = sightings_.begin(); it != sightings_.end();) {
-    it = goes(it->second.last_push) ? sightings_.erase(it) : std::next(it);
+    if (!goes(it->second.last_push)) {
+      ++it;
+      continue;
+    }
+    it = sightings_.erase(it);
+    GiveShared(1);
   }
   if (gone > 0 && !said_evicting_) {
     said_evicting_ = true;
@@ -420,6 +453,7 @@ void EmbeddingTable::FreeRow(int64_t index) {
   index_.erase(row_ids_[index]);
   last_push_[index] = kFreeRow;
   free_rows_.push_back(index);
+  GiveShared(1);
 }
 
 void EmbeddingTable::Evict() {
@@ -428,7 +462,12 @@ void EmbeddingTable::Evict() {
     if (pushes_ - last_push_[index] > ttl) FreeRow(index);  // (a free row's mark is in the future)
   }
   for (auto it = sightings_.begin(); it != sightings_.end();) {
-    it = pushes_ - it->second.last_push > ttl ? sightings_.erase(it) : std::next(it);
+    if (pushes_ - it->second.last_push <= ttl) {
+      ++it;
+      continue;
+    }
+    it = sightings_.erase(it);
+    GiveShared(1);
   }
 }
 
@@ -589,7 +628,10 @@ int64_t EmbeddingTable::Restore(const wire::TableChunk& chunk, const torch::Tens
   for (int64_t i = 0; i < ids.numel(); ++i) {
     if (!Restores(id[i], only)) continue;
     int64_t index = Find(id[i]);
-    if (index < 0) index = MakeRow(id[i]);
+    if (index < 0) {
+      if (room_ != nullptr) room_->Force(entry_bytes_);  // the restore's check pass found room
+      index = MakeRow(id[i]);
+    }
     std::memcpy(values_.Row(index), rows.data_ptr<float>() + i * dim_, dim_ * sizeof(float));
     for (size_t s = 0; s < slots_.size(); ++s) {
       std::memcpy(slots_[s].Row(index), slots[s].data_ptr<float>() + i * dim_, dim_ * sizeof(float));
@@ -668,9 +710,21 @@ absl::StatusOr<std::vector<bool>> TableStore::Create(const std::vector<wire::Tab
             absl::StrCat("table '", defs[i].name(), "' is defined twice in one request to ", task_name_));
       }
     }
-    SHOAL_ASSIGN_OR_RETURN(made[i], EmbeddingTable::Create(defs[i], task_name_, memory_bytes_, in_use));
+    SHOAL_ASSIGN_OR_RETURN(made[i], EmbeddingTable::Create(defs[i], task_name_, memory_bytes_, in_use, &room_));
     in_use += static_cast<double>(made[i]->bytes());
   }
+  // The dynamic tables' shared room: 90% of what the variables and the
+  // fixed (and read-only) tables leave, as a dynamic table's own bound is.
+  double fixed = other_bytes;
+  auto add_if_fixed = [&fixed](const EmbeddingTable& table) {
+    if (table.shared_bytes_per_row() == 0) fixed += static_cast<double>(table.bytes());
+  };
+  for (const auto& [name, table] : tables_) add_if_fixed(*table);
+  for (const auto& table : made) {
+    if (table != nullptr) add_if_fixed(*table);
+  }
+  const double memory = memory_bytes_ > 0 ? memory_bytes_ : EmbeddingTable::UsableMemoryBytes();
+  room_.set_limit(static_cast<int64_t>(std::max(0.0, std::min(0.9 * (memory - fixed), 9e18))));
   std::vector<bool> created(defs.size(), false);
   for (size_t i = 0; i < defs.size(); ++i) {
     if (made[i] == nullptr) continue;
@@ -678,6 +732,20 @@ absl::StatusOr<std::vector<bool>> TableStore::Create(const std::vector<wire::Tab
     created[i] = true;
   }
   return created;
+}
+
+absl::Status TableStore::CheckRoomToRestore(const std::map<EmbeddingTable*, int64_t>& new_rows) const {
+  int64_t shared_bytes = 0;
+  for (const auto& [table, rows] : new_rows) {
+    SHOAL_RETURN_IF_ERROR(table->CheckRoomToRestore(rows));
+    shared_bytes += rows * table->shared_bytes_per_row();
+  }
+  if (room_.held() + shared_bytes <= room_.limit()) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the dynamic tables on ", task_name_, ": the checkpoint's new rows need ", Size(static_cast<double>(shared_bytes)),
+      ", which with the ", Size(static_cast<double>(room_.held())), " their rows hold already is more than the ",
+      Size(static_cast<double>(room_.limit())),
+      " they share (90% of the memory the task's variables and fixed tables leave); restore onto more ps tasks"));
 }
 
 std::vector<EmbeddingTable*> TableStore::All() const {

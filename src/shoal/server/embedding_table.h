@@ -7,8 +7,9 @@
 // table (rows = 0) takes any int64 id and makes a row when a gradient first
 // reaches it (after `min_count` sightings), dropping rows that no push has
 // touched for `steps_to_live` pushes. A dynamic shard holds at most its
-// share of `max_rows`, or by default as many rows as fit in 90% of the
-// task's memory: a full shard admits no new id (its gradients are dropped,
+// share of `max_rows`, and the task's dynamic tables together hold no more
+// rows (and sightings) than fit in 90% of the memory its variables and
+// fixed tables leave (SharedRowRoom): a full shard admits no new id (its gradients are dropped,
 // its pulls answered with its initial row) and says so once on stderr, so
 // an unbounded id space ends as refused ids, not as a ps killed for memory.
 // With `evict_when_full` it makes room instead: the rows and sightings no
@@ -44,6 +45,7 @@
 
 #include <torch/types.h>
 
+#include <atomic>
 #include <functional>
 #include <limits>
 #include <map>
@@ -92,6 +94,26 @@ class RowArena {
   std::vector<Chunk> chunks_;
 };
 
+// The memory a task's dynamic tables share: 90% of what its variables and
+// fixed tables leave. Each row or sighting takes its bytes when made and
+// gives them back when dropped, so that tables without max_rows cannot
+// together promise more memory than the task has. Thread-safe.
+class SharedRowRoom {
+ public:
+  // Takes `bytes` if they fit under the limit; if not, takes nothing.
+  bool Take(int64_t bytes);
+  // Takes `bytes` whatever the limit (a restore whose room was checked).
+  void Force(int64_t bytes) { held_ += bytes; }
+  void Give(int64_t bytes) { held_ -= bytes; }
+  void set_limit(int64_t bytes) { limit_ = bytes; }
+  int64_t held() const { return held_; }
+  int64_t limit() const { return limit_; }
+
+ private:
+  std::atomic<int64_t> held_{0};
+  std::atomic<int64_t> limit_{std::numeric_limits<int64_t>::max()};
+};
+
 class EmbeddingTable {
  public:
   // The memory a task's tables may take: its host's, or its cgroup's limit.
@@ -102,10 +124,13 @@ class EmbeddingTable {
   // if they fit in `memory_bytes` (0: UsableMemoryBytes()) beside the
   // `memory_in_use` the task holds already (other tables, variables). A
   // dynamic table may hold as many rows as fit in 90% of what is left then
-  // (or its share of max_rows, if fewer).
+  // (or its share of max_rows, if fewer), and with `room` its rows and
+  // sightings also take their bytes from the room its task's dynamic tables
+  // share.
   static absl::StatusOr<std::unique_ptr<EmbeddingTable>> Create(const wire::TableDef& def,
                                                                 const std::string& task_name,
-                                                                double memory_bytes = 0, double memory_in_use = 0);
+                                                                double memory_bytes = 0, double memory_in_use = 0,
+                                                                SharedRowRoom* room = nullptr);
 
   // rows [n, dim] float32: the current value of each id in `ids` (int64 [n]).
   absl::StatusOr<torch::Tensor> Pull(const torch::Tensor& ids) const;
@@ -136,6 +161,8 @@ class EmbeddingTable {
   // Whether a dynamic table has room for `new_rows` more rows under its
   // bound: ResourceExhausted naming the table and the figures if not.
   absl::Status CheckRoomToRestore(int64_t new_rows) const;
+  // What each new row takes from its task's SharedRowRoom (0: nothing).
+  int64_t shared_bytes_per_row() const { return room_ == nullptr ? 0 : entry_bytes_; }
   // Sets the rows and slots of the chunk's ids that map to this shard
   // (others are left to their own shards), making a dynamic or read-only
   // table's rows; with `only` (sorted), of those ids alone. The push count
@@ -164,8 +191,9 @@ class EmbeddingTable {
   // The value every row `id` starts from.
   static void InitialRow(const wire::TableDef& def, int64_t id, float* row);
 
-  // `capacity`: the rows a dynamic table's shard may hold.
-  EmbeddingTable(wire::TableDef def, std::string task_name, int64_t capacity);
+  // `capacity`: the rows a dynamic table's shard may hold; `room`: the
+  // memory it shares with its task's other dynamic tables (or nullptr).
+  EmbeddingTable(wire::TableDef def, std::string task_name, int64_t capacity, SharedRowRoom* room = nullptr);
 
  private:
   // Where `id`'s row lives: its index in the arenas, or -1 (not held).
@@ -184,8 +212,9 @@ class EmbeddingTable {
   int64_t Refuse();
   // Dynamic tables: whether the shard has room for one more row (or, when
   // `counting_sightings`, one more row or sighting), made with
-  // evict_when_full by EvictOldest.
-  bool HasRoom(bool counting_sightings);
+  // evict_when_full by EvictOldest. With `take_shared`, the new entry's
+  // bytes must also fit in the shared room, and are taken from it.
+  bool HasRoom(bool counting_sightings, bool take_shared = true);
   // evict_when_full: drops the rows and sightings untouched longest, about
   // capacity_ / 64 of them; none this push touched. False if none could go.
   bool EvictOldest();
@@ -193,6 +222,8 @@ class EmbeddingTable {
   void Evict();
   // Forgets row `index`'s id and makes it free for the next new id.
   void FreeRow(int64_t index);
+  // Gives `entries` rows' or sightings' bytes back to the shared room.
+  void GiveShared(int64_t entries);
   void ApplyRow(int64_t index, const float* gradient);
 
   // The optimizer, resolved once from def_.optimizer().kind() (not per row).
@@ -208,6 +239,8 @@ class EmbeddingTable {
   const std::string where_;  // "table 'name' on /job:ps/task:0"
   const int64_t dim_;
   const int64_t capacity_;  // dynamic tables: the rows this shard may hold
+  SharedRowRoom* const room_;  // dynamic tables' shared memory, or nullptr
+  const int64_t entry_bytes_;  // what a row or a sighting takes from room_
   mutable std::shared_mutex mu_;  // pushes exclusive; pulls shared
   RowArena values_;
   std::vector<RowArena> slots_;  // adagrad: accumulator; lazy_adam: m, v; ftrl: z, n
@@ -246,17 +279,26 @@ class TableStore {
   // beside the tables held and `other_bytes` (the task's variables), and a
   // dynamic table's bound leaves them their room. Several dynamic tables
   // without max_rows each count only the rows the others hold when it is
-  // made: give them max_rows to split a task's memory between them.
+  // made, but together they stay within the room they share (SharedRowRoom,
+  // 90% of what `other_bytes` and the fixed tables leave): give them
+  // max_rows to split it between them.
   absl::StatusOr<std::vector<bool>> Create(const std::vector<wire::TableDef>& defs, double other_bytes = 0);
+  // Whether the tables have room for the rows a restore would make
+  // (`new_rows` per table): each under its own bound, and the dynamic ones
+  // together in the room they share. ResourceExhausted naming the figures.
+  absl::Status CheckRoomToRestore(const std::map<EmbeddingTable*, int64_t>& new_rows) const;
 
   // The table `name`, or NotFound naming it and this task.
   absl::StatusOr<EmbeddingTable*> Find(const std::string& name) const;
   // Every table, by name.
   std::vector<EmbeddingTable*> All() const;
+  // The room its dynamic tables share.
+  const SharedRowRoom& shared_room() const { return room_; }
 
  private:
   const std::string task_name_;
   const double memory_bytes_;
+  SharedRowRoom room_;
   mutable std::shared_mutex mu_;
   std::map<std::string, std::unique_ptr<EmbeddingTable>> tables_;
 };

@@ -244,7 +244,7 @@ absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vecto
       return absl::OkStatus();
     }));
   }
-  for (const auto& [table, rows] : new_rows) SHOAL_RETURN_IF_ERROR(table->CheckRoomToRestore(rows));
+  SHOAL_RETURN_IF_ERROR(tables.CheckRoomToRestore(new_rows));
   int64_t taken = 0;
   for (const std::string& file : files) {
     SHOAL_RETURN_IF_ERROR(ReadTableCheckpoint(file, [&](const TableChunkData& chunk) -> absl::Status {
