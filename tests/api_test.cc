@@ -3,6 +3,8 @@
 // parameter-server client against a server in this process.
 #include "shoal/shoal.h"
 
+#include "shoal/embedding.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -257,6 +259,89 @@ TEST(ApiTest, AClusterClientTrainsVariablesOnAServerByName) {
 
   client.ShutdownServers();
   EXPECT_TRUE(server.Wait(10));
+}
+
+// shoal::Embedding and shoal::EmbeddingBag: rows pulled by id in forward,
+// each distinct id's summed gradient pushed by backward (not under
+// NoGradGuard), pooled as torch's embedding_bag pools the same rows.
+TEST(ApiTest, EmbeddingLayersPullByIdAndPushTheirGradientsOnBackward) {
+  const std::vector<int> ports = shoal::FreeLoopbackPorts(2).value();
+  const std::vector<std::string> addresses = {absl::StrCat("127.0.0.1:", ports[0]),
+                                              absl::StrCat("127.0.0.1:", ports[1])};
+  shoal::VariableServer first(addresses[0]), second(addresses[1]);
+  shoal::ClusterClient client(nlohmann::json{{"ps", addresses}}.dump(), {});
+  shoal::TableOptions options;
+  options.rows = 100;
+  options.dim = 4;
+  options.optimizer_yaml = "{kind: sgd, learning_rate: 1.0}";
+  client.CreateTable("emb", options);
+  const torch::Tensor every = torch::arange(100, torch::kInt64);
+  auto moved_since = [&](const torch::Tensor& before) { return before - client.PullRows("emb", every); };
+  auto expected = [](std::vector<int64_t> ids, std::vector<float> by) {
+    torch::Tensor e = torch::zeros({100, 4});
+    for (size_t i = 0; i < ids.size(); ++i) e[ids[i]].fill_(by[i]);
+    return e;
+  };
+
+  torch::Tensor before = client.PullRows("emb", every);
+  shoal::Embedding embedding(&client, "emb");
+  torch::Tensor out = embedding(torch::tensor({3, 8, 3, 51}, torch::kInt32).view({2, 2}));
+  ASSERT_EQ(out.sizes(), (std::vector<int64_t>{2, 2, 4}));
+  EXPECT_TRUE(out[0][0].equal(before[3]) && out[1][1].equal(before[51]));
+  out.sum().backward();  // id 3 is used twice: it moves twice
+  EXPECT_TRUE(torch::allclose(moved_since(before), expected({3, 8, 51}, {2, 1, 1})));
+
+  before = client.PullRows("emb", every);
+  const torch::Tensor bags = torch::tensor({1, 2, 2, 7, 1, 9}, torch::kInt64).view({2, 3});
+  const torch::Tensor flat = torch::tensor({1, 2, 2, 7, 1}, torch::kInt64), offsets = torch::tensor({0, 3});
+  for (shoal::BagMode mode : {shoal::BagMode::kSum, shoal::BagMode::kMean}) {
+    namespace F = torch::nn::functional;
+    auto reference = F::EmbeddingBagFuncOptions();
+    if (mode == shoal::BagMode::kSum) reference.mode(torch::kSum);
+    shoal::EmbeddingBag bag(&client, "emb", mode);
+    torch::NoGradGuard evaluation;  // nothing is pushed
+    EXPECT_TRUE(torch::allclose(bag(bags), F::embedding_bag(bags, before, reference)));
+    EXPECT_TRUE(torch::allclose(bag(flat, offsets), F::embedding_bag(flat, before, reference.offsets(offsets))));
+  }
+  EXPECT_TRUE(client.PullRows("emb", every).equal(before));
+  shoal::EmbeddingBag mean(&client, "emb", shoal::BagMode::kMean);
+  mean(flat, offsets).sum().backward();  // bags {1, 2, 2} and {7, 1}
+  EXPECT_TRUE(torch::allclose(moved_since(before), expected({1, 2, 7}, {1.0f / 3 + 0.5f, 2.0f / 3, 0.5f})));
+
+  // Padding (-1) is neither pulled nor pushed, and a mean leaves it out;
+  // per-sample weights scale a sum.
+  before = client.PullRows("emb", every);
+  shoal::EmbeddingBag padded(&client, "emb", shoal::BagMode::kMean, /*padding_idx=*/-1);
+  const torch::Tensor padded_bags = torch::tensor({1, 2, -1, 7, -1, -1}, torch::kInt64).view({2, 3});
+  torch::Tensor pooled = padded(padded_bags);
+  EXPECT_TRUE(torch::allclose(pooled, torch::stack({(before[1] + before[2]) / 2, before[7]})));
+  pooled.sum().backward();
+  EXPECT_TRUE(torch::allclose(moved_since(before), expected({1, 2, 7}, {0.5f, 0.5f, 1.0f})));
+  before = client.PullRows("emb", every);
+  {
+    torch::NoGradGuard evaluation;
+    shoal::EmbeddingBag weighted(&client, "emb", shoal::BagMode::kSum, -1);
+    const torch::Tensor weights = torch::tensor({0.5f, 2.0f, 1.0f, 3.0f, 1.0f, 1.0f}).view({2, 3});
+    EXPECT_TRUE(torch::allclose(weighted(padded_bags, torch::Tensor(), weights),
+                                torch::stack({0.5 * before[1] + 2.0 * before[2], 3.0 * before[7]})));
+  }
+
+  // Bad input is named and changes nothing.
+  shoal::Error float_ids = ErrorOf([&] { embedding(torch::ones({2})); });
+  EXPECT_EQ(float_ids.code(), "INVALID_ARGUMENT");
+  EXPECT_NE(std::string(float_ids.what()).find("shoal::Embedding 'emb': ids must be an integer tensor"),
+            std::string::npos)
+      << float_ids.what();
+  shoal::Error shapes = ErrorOf([&] { mean(bags, offsets); });
+  EXPECT_NE(std::string(shapes.what()).find("give ids [batch, bag], or ids [n] with offsets"), std::string::npos)
+      << shapes.what();
+  EXPECT_EQ(ErrorOf([&] { embedding(torch::tensor({100}, torch::kInt64)); }).code(), "OUT_OF_RANGE");
+  shoal::Embedding unknown(&client, "nope");
+  EXPECT_EQ(ErrorOf([&] { unknown(torch::tensor({1}, torch::kInt64)); }).code(), "NOT_FOUND");
+  EXPECT_TRUE(client.PullRows("emb", every).equal(before));
+  std::ostringstream printed;
+  printed << *padded;
+  EXPECT_EQ(printed.str(), "shoal::EmbeddingBag(table=emb, mode=mean, padding_idx=-1)");
 }
 
 TEST(ApiTest, AClusterClientReachesAPsOfAnotherTaskOverGrpc) {
