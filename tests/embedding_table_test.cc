@@ -293,10 +293,11 @@ TEST(EmbeddingTableTest, ADynamicTableLeavesTheTasksVariablesTheirRoom) {
 }
 
 // Dynamic tables without max_rows share one room (90% of the task's memory
-// they find free): the second cannot promise itself what the first holds,
-// and rows the first drops come back to it.
+// they find free): the second cannot promise itself what the first holds.
+// Rows the first drops give back their index entries, but their storage
+// stays the first's (its arenas keep their pages for its next ids).
 TEST(EmbeddingTableTest, DynamicTablesShareTheirTasksRoom) {
-  wire::TableDef first = Def("sgd", /*rows=*/0, /*dim=*/64);  // 320 bytes a row with its index entry
+  wire::TableDef first = Def("sgd", /*rows=*/0, /*dim=*/64);  // 320 bytes a row: 272 of storage, 48 of index
   first.set_name("first");
   first.set_steps_to_live(2);
   wire::TableDef second = first;
@@ -313,35 +314,42 @@ TEST(EmbeddingTableTest, DynamicTablesShareTheirTasksRoom) {
   ASSERT_TRUE(b->Push(ids, gradient).ok());
   EXPECT_EQ(b->size(), 2500);  // what the first left
   EXPECT_EQ(b->refused_admissions(), 17500);
-  // The first's rows expire (steps_to_live 2): their room is the second's.
+  // The first's rows expire (steps_to_live 2): their index entries come
+  // back (20,000 x 48 bytes), their storage stays the first's.
   const torch::Tensor none = torch::empty({0}, torch::kInt64);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(a->Push(none, torch::empty({0, 64})).ok());
   EXPECT_EQ(a->size(), 0);
-  ASSERT_TRUE(b->Push(ids, gradient).ok());
-  EXPECT_EQ(b->size(), 20000);
-  // Nor does a restore go past the shared room: the first's 20,000 saved
-  // rows do not fit beside the second's, and nothing changes.
+  ASSERT_TRUE(b->Push(ids.narrow(0, 0, 3500), gradient.narrow(0, 0, 3500)).ok());
+  EXPECT_EQ(b->size(), 3500);  // 1,000 rows more, 320 bytes each
+  // New ids of the first reuse its storage and take index entries alone:
+  // the 640,000 bytes left hold 13,333.
+  ASSERT_TRUE(a->Push(ids + 20000, gradient).ok());
+  EXPECT_EQ(a->size(), 13333);
+  EXPECT_EQ(store.shared_room().held(), a->shared_bytes() + b->shared_bytes());
+  // Nor does a restore go past the shared room: nothing changes.
   const std::string path = ::testing::TempDir() + "/shared_room.tables";
   TableStore saved("/job:ps/task:0", 8e6);
-  ASSERT_TRUE(saved.Create({first}).ok());
-  ASSERT_TRUE(saved.Find("first").value()->Push(ids, gradient).ok());
+  ASSERT_TRUE(saved.Create({second}).ok());
+  ASSERT_TRUE(
+      saved.Find("second").value()->Push(ids.narrow(0, 0, 10000) + 100000, gradient.narrow(0, 0, 10000)).ok());
   ASSERT_TRUE(SaveTables(saved, path).value());
   absl::StatusOr<int64_t> refused = RestoreTables(store, {path});
   EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
-  EXPECT_NE(refused.status().message().find("the dynamic tables on /job:ps/task:0: the checkpoint's new rows need 6.4 "
-                                            "MB, which with the 6.4 MB their rows hold already is more than the 7.2 MB"),
+  EXPECT_NE(refused.status().message().find("the dynamic tables on /job:ps/task:0: the checkpoint's new rows need 3.2 "
+                                            "MB, which with the 7.2 MB their rows hold already is more than the 7.2 MB"),
             std::string::npos)
       << refused.status();
-  EXPECT_EQ(a->size(), 0);
+  EXPECT_EQ(b->size(), 3500);
   TableStore empty("/job:ps/task:0", 8e6);
   ASSERT_TRUE(empty.Create({first, second}).ok());
-  EXPECT_EQ(RestoreTables(empty, {path}).value(), 20000);
-  EXPECT_EQ(empty.shared_room().held(), 20000 * 320);
+  EXPECT_EQ(RestoreTables(empty, {path}).value(), 10000);
+  EXPECT_EQ(empty.shared_room().held(), 10000 * 320);
 }
 
-// Every row and sighting gives back what it took from the shared room,
-// whichever way it goes: admitted from a sighting, evicted when full, expired.
-TEST(EmbeddingTableTest, RowsAndSightingsGiveBackTheirSharedRoom) {
+// The shared room's count follows what a table holds, whichever way a row
+// or sighting comes and goes: admitted from a sighting, evicted when full,
+// expired, its storage reused.
+TEST(EmbeddingTableTest, TheSharedRoomCountsWhatATableHolds) {
   wire::TableDef def = Def("adagrad", /*rows=*/0, /*dim=*/8);
   def.set_name("churn");
   def.set_min_count(2);
@@ -355,14 +363,15 @@ TEST(EmbeddingTableTest, RowsAndSightingsGiveBackTheirSharedRoom) {
   for (int step = 0; step < 200; ++step) {
     const torch::Tensor ids = std::get<0>(torch::_unique(torch::randint(0, 2000, {150}, torch::kInt64)));
     ASSERT_TRUE(table->Push(ids, torch::ones({ids.size(0), 8})).ok());
-    ASSERT_LE(store.shared_room().held(), 300 * table->shared_bytes_per_row());
+    ASSERT_EQ(store.shared_room().held(), table->shared_bytes()) << "after push " << step;
   }
   EXPECT_GT(table->evicted_when_full(), 0);
-  EXPECT_GT(store.shared_room().held(), table->size() * table->shared_bytes_per_row());  // sightings too
+  const int64_t storage_and_rows = store.shared_room().held();
   const torch::Tensor none = torch::empty({0}, torch::kInt64);
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(table->Push(none, torch::empty({0, 8})).ok());
   EXPECT_EQ(table->size(), 0);
-  EXPECT_EQ(store.shared_room().held(), 0);
+  EXPECT_EQ(store.shared_room().held(), table->shared_bytes());
+  EXPECT_LT(store.shared_room().held(), storage_and_rows);  // index entries came back; the storage stays
 }
 
 TEST(EmbeddingTableTest, ADynamicTableAdmitsRowsAfterMinCountAndEvictsIdleOnes) {

@@ -38,10 +38,16 @@ std::string Size(double bytes) {
 // Row-sized slots each sparse optimizer keeps.
 int SlotsOf(const std::string& kind) { return kind == "sgd" ? 0 : kind == "adagrad" ? 1 : 2; }
 
-// What one row of a dynamic table takes: its values, its slots and its
-// place in the id index (about 64 bytes).
+// A dynamic table's row storage: its values and slots in the arenas, and
+// its last push and id beside them. A freed row keeps its storage for the
+// table's next new id (the arenas never shrink).
+int64_t RowStorageBytes(const wire::TableDef& def) {
+  return def.dim() * static_cast<int64_t>(sizeof(float)) * (1 + SlotsOf(def.optimizer().kind())) + 16;
+}
+
+// What one row of a dynamic table takes in all.
 double DynamicRowBytes(const wire::TableDef& def) {
-  return static_cast<double>(def.dim()) * sizeof(float) * (1 + SlotsOf(def.optimizer().kind())) + 64;
+  return static_cast<double>(RowStorageBytes(def) + EmbeddingTable::kIndexEntryBytes);
 }
 
 // The rows a shard of a dynamic table may hold: as many as fit in 90% of
@@ -221,7 +227,7 @@ EmbeddingTable::EmbeddingTable(wire::TableDef def, std::string task_name, int64_
       dim_(def_.dim()),
       capacity_(capacity),
       room_(room),
-      entry_bytes_(static_cast<int64_t>(DynamicRowBytes(def_))),
+      row_storage_bytes_(RowStorageBytes(def_)),
       values_(def_.dim()) {
   if (def_.read_only()) return;  // no optimizer state: nothing will be pushed
   const float initial_accumulator = static_cast<float>(def_.optimizer().initial_accumulator_value());
@@ -314,17 +320,17 @@ int64_t EmbeddingTable::FindOrAdmit(int64_t id) {
   if (def_.min_count() > 1) {
     auto sighting = sightings_.find(id);
     if (sighting == sightings_.end()) {
-      if (!HasRoom(/*counting_sightings=*/true)) return Refuse();
+      if (!HasRoom(Entry::kSighting)) return Refuse();
       sighting = sightings_.emplace(id, Sighting{0, 0}).first;
     }
     sighting->second.last_push = pushes_;
     if (++sighting->second.count < def_.min_count()) return -1;
-    sightings_.erase(sighting);  // its room (and its bytes of the shared room) become the row's
-    if (!HasRoom(/*counting_sightings=*/false, /*take_shared=*/false)) {
+    sightings_.erase(sighting);  // its room and its index entry become the row's
+    if (!HasRoom(Entry::kRowFromSighting)) {
       sightings_.emplace(id, Sighting{def_.min_count() - 1, pushes_});
       return Refuse();
     }
-  } else if (!HasRoom(/*counting_sightings=*/false)) {
+  } else if (!HasRoom(Entry::kRow)) {
     return Refuse();
   }
   return MakeRow(id);
@@ -332,7 +338,7 @@ int64_t EmbeddingTable::FindOrAdmit(int64_t id) {
 
 int64_t EmbeddingTable::Refuse() {
   if (refused_++ > 0) return -1;
-  if (room_ != nullptr && room_->held() + entry_bytes_ > room_->limit()) {
+  if (room_ != nullptr && room_->held() + kIndexEntryBytes + row_storage_bytes_ > room_->limit()) {
     absl::FPrintF(stderr,
                   "shoal: %s cannot admit new ids: the dynamic tables on its task hold %s, all of the %s they "
                   "share (90%% of the memory its variables and fixed tables leave); their gradients are dropped "
@@ -349,10 +355,11 @@ int64_t EmbeddingTable::Refuse() {
   return -1;
 }
 
-bool EmbeddingTable::HasRoom(bool counting_sightings, bool take_shared) {
+bool EmbeddingTable::HasRoom(Entry entry) {
+  const bool counting_sightings = entry == Entry::kSighting;
   auto fits = [&] {
     const auto held = static_cast<int64_t>(index_.size() + (counting_sightings ? sightings_.size() : 0));
-    return held < capacity_ && (!take_shared || room_ == nullptr || room_->Take(entry_bytes_));
+    return held < capacity_ && (room_ == nullptr || room_->Take(SharedBytesOf(entry)));
   };
   if (fits()) return true;
   if (!def_.evict_when_full()) return false;
@@ -365,8 +372,22 @@ bool EmbeddingTable::HasRoom(bool counting_sightings, bool take_shared) {
   return true;
 }
 
-void EmbeddingTable::GiveShared(int64_t entries) {
-  if (room_ != nullptr) room_->Give(entries * entry_bytes_);
+int64_t EmbeddingTable::SharedBytesOf(Entry entry) const {
+  const int64_t storage = free_rows_.empty() ? row_storage_bytes_ : 0;  // a freed row's storage is reused
+  if (entry == Entry::kSighting) return kIndexEntryBytes;
+  if (entry == Entry::kRowFromSighting) return storage;  // the sighting's index entry becomes the row's
+  return kIndexEntryBytes + storage;
+}
+
+void EmbeddingTable::GiveIndexEntries(int64_t entries) {
+  if (room_ != nullptr) room_->Give(entries * kIndexEntryBytes);
+}
+
+int64_t EmbeddingTable::shared_bytes() const {
+  if (room_ == nullptr) return 0;
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return static_cast<int64_t>(index_.size() + sightings_.size()) * kIndexEntryBytes +
+         values_.rows() * row_storage_bytes_;
 }
 
 bool EmbeddingTable::EvictOldest() {
@@ -413,7 +434,7 @@ bool EmbeddingTable::EvictOldest() {
       continue;
     }
     it = sightings_.erase(it);
-    GiveShared(1);
+    GiveIndexEntries(1);
   }
   if (gone > 0 && !said_evicting_) {
     said_evicting_ = true;
@@ -453,7 +474,7 @@ void EmbeddingTable::FreeRow(int64_t index) {
   index_.erase(row_ids_[index]);
   last_push_[index] = kFreeRow;
   free_rows_.push_back(index);
-  GiveShared(1);
+  GiveIndexEntries(1);
 }
 
 void EmbeddingTable::Evict() {
@@ -467,7 +488,7 @@ void EmbeddingTable::Evict() {
       continue;
     }
     it = sightings_.erase(it);
-    GiveShared(1);
+    GiveIndexEntries(1);
   }
 }
 
@@ -629,7 +650,7 @@ int64_t EmbeddingTable::Restore(const wire::TableChunk& chunk, const torch::Tens
     if (!Restores(id[i], only)) continue;
     int64_t index = Find(id[i]);
     if (index < 0) {
-      if (room_ != nullptr) room_->Force(entry_bytes_);  // the restore's check pass found room
+      if (room_ != nullptr) room_->Force(SharedBytesOf(Entry::kRow));  // the restore's check pass found room
       index = MakeRow(id[i]);
     }
     std::memcpy(values_.Row(index), rows.data_ptr<float>() + i * dim_, dim_ * sizeof(float));

@@ -95,9 +95,11 @@ class RowArena {
 };
 
 // The memory a task's dynamic tables share: 90% of what its variables and
-// fixed tables leave. Each row or sighting takes its bytes when made and
-// gives them back when dropped, so that tables without max_rows cannot
-// together promise more memory than the task has. Thread-safe.
+// fixed tables leave. A table takes a row's storage when its arenas grow
+// (and keeps it: a freed row's storage waits for the table's next id), and
+// an index entry for each row or sighting it holds (given back when one
+// goes), so that tables without max_rows cannot together promise more
+// memory than the task has. Thread-safe.
 class SharedRowRoom {
  public:
   // Takes `bytes` if they fit under the limit; if not, takes nothing.
@@ -116,6 +118,10 @@ class SharedRowRoom {
 
 class EmbeddingTable {
  public:
+  // A dynamic table's id index entry (a hash-map node and its bucket), which
+  // a row and a sighting each take.
+  static constexpr int64_t kIndexEntryBytes = 48;
+
   // The memory a task's tables may take: its host's, or its cgroup's limit.
   static double UsableMemoryBytes();
 
@@ -161,8 +167,12 @@ class EmbeddingTable {
   // Whether a dynamic table has room for `new_rows` more rows under its
   // bound: ResourceExhausted naming the table and the figures if not.
   absl::Status CheckRoomToRestore(int64_t new_rows) const;
-  // What each new row takes from its task's SharedRowRoom (0: nothing).
-  int64_t shared_bytes_per_row() const { return room_ == nullptr ? 0 : entry_bytes_; }
+  // What a new row takes from its task's SharedRowRoom at most (0: the
+  // table takes nothing from it: a fixed or read-only table).
+  int64_t shared_bytes_per_row() const { return room_ == nullptr ? 0 : kIndexEntryBytes + row_storage_bytes_; }
+  // What it holds of the shared room, counted from its rows, sightings and
+  // arenas (the room counts it as they change).
+  int64_t shared_bytes() const;
   // Sets the rows and slots of the chunk's ids that map to this shard
   // (others are left to their own shards), making a dynamic or read-only
   // table's rows; with `only` (sorted), of those ids alone. The push count
@@ -210,11 +220,17 @@ class EmbeddingTable {
   int64_t MakeRow(int64_t id);
   // A new id a full shard does not admit: counted, said once on stderr; -1.
   int64_t Refuse();
-  // Dynamic tables: whether the shard has room for one more row (or, when
-  // `counting_sightings`, one more row or sighting), made with
-  // evict_when_full by EvictOldest. With `take_shared`, the new entry's
-  // bytes must also fit in the shared room, and are taken from it.
-  bool HasRoom(bool counting_sightings, bool take_shared = true);
+  // What a dynamic table makes for a new id: a sighting (below min_count),
+  // a row in place of its sighting, or a row.
+  enum class Entry { kSighting, kRowFromSighting, kRow };
+  // Dynamic tables: whether the shard has room for `entry` (rows and
+  // sightings count against its capacity together when it is a sighting,
+  // rows alone otherwise) and the shared room for its bytes, which it then
+  // takes; made with evict_when_full by EvictOldest.
+  bool HasRoom(Entry entry);
+  // What `entry` takes from the shared room: an index entry, and row
+  // storage unless a freed row's is there to reuse.
+  int64_t SharedBytesOf(Entry entry) const;
   // evict_when_full: drops the rows and sightings untouched longest, about
   // capacity_ / 64 of them; none this push touched. False if none could go.
   bool EvictOldest();
@@ -222,8 +238,8 @@ class EmbeddingTable {
   void Evict();
   // Forgets row `index`'s id and makes it free for the next new id.
   void FreeRow(int64_t index);
-  // Gives `entries` rows' or sightings' bytes back to the shared room.
-  void GiveShared(int64_t entries);
+  // Gives `entries` rows' or sightings' index entries back to the shared room.
+  void GiveIndexEntries(int64_t entries);
   void ApplyRow(int64_t index, const float* gradient);
 
   // The optimizer, resolved once from def_.optimizer().kind() (not per row).
@@ -240,7 +256,7 @@ class EmbeddingTable {
   const int64_t dim_;
   const int64_t capacity_;  // dynamic tables: the rows this shard may hold
   SharedRowRoom* const room_;  // dynamic tables' shared memory, or nullptr
-  const int64_t entry_bytes_;  // what a row or a sighting takes from room_
+  const int64_t row_storage_bytes_;  // a row's values, slots, last push and id
   mutable std::shared_mutex mu_;  // pushes exclusive; pulls shared
   RowArena values_;
   std::vector<RowArena> slots_;  // adagrad: accumulator; lazy_adam: m, v; ftrl: z, n
