@@ -237,6 +237,14 @@ absl::StatusOr<std::vector<CheckpointVariable>> SelectVariables(std::vector<Chec
   return selected;
 }
 
+absl::StatusOr<std::vector<CheckpointVariable>> LoadVariables(const std::string& checkpoint,
+                                                              const std::vector<std::string>& names,
+                                                              const std::vector<std::vector<int64_t>>& shapes,
+                                                              CheckpointIndex* index) {
+  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(checkpoint, index));
+  return SelectVariables(std::move(all), names, shapes, checkpoint);
+}
+
 absl::Status RestoreVariables(Client& client, const std::vector<CheckpointVariable>& variables,
                               const std::vector<std::string>& names, std::optional<int64_t> accumulator_step) {
   std::vector<torch::Tensor> values;

@@ -131,6 +131,13 @@ absl::StatusOr<std::vector<CheckpointVariable>> SelectVariables(std::vector<Chec
                                                                 const std::vector<std::vector<int64_t>>& shapes,
                                                                 const std::string& checkpoint);
 
+// LoadCheckpoint, then SelectVariables: the variables `names` of
+// `checkpoint`, in that order, each checked against its shape in `shapes`.
+absl::StatusOr<std::vector<CheckpointVariable>> LoadVariables(const std::string& checkpoint,
+                                                              const std::vector<std::string>& names,
+                                                              const std::vector<std::vector<int64_t>>& shapes,
+                                                              CheckpointIndex* index = nullptr);
+
 }  // namespace shoal
 
 #endif  // SHOAL_CHECKPOINT_CHECKPOINT_H_

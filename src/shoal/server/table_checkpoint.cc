@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "shoal/core/crc32c.h"
@@ -221,14 +222,13 @@ absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vecto
     if (!table.ok()) return Annotate(table.status(), absl::StrCat("restoring '", file, "'"));
     return *table;
   };
-  // The ids of a chunk to restore: every one (nullptr), those `only` names,
-  // or none (`*skip`: no row of its table is wanted).
-  auto ids_wanted = [&](const TableChunkData& chunk, bool* skip) -> const std::vector<int64_t>* {
-    *skip = false;
+  // The ids of a chunk to restore: every one (a null list), those `only`
+  // names, or none (nullopt: no row of its table is wanted).
+  auto ids_wanted = [&](const TableChunkData& chunk) -> std::optional<const std::vector<int64_t>*> {
     if (only == nullptr) return nullptr;
     auto wanted = only->find(chunk.header.table());
-    *skip = wanted == only->end();
-    return *skip ? nullptr : &wanted->second;
+    if (wanted == only->end()) return std::nullopt;
+    return &wanted->second;
   };
   // Everything is checked before a row changes: each chunk fits its table,
   // and each dynamic table has room for the rows the files bring.
@@ -238,9 +238,8 @@ absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vecto
       SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, table_of(chunk, file));
       SHOAL_RETURN_IF_ERROR(
           Annotate(table->CheckRestore(chunk.header, chunk.ids), absl::StrCat("restoring '", file, "'")));
-      bool skip = false;
-      const std::vector<int64_t>* wanted = ids_wanted(chunk, &skip);
-      if (!skip) new_rows[table] += table->RowsRestoreMakes(chunk.ids, wanted);
+      const auto wanted = ids_wanted(chunk);
+      if (wanted) new_rows[table] += table->RowsRestoreMakes(chunk.ids, *wanted);
       return absl::OkStatus();
     }));
   }
@@ -249,9 +248,8 @@ absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vecto
   for (const std::string& file : files) {
     SHOAL_RETURN_IF_ERROR(ReadTableCheckpoint(file, [&](const TableChunkData& chunk) -> absl::Status {
       SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, table_of(chunk, file));
-      bool skip = false;
-      const std::vector<int64_t>* wanted = ids_wanted(chunk, &skip);
-      if (!skip) taken += table->Restore(chunk.header, chunk.ids, chunk.rows, chunk.slots, wanted);
+      const auto wanted = ids_wanted(chunk);
+      if (wanted) taken += table->Restore(chunk.header, chunk.ids, chunk.rows, chunk.slots, *wanted);
       return absl::OkStatus();
     }));
   }

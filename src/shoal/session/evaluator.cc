@@ -122,9 +122,8 @@ absl::StatusOr<CheckpointEvaluation> EvaluateCheckpoint(const JobConfig& config,
   Model& model = *built;
   // The variables, then the buffers (BatchNorm statistics) saved beside them.
   CheckpointIndex index;
-  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(checkpoint, &index));
   SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> chosen,
-                         SelectVariables(std::move(all), model.StateNames(), model.StateShapes(), checkpoint));
+                         LoadVariables(checkpoint, model.StateNames(), model.StateShapes(), &index));
   std::vector<torch::Tensor> values;
   for (auto& v : chosen) values.push_back(v.value);
   model.LoadState(values);

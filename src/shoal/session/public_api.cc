@@ -544,8 +544,7 @@ int64_t ClusterClient::Restore(const std::string& dir) {
   // Everything is checked before anything is put back: the checkpoint holds
   // each variable in its shape, and each exists on the ps tasks.
   CheckpointIndex index;
-  std::vector<CheckpointVariable> all = ValueOrThrow(LoadCheckpoint(checkpoint, &index));
-  std::vector<CheckpointVariable> restored = ValueOrThrow(SelectVariables(std::move(all), names, shapes, checkpoint));
+  std::vector<CheckpointVariable> restored = ValueOrThrow(LoadVariables(checkpoint, names, shapes, &index));
   const std::vector<bool> exist = ValueOrThrow(state_->client->VariablesExist(names));
   for (size_t i = 0; i < names.size(); ++i) {
     if (!exist[i]) {

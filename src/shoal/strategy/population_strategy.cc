@@ -168,9 +168,7 @@ absl::StatusOr<int64_t> RestoreMember(WorkerContext& context, const Member& memb
   shapes.push_back({4});
   shapes.push_back({3});
   CheckpointIndex index;
-  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(checkpoint, &index));
-  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored,
-                         SelectVariables(std::move(all), names, shapes, checkpoint));
+  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored, LoadVariables(checkpoint, names, shapes, &index));
   const size_t trained = member.names.size(), kept = trained + member.buffers.size();
   const Hyperparameters h = FromTensor(restored[kept].value);
   const wire::OptimizerConfig optimizer = WithHyperparameters(base, h);

@@ -157,9 +157,7 @@ absl::StatusOr<int64_t> RestoreOnto(WorkerContext& context, const std::string& c
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& v : values) shapes.emplace_back(v.sizes().begin(), v.sizes().end());
   CheckpointIndex index;
-  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> all, LoadCheckpoint(checkpoint, &index));
-  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored,
-                         SelectVariables(std::move(all), names, shapes, checkpoint));
+  SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored, LoadVariables(checkpoint, names, shapes, &index));
   SHOAL_RETURN_IF_ERROR(client.SetCounter(kGlobalStep, index.step).status());
   if (mid_job) SHOAL_RETURN_IF_ERROR(RestoreSavedCounters(client, index));
   // Counted before any variable comes back, so that a worker that finds the
