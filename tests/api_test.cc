@@ -336,6 +336,12 @@ TEST(ApiTest, EmbeddingLayersPullByIdAndPushTheirGradientsOnBackward) {
   EXPECT_NE(std::string(shapes.what()).find("give ids [batch, bag], or ids [n] with offsets"), std::string::npos)
       << shapes.what();
   EXPECT_EQ(ErrorOf([&] { embedding(torch::tensor({100}, torch::kInt64)); }).code(), "OUT_OF_RANGE");
+  // What torch refuses of the bags is a shoal::Error too, naming the layer.
+  shoal::Error offsets_past_the_ids = ErrorOf([&] { mean(flat, torch::tensor({0, 9})); });
+  EXPECT_EQ(offsets_past_the_ids.code(), "INVALID_ARGUMENT");
+  EXPECT_NE(std::string(offsets_past_the_ids.what()).find("shoal::EmbeddingBag 'emb': "), std::string::npos)
+      << offsets_past_the_ids.what();
+  EXPECT_EQ(ErrorOf([&] { mean(bags, torch::Tensor(), torch::ones({2, 3})); }).code(), "INVALID_ARGUMENT");
   shoal::Embedding unknown(&client, "nope");
   EXPECT_EQ(ErrorOf([&] { unknown(torch::tensor({1}, torch::kInt64)); }).code(), "NOT_FOUND");
   EXPECT_TRUE(client.PullRows("emb", every).equal(before));

@@ -71,9 +71,17 @@ torch::Tensor EmbeddingBagImpl::forward(const torch::Tensor& ids, const torch::T
   if (mode_ == BagMode::kSum) options.mode(torch::kSum);  // (the options' own default is mean)
   if (padding_idx_) options.padding_idx(pulled.rows.size(0) - 1);
   if (per_sample_weights.defined()) options.per_sample_weights(per_sample_weights);
-  if (!offsets.defined()) return torch::nn::functional::embedding_bag(pulled.where.view(ids.sizes()), pulled.rows, options);
-  options.offsets(offsets.to(torch::kInt64));
-  return torch::nn::functional::embedding_bag(pulled.where, pulled.rows, options);
+  // torch checks the bags (offsets in order and in range, weights shaped as
+  // the ids, weights with sum only): its error, as the API's own.
+  try {
+    if (!offsets.defined()) {
+      return torch::nn::functional::embedding_bag(pulled.where.view(ids.sizes()), pulled.rows, options);
+    }
+    options.offsets(offsets.to(torch::kInt64));
+    return torch::nn::functional::embedding_bag(pulled.where, pulled.rows, options);
+  } catch (const c10::Error& e) {
+    throw Error("INVALID_ARGUMENT", absl::StrCat(Where("EmbeddingBag"), ": ", e.what_without_backtrace()));
+  }
 }
 
 void EmbeddingBagImpl::pretty_print(std::ostream& stream) const {
