@@ -346,6 +346,22 @@ TEST(EmbeddingTableTest, DynamicTablesShareTheirTasksRoom) {
   EXPECT_EQ(empty.shared_room().held(), 10000 * 320);
 }
 
+// Variables made after a dynamic table leave it less room: it holds what
+// 90% of the rest takes, as if they had come first.
+TEST(EmbeddingTableTest, VariablesMadeAfterADynamicTableShrinkItsRoom) {
+  wire::TableDef def = Def("sgd", /*rows=*/0, /*dim=*/64);  // 320 bytes a row
+  def.set_name("dynamic");
+  TableStore store("/job:ps/task:0", /*memory_bytes=*/8e6);
+  ASSERT_TRUE(store.Create({def}).ok());
+  store.VariablesHold(5e6);
+  EmbeddingTable* table = store.Find("dynamic").value();
+  ASSERT_TRUE(table->Push(torch::arange(20000, torch::kInt64), torch::ones({20000, 64})).ok());
+  EXPECT_EQ(table->size(), 8437);  // 90% of 3 MB, in rows of 320 bytes
+  store.VariablesHold(8e6);        // rows held stay; no new one comes
+  ASSERT_TRUE(table->Push(torch::arange(20000, 20100, torch::kInt64), torch::ones({100, 64})).ok());
+  EXPECT_EQ(table->size(), 8437);
+}
+
 // The shared room's count follows what a table holds, whichever way a row
 // or sighting comes and goes: admitted from a sighting, evicted when full,
 // expired, its storage reused.

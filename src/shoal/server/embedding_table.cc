@@ -734,25 +734,32 @@ absl::StatusOr<std::vector<bool>> TableStore::Create(const std::vector<wire::Tab
     SHOAL_ASSIGN_OR_RETURN(made[i], EmbeddingTable::Create(defs[i], task_name_, memory_bytes_, in_use, &room_));
     in_use += static_cast<double>(made[i]->bytes());
   }
-  // The dynamic tables' shared room: 90% of what the variables and the
-  // fixed (and read-only) tables leave, as a dynamic table's own bound is.
-  double fixed = other_bytes;
-  auto add_if_fixed = [&fixed](const EmbeddingTable& table) {
-    if (table.shared_bytes_per_row() == 0) fixed += static_cast<double>(table.bytes());
-  };
-  for (const auto& [name, table] : tables_) add_if_fixed(*table);
-  for (const auto& table : made) {
-    if (table != nullptr) add_if_fixed(*table);
-  }
-  const double memory = memory_bytes_ > 0 ? memory_bytes_ : EmbeddingTable::UsableMemoryBytes();
-  room_.set_limit(static_cast<int64_t>(std::max(0.0, std::min(0.9 * (memory - fixed), 9e18))));
   std::vector<bool> created(defs.size(), false);
   for (size_t i = 0; i < defs.size(); ++i) {
     if (made[i] == nullptr) continue;
     tables_[defs[i].name()] = std::move(made[i]);
     created[i] = true;
   }
+  other_bytes_ = other_bytes;
+  SetRoomLimit();
   return created;
+}
+
+void TableStore::VariablesHold(double bytes) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  other_bytes_ = bytes;
+  SetRoomLimit();
+}
+
+void TableStore::SetRoomLimit() {
+  // 90% of what the variables and the fixed (and read-only) tables leave,
+  // as a dynamic table's own bound is.
+  double fixed = other_bytes_;
+  for (const auto& [name, table] : tables_) {
+    if (table->shared_bytes_per_row() == 0) fixed += static_cast<double>(table->bytes());
+  }
+  const double memory = memory_bytes_ > 0 ? memory_bytes_ : EmbeddingTable::UsableMemoryBytes();
+  room_.set_limit(static_cast<int64_t>(std::max(0.0, std::min(0.9 * (memory - fixed), 9e18))));
 }
 
 absl::Status TableStore::CheckRoomToRestore(const std::map<EmbeddingTable*, int64_t>& new_rows) const {

@@ -299,6 +299,10 @@ class TableStore {
   // 90% of what `other_bytes` and the fixed tables leave): give them
   // max_rows to split it between them.
   absl::StatusOr<std::vector<bool>> Create(const std::vector<wire::TableDef>& defs, double other_bytes = 0);
+  // The task's variables now hold `bytes` (values and slots): the dynamic
+  // tables' shared room leaves them that much. Rows held already stay; a
+  // room now smaller than they are admits no new row until some go.
+  void VariablesHold(double bytes);
   // Whether the tables have room for the rows a restore would make
   // (`new_rows` per table): each under its own bound, and the dynamic ones
   // together in the room they share. ResourceExhausted naming the figures.
@@ -312,10 +316,14 @@ class TableStore {
   const SharedRowRoom& shared_room() const { return room_; }
 
  private:
+  // Sets room_'s limit from other_bytes_ and the fixed tables (mu_ held).
+  void SetRoomLimit();
+
   const std::string task_name_;
   const double memory_bytes_;
   SharedRowRoom room_;
   mutable std::shared_mutex mu_;
+  double other_bytes_ = 0;  // the variables' bytes, as last told
   std::map<std::string, std::unique_ptr<EmbeddingTable>> tables_;
 };
 

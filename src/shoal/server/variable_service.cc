@@ -201,6 +201,7 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       std::vector<wire::VariableDef> defs(h.create_variables().variables().begin(),
                                           h.create_variables().variables().end());
       SHOAL_ASSIGN_OR_RETURN(std::vector<bool> created, store_.Create(defs, request.tensors));
+      tables_.VariablesHold(static_cast<double>(store_.bytes()));
       auto* out = response->header.mutable_create_variables();
       for (bool c : created) out->add_created(c);
       return absl::OkStatus();
