@@ -9,9 +9,10 @@
 // touched for `steps_to_live` pushes. A dynamic shard holds at most its
 // share of `max_rows`, and the task's dynamic tables together hold no more
 // rows (and sightings) than fit in 90% of the memory its variables and
-// fixed tables leave (SharedRowRoom): a full shard admits no new id (its gradients are dropped,
-// its pulls answered with its initial row) and says so once on stderr, so
-// an unbounded id space ends as refused ids, not as a ps killed for memory.
+// fixed tables leave (SharedRowRoom): a full shard admits no new id (its
+// gradients are dropped, its pulls answered with its initial row) and says
+// so once on stderr, so an unbounded id space ends as refused ids, not as a
+// ps killed for memory.
 // With `evict_when_full` it makes room instead: the rows and sightings no
 // push has touched for longest go, 1/64 of the shard's room at a time (so
 // the sweep's cost is spread over as many admissions), as a cache of the
