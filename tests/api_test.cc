@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -342,6 +343,10 @@ TEST(ApiTest, EmbeddingLayersPullByIdAndPushTheirGradientsOnBackward) {
   EXPECT_NE(std::string(offsets_past_the_ids.what()).find("shoal::EmbeddingBag 'emb': "), std::string::npos)
       << offsets_past_the_ids.what();
   EXPECT_EQ(ErrorOf([&] { mean(bags, torch::Tensor(), torch::ones({2, 3})); }).code(), "INVALID_ARGUMENT");
+  // A push the ps refuses (a NaN gradient) ends backward with its error.
+  shoal::Error nan = ErrorOf([&] { (embedding(torch::tensor({5}, torch::kInt64)) * NAN).sum().backward(); });
+  EXPECT_EQ(nan.code(), "INVALID_ARGUMENT");
+  EXPECT_NE(std::string(nan.what()).find("not finite"), std::string::npos) << nan.what();
   shoal::Embedding unknown(&client, "nope");
   EXPECT_EQ(ErrorOf([&] { unknown(torch::tensor({1}, torch::kInt64)); }).code(), "NOT_FOUND");
   EXPECT_TRUE(client.PullRows("emb", every).equal(before));

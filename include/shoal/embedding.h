@@ -15,7 +15,8 @@
 // without an optimizer step here; every backward through a forward pushes
 // once. Under torch::NoGradGuard (evaluation) nothing is pushed. An id equal
 // to `padding_idx` is neither pulled nor pushed: its row is zeros, and a
-// bag's mean leaves it out. Errors are shoal::Error, naming the table.
+// bag's mean leaves it out. Errors are shoal::Error, naming the table; a
+// push the ps refuses (a NaN gradient, a ps gone) ends backward with its.
 #ifndef SHOAL_EMBEDDING_H_
 #define SHOAL_EMBEDDING_H_
 
