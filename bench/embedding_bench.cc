@@ -18,7 +18,10 @@
 // pushes of a Zipf stream over 100M ids, whose tail keeps bringing new
 // ids, once it is full (max_rows rows), and pushes per second are compared
 // with the same stream into a shard that refuses new ids once full and one
-// that is never full (no max_rows: it grows). One JSON line.
+// that is never full (no max_rows: it grows). The evicting shard runs twice,
+// with eviction lru and lfu: each reports the share of a push's distinct
+// ids that found their row held (the rest each evicted a row to get one).
+// One JSON line.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -70,11 +73,14 @@ class ZipfIds {
 // Pushes per second of `steps` pushes of the stream into a dynamic shard
 // with `max_rows` (0: none) and evict_when_full as given, after pushes that
 // filled it (or, with no max_rows, as many as filling took the capped one).
+// `eviction`: lru or lfu, with evict.
 struct EvictionRun {
   double pushes_per_second = 0;
   int64_t rows_held = 0, refused = 0, evicted = 0, warm_up_pushes = 0;
+  int64_t distinct_ids = 0;  // over the timed pushes
 };
-EvictionRun PushStream(int64_t max_rows, bool evict, int64_t warm_up_pushes, int64_t steps, int64_t batch) {
+EvictionRun PushStream(int64_t max_rows, bool evict, int64_t warm_up_pushes, int64_t steps, int64_t batch,
+                       const std::string& eviction = "") {
   wire::TableDef def;
   def.set_name("emb");
   def.set_dim(kDim);
@@ -84,6 +90,7 @@ EvictionRun PushStream(int64_t max_rows, bool evict, int64_t warm_up_pushes, int
   def.mutable_optimizer()->set_kind("adagrad");
   def.set_max_rows(max_rows);
   def.set_evict_when_full(evict);
+  def.set_eviction(eviction);
   auto table = EmbeddingTable::Create(def, "/job:ps/task:0").value();
   ZipfIds draw(100'000'000, 1.05, 42);
   auto next_ids = [&] {  // a batch's distinct ids
@@ -110,6 +117,7 @@ EvictionRun PushStream(int64_t max_rows, bool evict, int64_t warm_up_pushes, int
   double seconds = 0;
   for (int64_t step = 0; step < steps; ++step) {
     const torch::Tensor ids = next_ids(), gradients = gradients_for(ids);
+    run.distinct_ids += ids.numel();
     const auto start = std::chrono::steady_clock::now();
     push(ids, gradients);
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -126,20 +134,27 @@ int RunEviction(int argc, char** argv) {
   (void)absl::SimpleAtoi(Flag(argc, argv, "steps", "40"), &steps);
   (void)absl::SimpleAtoi(Flag(argc, argv, "batch", "1024"), &batch);
   (void)absl::SimpleAtoi(Flag(argc, argv, "max_rows", "1000000"), &max_rows);
-  const EvictionRun evicting = PushStream(max_rows, /*evict=*/true, 0, steps, batch);
+  const EvictionRun evicting = PushStream(max_rows, /*evict=*/true, 0, steps, batch, "lru");
+  const EvictionRun by_count = PushStream(max_rows, /*evict=*/true, 0, steps, batch, "lfu");
   const EvictionRun refusing = PushStream(max_rows, /*evict=*/false, 0, steps, batch);
   const EvictionRun growing = PushStream(0, false, evicting.warm_up_pushes, steps, batch);
   std::printf(
       "{\"max_rows\": %lld, \"batch\": %lld, \"warm_up_pushes\": %lld, \"pushes_per_second\": "
       "{\"evicting\": %.1f, \"refusing\": %.1f, \"growing\": %.1f}, \"evicting_vs_growing\": %.3f, "
       "\"refusing_vs_growing\": %.3f, \"evicted_per_push\": %.0f, \"refused_per_push\": %.0f, "
-      "\"rows_held\": {\"evicting\": %lld, \"refusing\": %lld, \"growing\": %lld}}\n",
+      "\"rows_held\": {\"evicting\": %lld, \"refusing\": %lld, \"growing\": %lld}, "
+      "\"lfu\": {\"pushes_per_second\": %.1f, \"evicted_per_push\": %.0f, \"vs_lru_pushes\": %.3f}, "
+      "\"ids_found_held\": {\"lru\": %.4f, \"lfu\": %.4f}}\n",
       static_cast<long long>(max_rows), static_cast<long long>(batch),
       static_cast<long long>(evicting.warm_up_pushes), evicting.pushes_per_second, refusing.pushes_per_second,
       growing.pushes_per_second, evicting.pushes_per_second / growing.pushes_per_second,
       refusing.pushes_per_second / growing.pushes_per_second, static_cast<double>(evicting.evicted) / steps,
       static_cast<double>(refusing.refused) / steps, static_cast<long long>(evicting.rows_held),
-      static_cast<long long>(refusing.rows_held), static_cast<long long>(growing.rows_held));
+      static_cast<long long>(refusing.rows_held), static_cast<long long>(growing.rows_held),
+      by_count.pushes_per_second, static_cast<double>(by_count.evicted) / steps,
+      by_count.pushes_per_second / evicting.pushes_per_second,
+      1 - static_cast<double>(evicting.evicted) / static_cast<double>(evicting.distinct_ids),
+      1 - static_cast<double>(by_count.evicted) / static_cast<double>(by_count.distinct_ids));
   return 0;
 }
 

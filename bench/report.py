@@ -74,6 +74,8 @@ main_runs = [json.loads(l) for l in (out / "main_job.jsonl").read_text().split("
 click = json.loads((out / "click.json").read_text())
 embedding_bytes = [json.loads(l) for l in (out / "embedding_bytes.jsonl").read_text().split("\n") if l]
 embedding_eviction = json.loads((out / "embedding_eviction.json").read_text())
+eviction_long = out / "embedding_eviction_long.json"
+embedding_eviction_long = json.loads(eviction_long.read_text()) if eviction_long.exists() else None
 
 
 one_worker_runs = [json.loads(l) for l in (out / "one_worker.jsonl").read_text().split("\n") if l]
@@ -181,6 +183,7 @@ print(json.dumps({
     "d_sync_two_workers_vs_ddp": d,
     "f_embedding_bytes_per_step": embedding_bytes,
     "f_embedding_eviction": embedding_eviction,
+    "f_embedding_eviction_lru_vs_lfu": embedding_eviction_long,
     "g_click": click,
     "targets": {
         "a_grpc_1MiB_push_pull_vs_raw_tcp_stream": target(a["1024KiB"]["grpc_best_vs_tcp_stream"], 0.8),

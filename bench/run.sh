@@ -93,6 +93,8 @@ echo "(f) embedding tables: bytes per step for 1M, 10M and 100M (dynamic) rows x
 build/bench/embedding_bench --steps 20 --batch 1024 > "$out/embedding_bytes.jsonl"
 echo "(f) a full dynamic shard (1M rows) under a stream of new ids: evicting, refusing, and one that grows" >&2
 build/bench/embedding_bench --eviction 1 --steps 40 > "$out/embedding_eviction.json"
+echo "(f) lru against lfu eviction, long enough for them to part: a 100k-row shard, 200 pushes once full" >&2
+build/bench/embedding_bench --eviction 1 --steps 200 --max_rows 100000 > "$out/embedding_eviction_long.json"
 
 echo "(g) click-through training, 10M x 16 table, 2 ps + 2 workers as processes vs the PyTorch EmbeddingBag peer" >&2
 bench/click.sh >&2

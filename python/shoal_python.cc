@@ -117,7 +117,7 @@ PYBIND11_MODULE(_shoal, m) {
           "create_table",
           [](shoal::ClusterClient& client, const std::string& name, int64_t rows, int64_t dim, uint64_t seed,
              double init_scale, const std::string& optimizer_yaml, int64_t min_count, int64_t steps_to_live,
-             int64_t max_rows, bool evict_when_full) {
+             int64_t max_rows, bool evict_when_full, const std::string& eviction) {
             shoal::TableOptions options;
             options.rows = rows;
             options.dim = dim;
@@ -128,6 +128,7 @@ PYBIND11_MODULE(_shoal, m) {
             options.steps_to_live = steps_to_live;
             options.max_rows = max_rows;
             options.evict_when_full = evict_when_full;
+            options.eviction = eviction;
             client.CreateTable(name, options);
           },
           py::call_guard<py::gil_scoped_release>())

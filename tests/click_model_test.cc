@@ -190,6 +190,10 @@ TEST(ClickModelTest, TheWrongInputOrConfigIsAClearError) {
   config.click.arch = "fm";
   EXPECT_NE(ValidateModelConfig(config).message().find("model.click.arch 'fm'"), std::string::npos);
   config = SmallClickModel("wide_deep");
+  config.click.eviction = "mru";
+  EXPECT_NE(ValidateModelConfig(config).message().find("model.click.eviction 'mru' is unknown; known: lru, lfu"),
+            std::string::npos);
+  config = SmallClickModel("wide_deep");
   config.loss = "cross_entropy";
   EXPECT_FALSE(ValidateModelConfig(config).ok());
   ModelConfig mlp;

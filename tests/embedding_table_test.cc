@@ -513,8 +513,39 @@ TEST(EmbeddingTableTest, AFullTableThatEvictsDropsTheRowsUntouchedLongest) {
 
   auto fixed = Def("sgd", 10, 2);
   fixed.set_evict_when_full(true);
-  EXPECT_NE(EmbeddingTable::Create(fixed, "t").status().message().find("evict_when_full are for dynamic tables"),
+  EXPECT_NE(EmbeddingTable::Create(fixed, "t").status().message().find("evict_when_full and eviction are for dynamic tables"),
             std::string::npos);
+}
+
+// eviction: lfu keeps the rows pushes touched most often, where lru keeps
+// the rows touched last: id 1, pushed three times but not lately, stays
+// under lfu and goes under lru.
+TEST(EmbeddingTableTest, EvictionByCountKeepsTheRowsTouchedMostOften) {
+  for (const std::string eviction : {"lru", "lfu"}) {
+    auto def = Def("sgd", /*rows=*/0, /*dim=*/2);
+    def.set_max_rows(4);
+    def.set_evict_when_full(true);
+    def.set_eviction(eviction);
+    auto table = Make(def);
+    auto held = [&](int64_t id) {
+      torch::Tensor initial = torch::empty({1, 2});
+      EmbeddingTable::InitialRow(table->def(), id, initial.data_ptr<float>());
+      return !table->Pull(Ids({id})).value().equal(initial);
+    };
+    for (int64_t id : {1, 1, 1, 2, 3, 4, 5}) ASSERT_TRUE(table->Push(Ids({id}), torch::ones({1, 2})).ok());
+    EXPECT_EQ(table->size(), 4) << eviction;
+    EXPECT_EQ(held(1), eviction == "lfu") << eviction;
+    EXPECT_EQ(held(2), eviction == "lru") << eviction;  // lfu: the first of the rows touched once
+    for (int64_t id : {3, 4, 5}) EXPECT_TRUE(held(id)) << eviction << " " << id;
+  }
+  auto wrong = Def("sgd", /*rows=*/0);
+  wrong.set_evict_when_full(true);
+  wrong.set_eviction("lifo");
+  EXPECT_NE(EmbeddingTable::Create(wrong, "t").status().message().find("eviction 'lifo' is not lru or lfu"),
+            std::string::npos);
+  wrong.set_eviction("lfu");
+  wrong.set_evict_when_full(false);
+  EXPECT_NE(EmbeddingTable::Create(wrong, "t").status().message().find("set evict_when_full"), std::string::npos);
 }
 
 // A large shard drops 1/64 of its room per sweep, the oldest found by

@@ -170,6 +170,10 @@ struct TableOptions {
   // touched for longest to make room.
   int64_t max_rows = 0;
   bool evict_when_full = false;
+  // With evict_when_full, which rows go: "lru" (those no push touched for
+  // longest) or "lfu" (those pushes touched least often, the oldest among
+  // equals; for ids whose popularity holds).
+  std::string eviction = "lru";
 };
 
 // A parameter-server client: reads, assigns and applies gradients to

@@ -212,7 +212,7 @@ class Client:
         return self._client.apply_and_read_into(names, tensors, destination_tensors, global_step_increment)
 
     def create_table(self, name, *, rows=0, dim=16, optimizer=None, seed=1, init_scale=0.05, min_count=0,
-                     steps_to_live=0, max_rows=0, evict_when_full=False):
+                     steps_to_live=0, max_rows=0, evict_when_full=False, eviction="lru"):
         """Creates an embedding table split by row over every ps task (row id mod the ps
         count), each row made on its ps from (seed, id): nothing ships the table.
 
@@ -221,13 +221,15 @@ class Client:
         shard without one; it holds at most max_rows rows (0: as many as fit in what
         the ps tasks' variables and other tables leave of their memory), and once full
         admits no new id, or with evict_when_full drops the rows no push touched for
-        longest to make room. `optimizer` is a sparse one,
+        longest to make room (eviction="lfu": the rows pushes touched least often, the
+        oldest among equals, which keeps more of a stable Zipf stream's ids).
+        `optimizer` is a sparse one,
         updating only pushed rows: sgd, adagrad (the default, learning rate 0.05),
         lazy_adam or ftrl (l1, l2, learning_rate_power). A table that exists with the
         same definition is left alone; one with another is refused."""
         optimizer = optimizer or {"kind": "adagrad", "learning_rate": 0.05}
         self._client.create_table(name, rows, dim, seed, init_scale, json.dumps(optimizer), min_count, steps_to_live,
-                                  max_rows, evict_when_full)
+                                  max_rows, evict_when_full, eviction)
 
     def pull_rows(self, table, ids):
         """The rows of `ids` (int64, one dimension, repeats allowed) as a float32 tensor

@@ -212,6 +212,16 @@ def test_client_pulls_and_pushes_embedding_rows_by_id():
         client.push_rows("lru", torch.tensor(push), torch.ones(1, 2))
     assert torch.equal(client.pull_rows("lru", ids), initial - torch.tensor([[0.0], [1.0], [1.0]]))
     assert client.table_stats("lru") == {"rows_held": 2, "ids_refused": 0, "rows_evicted": 1}
+    # eviction="lfu": the row pushes touched least often goes (0, pushed twice
+    # but not lately, stays; lru would drop it).
+    client.create_table("lfu", dim=2, max_rows=4, evict_when_full=True, eviction="lfu",
+                        optimizer={"kind": "sgd", "learning_rate": 1.0})
+    initial = client.pull_rows("lfu", torch.tensor([0, 2, 4]))
+    for push in ([0], [0], [2], [4]):  # all on ps 0, whose share is two rows
+        client.push_rows("lfu", torch.tensor(push), torch.ones(1, 2))
+    assert torch.equal(client.pull_rows("lfu", torch.tensor([0, 2, 4])), initial - torch.tensor([[2.0], [0.0], [1.0]]))
+    with pytest.raises(shoal.Error, match="eviction 'mru' is not lru or lfu"):
+        client.create_table("bad", dim=2, max_rows=2, evict_when_full=True, eviction="mru")
     assert client.table_stats("capped") == {"rows_held": 2, "ids_refused": 2, "rows_evicted": 0}
     client.shutdown_servers()
     del servers

@@ -169,6 +169,7 @@ absl::Status ParseModel(Section model, ModelConfig* m) {
   SHOAL_RETURN_IF_ERROR(click.Get("steps_to_live", &k.steps_to_live));
   SHOAL_RETURN_IF_ERROR(click.Get("max_rows", &k.max_rows));
   SHOAL_RETURN_IF_ERROR(click.Get("evict_when_full", &k.evict_when_full));
+  SHOAL_RETURN_IF_ERROR(click.Get("eviction", &k.eviction));
   SHOAL_RETURN_IF_ERROR(click.Get("cache_rows", &k.cache_rows));
   SHOAL_RETURN_IF_ERROR(click.Get("cache_staleness", &k.cache_staleness));
   SHOAL_RETURN_IF_ERROR(click.Get("hidden", &k.hidden));
@@ -632,7 +633,8 @@ void WriteModel(YAML::Emitter& out, const ModelConfig& m) {
         << k.rows << YAML::Key << "dim" << YAML::Value << k.dim << YAML::Key << "init_scale" << YAML::Value
         << k.init_scale << YAML::Key << "min_count" << YAML::Value << k.min_count << YAML::Key << "steps_to_live"
         << YAML::Value << k.steps_to_live << YAML::Key << "max_rows" << YAML::Value << k.max_rows
-        << YAML::Key << "evict_when_full" << YAML::Value << k.evict_when_full
+        << YAML::Key << "evict_when_full" << YAML::Value << k.evict_when_full << YAML::Key << "eviction"
+        << YAML::Value << k.eviction
         << YAML::Key << "cache_rows" << YAML::Value << k.cache_rows << YAML::Key
         << "cache_staleness" << YAML::Value << k.cache_staleness << YAML::Key << "hidden" << YAML::Value << YAML::Flow << k.hidden
         << YAML::Key << "bottom" << YAML::Value << YAML::Flow << k.bottom << YAML::Key << "optimizer"

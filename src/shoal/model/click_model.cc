@@ -34,6 +34,10 @@ absl::Status ValidateClickConfig(const ClickConfig& config, const std::string& p
     return absl::InvalidArgumentError(
         absl::StrCat("model.click.pooling '", config.pooling, "' is unknown; known: sum, mean"));
   }
+  if (config.eviction != "lru" && config.eviction != "lfu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.click.eviction '", config.eviction, "' is unknown; known: lru, lfu"));
+  }
   for (auto [key, value, least] : {std::tuple{"integer_features", config.integer_features, 0},
                                    std::tuple{"categorical_features", config.categorical_features, 1},
                                    std::tuple{"bag_size", config.bag_size, 1}, std::tuple{"rows", config.rows, 0},
@@ -108,6 +112,7 @@ absl::StatusOr<std::unique_ptr<ClickModel>> ClickModel::Create(const ClickConfig
   table.set_steps_to_live(config.steps_to_live);
   table.set_max_rows(config.max_rows);
   table.set_evict_when_full(config.evict_when_full);
+  if (config.evict_when_full) table.set_eviction(config.eviction);
   std::unique_ptr<ClickModel> model(new ClickModel(config, std::move(table)));
   const int64_t integers = config.integer_features, features = config.categorical_features, dim = config.dim;
   auto add = [&model](const std::vector<std::string>& names, const std::vector<torch::Tensor>& params) {

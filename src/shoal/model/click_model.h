@@ -62,6 +62,7 @@ struct ClickConfig {
   int64_t steps_to_live = 0;   // dynamic: pushes untouched before a row goes (0: never)
   int64_t max_rows = 0;        // dynamic: rows over all ps tasks (0: as many as fit in their memory)
   bool evict_when_full = false;  // dynamic: when full, the rows untouched longest make room (else new ids wait)
+  std::string eviction = "lru";  // with evict_when_full: lru (untouched longest go) or lfu (touched least often)
   int64_t cache_rows = 0;      // the worker-side cache of pulled rows (0: none)
   int64_t cache_staleness = 4;  // steps a cached row serves after its pull
   std::vector<int64_t> hidden = {64, 32};  // wide_deep: the deep MLP; dlrm: the top MLP (then 1)

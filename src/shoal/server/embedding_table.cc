@@ -42,7 +42,8 @@ int SlotsOf(const std::string& kind) { return kind == "sgd" ? 0 : kind == "adagr
 // its last push and id beside them. A freed row keeps its storage for the
 // table's next new id (the arenas never shrink).
 int64_t RowStorageBytes(const wire::TableDef& def) {
-  return def.dim() * static_cast<int64_t>(sizeof(float)) * (1 + SlotsOf(def.optimizer().kind())) + 16;
+  return def.dim() * static_cast<int64_t>(sizeof(float)) * (1 + SlotsOf(def.optimizer().kind())) + 16 +
+         (def.eviction() == "lfu" ? 4 : 0);  // lfu: its touch count
 }
 
 // What one row of a dynamic table takes in all.
@@ -134,10 +135,17 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wir
   }
   if (def.max_rows() < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": max_rows must be >= 0"));
   if (def.rows() > 0 && (def.min_count() > 1 || def.steps_to_live() > 0 || def.max_rows() > 0 ||
-                         def.evict_when_full())) {
+                         def.evict_when_full() || !def.eviction().empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": min_count, steps_to_live, max_rows, evict_when_full and eviction are for dynamic tables ",
+        "(rows: 0)"));
+  }
+  if (!def.eviction().empty() && def.eviction() != "lru" && def.eviction() != "lfu") {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": eviction '", def.eviction(), "' is not lru or lfu"));
+  }
+  if (!def.eviction().empty() && !def.evict_when_full()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": min_count, steps_to_live, max_rows and evict_when_full are for dynamic tables ",
-                     "(rows: 0)"));
+        absl::StrCat(where, ": eviction '", def.eviction(), "' chooses what a full table evicts: set evict_when_full"));
   }
   wire::TableDef filled = def;
   wire::OptimizerConfig& o = *filled.mutable_optimizer();
@@ -228,6 +236,7 @@ EmbeddingTable::EmbeddingTable(wire::TableDef def, std::string task_name, int64_
       capacity_(capacity),
       room_(room),
       row_storage_bytes_(RowStorageBytes(def_)),
+      by_count_(def_.eviction() == "lfu"),
       values_(def_.dim()) {
   if (def_.read_only()) return;  // no optimizer state: nothing will be pushed
   const float initial_accumulator = static_cast<float>(def_.optimizer().initial_accumulator_value());
@@ -313,6 +322,7 @@ int64_t EmbeddingTable::FindOrAdmit(int64_t id) {
   auto it = index_.find(id);
   if (it != index_.end()) {
     last_push_[it->second] = pushes_;
+    if (by_count_) touches_[it->second] += touches_[it->second] < UINT32_MAX;
     return it->second;
   }
   // A full shard admits nothing new, and its rows and the sightings it
@@ -394,42 +404,51 @@ bool EmbeddingTable::EvictOldest() {
   if (nothing_to_evict_at_ == pushes_) return false;  // this push touched every row: no second sweep
   // Rows are walked by index (last_push_ and row_ids_ side by side, a free
   // row marked kFreeRow), not through the id map: a sweep streams through
-  // memory instead of chasing a node per row. Three passes: the oldest
-  // push, the candidates' ages counted in buckets of pushes (no per-row
-  // list, which for a large shard would take gigabytes), the eviction.
+  // memory instead of chasing a node per row. The candidates are ranked in
+  // buckets (no per-row list, which for a large shard would take
+  // gigabytes): by age in pushes (lru), or by touch count and, among equal
+  // counts, by age (lfu: 32 count classes of 32 age buckets, so that of
+  // the rows touched once the oldest go, not the newest). A row or
+  // sighting this push touched ranks kBuckets and stays. Then the lowest
+  // buckets go.
+  constexpr int64_t kBuckets = 1024, kCountClasses = 32;
+  const int64_t age_buckets = by_count_ ? kBuckets / kCountClasses : kBuckets;
   int64_t oldest = pushes_;
   for (int64_t last : last_push_) oldest = std::min(oldest, last);
   for (const auto& [id, sighting] : sightings_) oldest = std::min(oldest, sighting.last_push);
-  if (oldest >= pushes_) {  // only what no push touched since an earlier push may go
-    nothing_to_evict_at_ = pushes_;
+  const int64_t width = std::max<int64_t>(1, (pushes_ - oldest + age_buckets - 1) / age_buckets);
+  auto rank = [&](int64_t last_push, int64_t count) {
+    if (last_push >= pushes_) return kBuckets;
+    const int64_t age = (last_push - oldest) / width;
+    return by_count_ ? std::min(count, kCountClasses - 1) * age_buckets + age : age;
+  };
+  auto row_rank = [&](int64_t index) { return rank(last_push_[index], by_count_ ? touches_[index] : 0); };
+  std::vector<int64_t> counts(kBuckets + 1, 0);
+  for (int64_t index = 0; index < static_cast<int64_t>(last_push_.size()); ++index) ++counts[row_rank(index)];
+  for (const auto& [id, sighting] : sightings_) ++counts[rank(sighting.last_push, sighting.count)];
+  if (std::all_of(counts.begin(), counts.end() - 1, [](int64_t n) { return n == 0; })) {
+    nothing_to_evict_at_ = pushes_;  // only what no push touched since an earlier push may go
     return false;
   }
-  constexpr int64_t kBuckets = 1024;
-  const int64_t width = (pushes_ - oldest + kBuckets - 1) / kBuckets;
-  auto bucket = [&](int64_t last_push) { return last_push >= pushes_ ? kBuckets : (last_push - oldest) / width; };
-  std::vector<int64_t> counts(kBuckets + 1, 0);
-  for (int64_t last : last_push_) ++counts[bucket(last)];
-  for (const auto& [id, sighting] : sightings_) ++counts[bucket(sighting.last_push)];
   // Every bucket before `boundary` goes whole, and of it what the goal still needs.
   const int64_t goal = std::max<int64_t>(1, capacity_ / 64);
   int64_t boundary = 0, below = 0;
   while (boundary < kBuckets - 1 && below + counts[boundary] < goal) below += counts[boundary++];
   int64_t boundary_share = goal - below;
   int64_t gone = 0;
-  auto goes = [&](int64_t last_push) {
-    const int64_t b = bucket(last_push);
+  auto goes = [&](int64_t b) {
     if (b > boundary || (b == boundary && boundary_share == 0)) return false;
     if (b == boundary) --boundary_share;
     ++gone;
     return true;
   };
   for (int64_t index = 0; index < static_cast<int64_t>(last_push_.size()); ++index) {
-    if (!goes(last_push_[index])) continue;
+    if (!goes(row_rank(index))) continue;
     FreeRow(index);
     ++evicted_;
   }
   for (auto it = sightings_.begin(); it != sightings_.end();) {
-    if (!goes(it->second.last_push)) {
+    if (!goes(rank(it->second.last_push, it->second.count))) {
       ++it;
       continue;
     }
@@ -439,9 +458,9 @@ bool EmbeddingTable::EvictOldest() {
   if (gone > 0 && !said_evicting_) {
     said_evicting_ = true;
     absl::FPrintF(stderr,
-                  "shoal: %s is full (%d rows on this shard): the rows no push has touched for longest now make "
-                  "room for new ids (evict_when_full)\n",
-                  where_, capacity_);
+                  "shoal: %s is full (%d rows on this shard): the rows no push has touched %s now make room for "
+                  "new ids (evict_when_full)\n",
+                  where_, capacity_, by_count_ ? "as often (eviction: lfu)" : "for longest");
   }
   return gone > 0;
 }
@@ -457,6 +476,7 @@ int64_t EmbeddingTable::MakeRow(int64_t id) {
     for (RowArena& slot : slots_) slot.Grow(index + 1);
     last_push_.push_back(0);
     row_ids_.push_back(0);
+    if (by_count_) touches_.push_back(0);
   }
   row_ids_[index] = id;
   InitialRow(def_, id, values_.Row(index));
@@ -467,6 +487,7 @@ int64_t EmbeddingTable::MakeRow(int64_t id) {
   }
   index_[id] = index;
   last_push_[index] = pushes_;
+  if (by_count_) touches_[index] = 1;
   return index;
 }
 

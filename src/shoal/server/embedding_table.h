@@ -258,6 +258,7 @@ class EmbeddingTable {
   const int64_t capacity_;  // dynamic tables: the rows this shard may hold
   SharedRowRoom* const room_;  // dynamic tables' shared memory, or nullptr
   const int64_t row_storage_bytes_;  // a row's values, slots, last push and id
+  const bool by_count_;  // eviction: lfu
   mutable std::shared_mutex mu_;  // pushes exclusive; pulls shared
   RowArena values_;
   std::vector<RowArena> slots_;  // adagrad: accumulator; lazy_adam: m, v; ftrl: z, n
@@ -274,6 +275,7 @@ class EmbeddingTable {
   static constexpr int64_t kFreeRow = std::numeric_limits<int64_t>::max();
   std::vector<int64_t> last_push_;
   std::vector<int64_t> row_ids_;
+  std::vector<uint32_t> touches_;  // eviction lfu only: the pushes that touched each row
   struct Sighting {
     int64_t count;
     int64_t last_push;
