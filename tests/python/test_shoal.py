@@ -222,6 +222,8 @@ def test_client_pulls_and_pushes_embedding_rows_by_id():
     assert torch.equal(client.pull_rows("lfu", torch.tensor([0, 2, 4])), initial - torch.tensor([[2.0], [0.0], [1.0]]))
     with pytest.raises(shoal.Error, match="eviction 'mru' is not lru or lfu"):
         client.create_table("bad", dim=2, max_rows=2, evict_when_full=True, eviction="mru")
+    with pytest.raises(shoal.Error, match="eviction 'lfu' chooses what a full table evicts: set evict_when_full"):
+        client.create_table("bad", dim=2, max_rows=2, eviction="lfu")
     assert client.table_stats("capped") == {"rows_held": 2, "ids_refused": 2, "rows_evicted": 0}
     client.shutdown_servers()
     del servers
