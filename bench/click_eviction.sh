@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Click-through training (configs/click.yaml, in one process) with a
+# dynamic table bounded below the log's ids: MAX_ROWS rows over the 2 ps
+# tasks (default 200,000; the log of 400,000 examples brings about 1.5M),
+# full shards evicting by lru and by lfu, against the same table unbounded.
+# Alternating, ROUNDS rounds (default 3). One JSON line a run: eviction,
+# test AUC, rows held and evicted.
+#
+#   bench/click_eviction.sh     # about 2 minutes on 2 cores, the log made first
+source "$(dirname "$0")/common.sh"
+max_rows=${MAX_ROWS:-200000}
+rounds=${ROUNDS:-3}
+data=$out/criteo
+if [ ! -s "$data/train.tsv" ]; then
+  /usr/bin/python3 bench/criteo_gen.py --examples 400000 --out "$data/train.tsv" \
+    --test_out "$data/test.tsv" --test_examples 100000 > "$data/planted.json"
+fi
+dynamic() {  # the click config with a dynamic table; extra lines for its model.click
+  sed -e "s|^    rows: 10000000 .*$|    rows: 0$1|" -e "s|bench/out/criteo/|$data/|" configs/click.yaml
+}
+dynamic "" > "$out/click_unbounded.yaml"
+for eviction in lru lfu; do
+  dynamic "\n    max_rows: $max_rows\n    evict_when_full: true\n    eviction: $eviction" > "$out/click_$eviction.yaml"
+done
+for round in $(seq "$rounds"); do
+  for run in unbounded lru lfu; do
+    build/shoal train --config "$out/click_$run.yaml" --quiet --result_file "$out/click_eviction_$run.json" >&2
+    /usr/bin/python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(json.dumps({'run': sys.argv[2], 'max_rows': int(sys.argv[3]) if sys.argv[2] != 'unbounded' else 0,
+                  'test_auc': round(r['test_auc'], 4), 'rows_held': r['table_rows_held'],
+                  'rows_evicted': r['table_rows_evicted']}))" "$out/click_eviction_$run.json" "$run" "$max_rows"
+  done
+done
