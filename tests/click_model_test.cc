@@ -193,6 +193,10 @@ TEST(ClickModelTest, TheWrongInputOrConfigIsAClearError) {
   config.click.eviction = "mru";
   EXPECT_NE(ValidateModelConfig(config).message().find("model.click.eviction 'mru' is unknown; known: lru, lfu"),
             std::string::npos);
+  config.click.eviction = "lfu";
+  EXPECT_NE(ValidateModelConfig(config).message().find("set evict_when_full"), std::string::npos);
+  config.click.evict_when_full = true;
+  EXPECT_TRUE(ValidateModelConfig(config).ok());
   config = SmallClickModel("wide_deep");
   config.loss = "cross_entropy";
   EXPECT_FALSE(ValidateModelConfig(config).ok());

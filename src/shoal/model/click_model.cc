@@ -38,6 +38,9 @@ absl::Status ValidateClickConfig(const ClickConfig& config, const std::string& p
     return absl::InvalidArgumentError(
         absl::StrCat("model.click.eviction '", config.eviction, "' is unknown; known: lru, lfu"));
   }
+  if (config.eviction == "lfu" && !config.evict_when_full) {
+    return absl::InvalidArgumentError("model.click.eviction lfu chooses what a full table evicts: set evict_when_full");
+  }
   for (auto [key, value, least] : {std::tuple{"integer_features", config.integer_features, 0},
                                    std::tuple{"categorical_features", config.categorical_features, 1},
                                    std::tuple{"bag_size", config.bag_size, 1}, std::tuple{"rows", config.rows, 0},
