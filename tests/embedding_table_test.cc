@@ -362,6 +362,42 @@ TEST(EmbeddingTableTest, VariablesMadeAfterADynamicTableShrinkItsRoom) {
   EXPECT_EQ(table->size(), 8437);
 }
 
+// Variables that would not fit in the task's memory beside what it holds
+// (values, optimizer slots, tables) are refused before anything is
+// allocated, naming the figures; what fits is made.
+TEST(EmbeddingTableTest, VariablesThatDoNotFitBesideTheTablesAreRefused) {
+  VariableServiceOptions options{"/job:ps/task:0"};
+  options.memory_bytes = 8e6;
+  VariableService service(options);
+  auto create = [&](const std::string& name, int64_t floats, const std::string& optimizer) {
+    Request request;
+    wire::VariableDef* def = request.header.mutable_create_variables()->add_variables();
+    def->set_name(name);
+    def->add_shape(floats);
+    def->mutable_optimizer()->set_kind(optimizer);
+    request.tensors.push_back(torch::zeros({floats}));
+    Response response;
+    service.Handle(request, &response);
+    return response;
+  };
+  wire::TableDef table = Def("sgd", /*rows=*/16384, /*dim=*/64);  // 4.2 MB, one arena chunk
+  table.set_name("fixed");
+  ASSERT_TRUE(service.tables().Create({table}).ok());
+  // Adam keeps two slots: 400,000 floats take 4.8 MB, more than the 3.8 MB left.
+  Response refused = create("big", 400000, "adam");
+  EXPECT_EQ(refused.header.status_code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_NE(refused.header.status_message().find("variables on /job:ps/task:0: the new ones need 4.8 MB (values and "
+                                                 "optimizer slots), which with the 0 bytes of variables and 4.2 MB of "
+                                                 "tables this task holds already is more than the 8.0 MB"),
+            std::string::npos)
+      << refused.header.status_message();
+  EXPECT_EQ(service.store().bytes(), 0);
+  // Plain SGD keeps none: the same values fit.
+  Response made = create("big", 400000, "sgd");
+  EXPECT_EQ(made.header.status_code(), 0) << made.header.status_message();
+  EXPECT_EQ(service.store().bytes(), 1600000);
+}
+
 // The shared room's count follows what a table holds, whichever way a row
 // or sighting comes and goes: admitted from a sighting, evicted when full,
 // expired, its storage reused.

@@ -772,6 +772,21 @@ void TableStore::VariablesHold(double bytes) {
   SetRoomLimit();
 }
 
+absl::Status TableStore::CheckRoomForVariables(double variable_bytes, double new_bytes) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  double tables = static_cast<double>(room_.held());
+  for (const auto& [name, table] : tables_) {
+    if (table->shared_bytes_per_row() == 0) tables += static_cast<double>(table->bytes());
+  }
+  const double memory = memory_bytes_ > 0 ? memory_bytes_ : EmbeddingTable::UsableMemoryBytes();
+  if (variable_bytes + tables + new_bytes <= memory) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "variables on %s: the new ones need %s (values and optimizer slots), which with the %s of variables and %s "
+      "of tables this task holds already is more than the %s of memory it may use; spread them over more ps "
+      "tasks, or make a large one an embedding table",
+      task_name_, Size(new_bytes), Size(variable_bytes), Size(tables), Size(memory)));
+}
+
 void TableStore::SetRoomLimit() {
   // 90% of what the variables and the fixed (and read-only) tables leave,
   // as a dynamic table's own bound is.

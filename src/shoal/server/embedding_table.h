@@ -306,6 +306,11 @@ class TableStore {
   // tables' shared room leaves them that much. Rows held already stay; a
   // room now smaller than they are admits no new row until some go.
   void VariablesHold(double bytes);
+  // Whether variables of `new_bytes` (values and slots) fit in the task's
+  // memory beside the `variable_bytes` it holds and its tables (fixed ones,
+  // and the dynamic ones' shared room as far as it is held):
+  // ResourceExhausted naming the figures if not.
+  absl::Status CheckRoomForVariables(double variable_bytes, double new_bytes) const;
   // Whether the tables have room for the rows a restore would make
   // (`new_rows` per table): each under its own bound, and the dynamic ones
   // together in the room they share. ResourceExhausted naming the figures.

@@ -200,7 +200,11 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
     case wire::RequestHeader::kCreateVariables: {
       std::vector<wire::VariableDef> defs(h.create_variables().variables().begin(),
                                           h.create_variables().variables().end());
-      SHOAL_ASSIGN_OR_RETURN(std::vector<bool> created, store_.Create(defs, request.tensors));
+      SHOAL_ASSIGN_OR_RETURN(std::vector<bool> created,
+                             store_.Create(defs, request.tensors, [this](int64_t new_bytes) {
+                               return tables_.CheckRoomForVariables(static_cast<double>(store_.bytes()),
+                                                                    static_cast<double>(new_bytes));
+                             }));
       tables_.VariablesHold(static_cast<double>(store_.bytes()));
       auto* out = response->header.mutable_create_variables();
       for (bool c : created) out->add_created(c);

@@ -32,6 +32,9 @@ struct VariableServiceOptions {
   // Whether a shutdown from `peer` (Request::peer) comes from one of the
   // job's own tasks; unset: any caller the transport let in may end the job.
   std::function<bool(const std::string& peer)> is_job_peer;
+  // The memory this task's variables and tables may take together (0: the
+  // host's, or its cgroup's limit).
+  double memory_bytes = 0;
 };
 
 class VariableService {
@@ -39,7 +42,7 @@ class VariableService {
   explicit VariableService(VariableServiceOptions options)
       : options_(std::move(options)),
         store_(options_.task_name),
-        tables_(options_.task_name),
+        tables_(options_.task_name, options_.memory_bytes),
         ledger_(options_.task_name),
         incarnation_(DrawIncarnation()) {}
 

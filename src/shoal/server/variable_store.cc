@@ -56,8 +56,9 @@ int64_t SlotBytes(const OptimizerSlots& slots) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<bool>> VariableStore::Create(const std::vector<wire::VariableDef>& defs,
-                                                        const std::vector<torch::Tensor>& initial_values) {
+absl::StatusOr<std::vector<bool>> VariableStore::Create(
+    const std::vector<wire::VariableDef>& defs, const std::vector<torch::Tensor>& initial_values,
+    const std::function<absl::Status(int64_t new_bytes)>& check_room) {
   if (defs.size() != initial_values.size()) {
     return absl::InvalidArgumentError(absl::StrCat("create on ", task_name_, ": ", defs.size(),
                                                    " variables but ", initial_values.size(), " initial values"));
@@ -124,6 +125,18 @@ absl::StatusOr<std::vector<bool>> VariableStore::Create(const std::vector<wire::
           wire::DType_Name(existing.dtype()), " and optimizer '", existing.optimizer().kind(),
           "'; a different definition was requested"));
     }
+  }
+  if (check_room) {
+    // What the new variables will hold: each value, and as many slots of its
+    // shape as its optimizer keeps (asked of a one-element stand-in).
+    int64_t new_bytes = 0;
+    for (size_t i = 0; i < defs.size(); ++i) {
+      if (variables_.count(defs[i].name())) continue;
+      const size_t slots =
+          fresh[i]->optimizer ? fresh[i]->optimizer->MakeSlots(torch::zeros({1})).tensors.size() : 0;
+      new_bytes += initial_values[i].nbytes() * static_cast<int64_t>(1 + slots);
+    }
+    SHOAL_RETURN_IF_ERROR(check_room(new_bytes));
   }
   for (size_t i = 0; i < defs.size(); ++i) {
     if (variables_.count(defs[i].name())) continue;

@@ -50,8 +50,12 @@ class VariableStore {
   // (created=false): a restarted chief does not reset training, and
   // hyper-parameters changed since (SetOptimizer) stay. A different shape or
   // kind is AlreadyExists. All or nothing.
+  // `check_room`, if given, is asked whether the new variables' values and
+  // slots (`new_bytes`) fit, after every definition is checked and before
+  // anything is allocated; its error is returned and nothing is created.
   absl::StatusOr<std::vector<bool>> Create(const std::vector<wire::VariableDef>& defs,
-                                           const std::vector<torch::Tensor>& initial_values);
+                                           const std::vector<torch::Tensor>& initial_values,
+                                           const std::function<absl::Status(int64_t new_bytes)>& check_room = {});
 
   // Returns the live value tensors (aliases: read-only for the caller).
   absl::Status Read(const std::vector<std::string>& names, std::vector<torch::Tensor>* values,
