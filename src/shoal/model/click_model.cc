@@ -115,7 +115,7 @@ absl::StatusOr<std::unique_ptr<ClickModel>> ClickModel::Create(const ClickConfig
   table.set_steps_to_live(config.steps_to_live);
   table.set_max_rows(config.max_rows);
   table.set_evict_when_full(config.evict_when_full);
-  if (config.eviction != "lru") table.set_eviction(config.eviction);  // the ps refuses it without evict_when_full
+  table.set_eviction(config.eviction);
   std::unique_ptr<ClickModel> model(new ClickModel(config, std::move(table)));
   const int64_t integers = config.integer_features, features = config.categorical_features, dim = config.dim;
   auto add = [&model](const std::vector<std::string>& names, const std::vector<torch::Tensor>& params) {

@@ -135,7 +135,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wir
   }
   if (def.max_rows() < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": max_rows must be >= 0"));
   if (def.rows() > 0 && (def.min_count() > 1 || def.steps_to_live() > 0 || def.max_rows() > 0 ||
-                         def.evict_when_full() || !def.eviction().empty())) {
+                         def.evict_when_full() || def.eviction() == "lfu")) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": min_count, steps_to_live, max_rows, evict_when_full and eviction are for dynamic tables ",
         "(rows: 0)"));
@@ -143,7 +143,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(const wir
   if (!def.eviction().empty() && def.eviction() != "lru" && def.eviction() != "lfu") {
     return absl::InvalidArgumentError(absl::StrCat(where, ": eviction '", def.eviction(), "' is not lru or lfu"));
   }
-  if (!def.eviction().empty() && !def.evict_when_full()) {
+  if (def.eviction() == "lfu" && !def.evict_when_full()) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": eviction '", def.eviction(), "' chooses what a full table evicts: set evict_when_full"));
   }
@@ -774,28 +774,28 @@ void TableStore::VariablesHold(double bytes) {
 
 absl::Status TableStore::CheckRoomForVariables(double variable_bytes, double new_bytes) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  double tables = static_cast<double>(room_.held());
-  for (const auto& [name, table] : tables_) {
-    if (table->shared_bytes_per_row() == 0) tables += static_cast<double>(table->bytes());
-  }
-  const double memory = memory_bytes_ > 0 ? memory_bytes_ : EmbeddingTable::UsableMemoryBytes();
-  if (variable_bytes + tables + new_bytes <= memory) return absl::OkStatus();
+  const double tables = FixedTableBytes() + static_cast<double>(room_.held());
+  if (variable_bytes + tables + new_bytes <= memory_bytes_) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrFormat(
       "variables on %s: the new ones need %s (values and optimizer slots), which with the %s of variables and %s "
       "of tables this task holds already is more than the %s of memory it may use; spread them over more ps "
       "tasks, or make a large one an embedding table",
-      task_name_, Size(new_bytes), Size(variable_bytes), Size(tables), Size(memory)));
+      task_name_, Size(new_bytes), Size(variable_bytes), Size(tables), Size(memory_bytes_)));
 }
 
 void TableStore::SetRoomLimit() {
   // 90% of what the variables and the fixed (and read-only) tables leave,
   // as a dynamic table's own bound is.
-  double fixed = other_bytes_;
+  const double fixed = other_bytes_ + FixedTableBytes();
+  room_.set_limit(static_cast<int64_t>(std::max(0.0, std::min(0.9 * (memory_bytes_ - fixed), 9e18))));
+}
+
+double TableStore::FixedTableBytes() const {
+  double bytes = 0;
   for (const auto& [name, table] : tables_) {
-    if (table->shared_bytes_per_row() == 0) fixed += static_cast<double>(table->bytes());
+    if (table->shared_bytes_per_row() == 0) bytes += static_cast<double>(table->bytes());
   }
-  const double memory = memory_bytes_ > 0 ? memory_bytes_ : EmbeddingTable::UsableMemoryBytes();
-  room_.set_limit(static_cast<int64_t>(std::max(0.0, std::min(0.9 * (memory - fixed), 9e18))));
+  return bytes;
 }
 
 absl::Status TableStore::CheckRoomToRestore(const std::map<EmbeddingTable*, int64_t>& new_rows) const {

@@ -289,7 +289,8 @@ class TableStore {
   // `memory_bytes`: what its tables may take together (0: the task's
   // usable memory, EmbeddingTable::UsableMemoryBytes()).
   explicit TableStore(std::string task_name, double memory_bytes = 0)
-      : task_name_(std::move(task_name)), memory_bytes_(memory_bytes) {}
+      : task_name_(std::move(task_name)),
+        memory_bytes_(memory_bytes > 0 ? memory_bytes : EmbeddingTable::UsableMemoryBytes()) {}
 
   // Creates each table. One that exists with the same definition is left
   // alone (created=false), so a restarted chief does not reset training; a
@@ -326,9 +327,11 @@ class TableStore {
  private:
   // Sets room_'s limit from other_bytes_ and the fixed tables (mu_ held).
   void SetRoomLimit();
+  // What the tables outside the shared room hold: fixed and read-only ones (mu_ held).
+  double FixedTableBytes() const;
 
   const std::string task_name_;
-  const double memory_bytes_;
+  const double memory_bytes_;  // resolved: never 0
   SharedRowRoom room_;
   mutable std::shared_mutex mu_;
   double other_bytes_ = 0;  // the variables' bytes, as last told

@@ -504,7 +504,7 @@ void ClusterClient::CreateTable(const std::string& name, const TableOptions& opt
   table.set_steps_to_live(options.steps_to_live);
   table.set_max_rows(options.max_rows);
   table.set_evict_when_full(options.evict_when_full);
-  if (options.eviction != "lru") table.set_eviction(options.eviction);  // the ps refuses it without evict_when_full
+  table.set_eviction(options.eviction);
   *table.mutable_optimizer() = ValueOrThrow(ParseOptimizerYaml(options.optimizer_yaml, where + " optimizer"));
   ThrowIfError(state_->client->CreateTables({table}));
 }
