@@ -175,6 +175,7 @@ TEST(CnnCheckpointTest, ARestoreBringsTheBuffersBackBitForBit) {
   InProcChief chief(config, 30);
   Cnn fresh(config.model.cnn, config.model.seed, "");
   ASSERT_TRUE(InitializeOrWait(chief.context, fresh).ok());
+  ASSERT_TRUE(LoadJobBuffers(chief.context, fresh).ok());  // as the driver's join does
   EXPECT_EQ(chief.context.restored_from, report->last_checkpoint);
   // The resumed chief goes on from the restored statistics, which it will
   // publish again, not from fresh ones.

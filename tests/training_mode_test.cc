@@ -7,6 +7,7 @@
 
 #include "inproc_servers.h"
 #include "quick_job.h"
+#include "temp_dir.h"
 #include "shoal/core/status.h"
 #include "shoal/session/evaluator.h"
 #include "shoal/strategy/step_driver.h"
@@ -73,13 +74,21 @@ TEST(TrainingModeTest, EachModeGivesItsOwnRules) {
 
 // A policy that records what the driver asks of it: two steps; the first
 // push is rewound once (a restore), the last ends training.
+// With lose_first_join, the first join finds a variable gone, as when a ps
+// task is lost while the worker joins the job.
 class RecordingPolicy : public StepPolicy {
  public:
   std::vector<std::string> calls;
+  bool lose_first_join = false;
   bool HasStepsLeft() const override { return steps_ < 2; }
   int64_t LocalStep() const override { return steps_; }
   int64_t GlobalStep() const override { return steps_; }
   absl::Status Join(Model& /*model*/) override {
+    if (lose_first_join) {
+      lose_first_join = false;
+      calls.push_back("join (variable lost)");
+      return absl::NotFoundError("variable 'dense_1/kernel' not found on /job:ps/task:0");
+    }
     calls.push_back("join");
     return absl::OkStatus();
   }
@@ -132,6 +141,35 @@ TEST(StepDriverTest, CallsThePolicyInOrderAndRejoinsAfterARewoundPush) {
   EXPECT_EQ(result->local_steps, 2);  // the rewound step does not count
   EXPECT_EQ(policy.calls, (std::vector<std::string>{"join", "barrier", "pull", "push (rewound)", "join", "barrier",
                                                     "pull", "push", "barrier", "pull", "push"}));
+}
+
+// A ps task lost while a worker joins the job (its variables were there a
+// moment before) is recovered from as one lost mid-step is: the worker
+// waits for the job to recover, joins again and trains. (A CI run once lost
+// easgd's second worker so, as it joined while the first had already
+// checkpointed and the ps was killed.) Without checkpoints there is nothing
+// to recover from, and the error ends the worker.
+TEST(StepDriverTest, APsLostAsTheWorkerJoinsIsRecoveredFrom) {
+  const std::filesystem::path dir = FreshTempDir("shoal_join_", "lost");
+  JobConfig config = QuickJob("async");
+  config.checkpoint.dir = (dir / "ckpt").string();
+  InProcChief chief(config, 10);
+  RecordingPolicy policy;
+  policy.lose_first_join = true;
+  auto result = DriveSteps(chief.context, policy);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->local_steps, 2);
+  EXPECT_EQ(policy.calls, (std::vector<std::string>{"join (variable lost)", "join", "barrier", "pull",
+                                                    "push (rewound)", "join", "barrier", "pull", "push", "barrier",
+                                                    "pull", "push"}));
+
+  InProcChief no_checkpoints(QuickJob("async"), 10);
+  RecordingPolicy unrecoverable;
+  unrecoverable.lose_first_join = true;
+  auto failed = DriveSteps(no_checkpoints.context, unrecoverable);
+  EXPECT_TRUE(absl::IsNotFound(failed.status())) << failed.status();
+  EXPECT_EQ(unrecoverable.calls, std::vector<std::string>{"join (variable lost)"});
+  std::filesystem::remove_all(dir);
 }
 
 TEST(StepDriverTest, AnUpdateAHookStoppedIsNeverSent) {

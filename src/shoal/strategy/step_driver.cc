@@ -25,9 +25,20 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
   BatchIterator batches(context.train_shard, config.training.batch_size,
                         config.training.seed * 1000003 + context.worker_index);
   WorkerResult result;
-  SHOAL_RETURN_IF_ERROR(policy.Join(model));
+  // Joining (the job's buffers, then the policy's place in the job) is part
+  // of the first step, so that a ps lost while this worker starts, after
+  // the variables were there, is recovered from as one lost mid-step is,
+  // rather than ending the worker; a rejoin after a restore joins again.
+  bool joined = false;
+  auto join = [&]() -> absl::Status {
+    SHOAL_RETURN_IF_ERROR(LoadJobBuffers(context, model));
+    SHOAL_RETURN_IF_ERROR(policy.Join(model));
+    joined = true;
+    return absl::OkStatus();
+  };
   RowTables* tables = model.row_tables();
   auto step_once = [&]() -> absl::StatusOr<bool> {
+    if (!joined) SHOAL_RETURN_IF_ERROR(join());
     if (!policy.HasStepsLeft()) return false;
     if (context.before_step) context.before_step(policy.LocalStep());
     SHOAL_ASSIGN_OR_RETURN(bool may_step, policy.Barrier());
@@ -48,7 +59,7 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
     // dense variables (sync: Persia's hybrid of sync dense and async tables).
     if (tables != nullptr && outcome != PushOutcome::kRewound) SHOAL_RETURN_IF_ERROR(tables->Push());
     if (outcome == PushOutcome::kRewound) {
-      SHOAL_RETURN_IF_ERROR(policy.Join(model));
+      SHOAL_RETURN_IF_ERROR(join());
       return true;
     }
     SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, step, &result));
@@ -59,7 +70,7 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
   SHOAL_RETURN_IF_ERROR(StepUntilDone(context, names, model.variables(), optimizer, step_once,
                                       [&]() -> absl::Status {
                                         SHOAL_RETURN_IF_ERROR(CreateRowTables(context, model));
-                                        return policy.Join(model);
+                                        return join();
                                       }));
   if (tables != nullptr) {
     result.row_cache = tables->cache_stats();

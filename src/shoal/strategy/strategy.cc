@@ -474,10 +474,11 @@ absl::Status InitializeOrWait(WorkerContext& context, Model& model, const wire::
   SHOAL_RETURN_IF_ERROR(CheckModelFitsData(context, model));
   context.buffer_names = model.buffer_names();
   context.buffer_values = model.BufferValues();
-  SHOAL_RETURN_IF_ERROR(InitializeOrWait(context, model.variable_names(), model.variables(),
-                                         optimizer ? *optimizer : context.config->training.optimizer));
-  // The job's buffers, which a restore may have brought back: a chief that
-  // publishes its own must go on from them, not from fresh statistics.
+  return InitializeOrWait(context, model.variable_names(), model.variables(),
+                          optimizer ? *optimizer : context.config->training.optimizer);
+}
+
+absl::Status LoadJobBuffers(WorkerContext& context, Model& model) {
   if (context.buffer_names.empty()) return absl::OkStatus();
   SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> buffers, context.client->Read(context.buffer_names));
   model.LoadBuffers(buffers);

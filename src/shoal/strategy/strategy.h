@@ -186,10 +186,15 @@ absl::StatusOr<bool> JobStopRequested(Client& client);
 // every other worker waits for them, up to the start-up timeout.
 //
 // First, one forward pass on two training examples checks that the model
-// fits the data (InvalidArgument naming the model and the shapes). Last,
-// the model's buffers are read from the ps: a restored job's.
+// fits the data (InvalidArgument naming the model and the shapes).
 absl::Status InitializeOrWait(WorkerContext& context, Model& model,
                               const wire::OptimizerConfig* optimizer = nullptr);
+
+// Reads the job's buffers (BatchNorm statistics) from the ps into `model`,
+// on joining the job and after a restore: a chief that publishes its own
+// must go on from the job's, which a restore may have brought back, not
+// from fresh statistics.
+absl::Status LoadJobBuffers(WorkerContext& context, Model& model);
 
 // Binds a model's row tables (none: nothing to do) to the worker's client and
 // creates them on the ps tasks (creating one that exists changes nothing):
