@@ -645,6 +645,30 @@ TEST(EmbeddingTableTest, TheClientPullsAndPushesByIdOverTwoPsTasks) {
   auto refused = client->CreateTables({changed});
   EXPECT_TRUE(absl::IsAlreadyExists(refused)) << refused;
   EXPECT_NE(refused.message().find("dim 3 vs 4"), std::string::npos) << refused;
+  // Another admission or eviction rule is another table too, not one kept
+  // silently by its first rule; the defaults compare as applied.
+  auto dynamic = Def("sgd", 0, 3);
+  dynamic.set_name("dynamic");
+  dynamic.set_max_rows(1000);
+  dynamic.set_evict_when_full(true);
+  ASSERT_TRUE(client->CreateTables({dynamic}).ok());
+  auto same = dynamic;
+  same.set_eviction("lru");
+  same.set_min_count(1);
+  EXPECT_TRUE(client->CreateTables({same}).ok()) << "lru and min_count 1 are the defaults";
+  auto lfu = dynamic;
+  lfu.set_eviction("lfu");
+  auto bigger = dynamic;
+  bigger.set_max_rows(2000);
+  auto admitting = dynamic;
+  admitting.set_min_count(3);
+  for (const auto& [other, named] : std::vector<std::pair<wire::TableDef, std::string>>{
+           {lfu, "eviction lru vs lfu"}, {bigger, "max_rows 1000 vs 2000"}, {admitting, "min_count 0 vs 3"}}) {
+    const absl::Status again = client->CreateTables({other});
+    EXPECT_TRUE(absl::IsAlreadyExists(again)) << again;
+    EXPECT_NE(again.message().find("table 'dynamic' exists on /job:ps/task:"), std::string::npos) << again;
+    EXPECT_NE(again.message().find(named), std::string::npos) << again;
+  }
 
   auto reference = Make(Def("sgd", 100, 3));
   const torch::Tensor ids = Ids({5, 8, 5, 99, 0});

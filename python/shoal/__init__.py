@@ -226,7 +226,8 @@ class Client:
         `optimizer` is a sparse one,
         updating only pushed rows: sgd, adagrad (the default, learning rate 0.05),
         lazy_adam or ftrl (l1, l2, learning_rate_power). A table that exists with the
-        same definition is left alone; one with another is refused."""
+        same definition is left alone; one with another (shape, seed, init_scale,
+        optimizer kind, admission or eviction rules) is refused, naming what differs."""
         optimizer = optimizer or {"kind": "adagrad", "learning_rate": 0.05}
         self._client.create_table(name, rows, dim, seed, init_scale, json.dumps(optimizer), min_count, steps_to_live,
                                   max_rows, evict_when_full, eviction)

@@ -710,7 +710,9 @@ int64_t EmbeddingTable::bytes() const {
 namespace {
 
 // What must match for a table to be the same one: all but the optimizer's
-// hyper-parameters, which a restarted chief may have changed.
+// hyper-parameters, which a restarted chief may have changed. A table asked
+// for again with another admission or eviction rule would otherwise keep
+// its first one without a word. Defaults compare as the table applies them.
 std::string Differs(const wire::TableDef& a, const wire::TableDef& b) {
   if (a.rows() != b.rows()) return absl::StrCat("rows ", a.rows(), " vs ", b.rows());
   if (a.dim() != b.dim()) return absl::StrCat("dim ", a.dim(), " vs ", b.dim());
@@ -718,8 +720,25 @@ std::string Differs(const wire::TableDef& a, const wire::TableDef& b) {
     return absl::StrCat("shard ", a.shard(), " of ", a.num_shards(), " vs ", b.shard(), " of ", b.num_shards());
   }
   if (a.seed() != b.seed()) return absl::StrCat("seed ", a.seed(), " vs ", b.seed());
+  if (a.init_scale() != b.init_scale()) return absl::StrCat("init_scale ", a.init_scale(), " vs ", b.init_scale());
   if (a.optimizer().kind() != b.optimizer().kind()) {
     return absl::StrCat("optimizer ", a.optimizer().kind(), " vs ", b.optimizer().kind());
+  }
+  if (a.read_only() != b.read_only()) return absl::StrCat("read_only ", a.read_only(), " vs ", b.read_only());
+  const auto at_once = [](int64_t min_count) { return std::max<int64_t>(min_count, 1); };
+  if (at_once(a.min_count()) != at_once(b.min_count())) {
+    return absl::StrCat("min_count ", a.min_count(), " vs ", b.min_count());
+  }
+  if (a.steps_to_live() != b.steps_to_live()) {
+    return absl::StrCat("steps_to_live ", a.steps_to_live(), " vs ", b.steps_to_live());
+  }
+  if (a.max_rows() != b.max_rows()) return absl::StrCat("max_rows ", a.max_rows(), " vs ", b.max_rows());
+  if (a.evict_when_full() != b.evict_when_full()) {
+    return absl::StrCat("evict_when_full ", a.evict_when_full(), " vs ", b.evict_when_full());
+  }
+  const auto policy = [](const std::string& eviction) { return eviction.empty() ? std::string("lru") : eviction; };
+  if (policy(a.eviction()) != policy(b.eviction())) {
+    return absl::StrCat("eviction ", policy(a.eviction()), " vs ", policy(b.eviction()));
   }
   return "";
 }
