@@ -60,14 +60,16 @@ inline void AddTablesFingerprint(const TableStore& tables, std::vector<uint64_t>
   for (const EmbeddingTable* table : tables.All()) {
     uint32_t crc = 0;
     auto add = [&](const torch::Tensor& t) { crc = Crc32c(t.data_ptr(), t.nbytes(), crc); };
-    const absl::Status walked = table->ForEachChunk(
-        256, [&](const torch::Tensor& ids, const torch::Tensor& rows, const std::vector<torch::Tensor>& slots,
-                 int64_t) {
-          add(ids);
-          add(rows);
-          for (const torch::Tensor& slot : slots) add(slot);
-          return absl::OkStatus();
-        });
+    const absl::Status walked = table->ForEachChunk(256, [&](const SavedRows& rows, int64_t) {
+      add(rows.ids);
+      add(rows.values);
+      for (const torch::Tensor& slot : rows.slots) add(slot);
+      if (rows.ages.defined()) {
+        add(rows.ages);
+        add(rows.touches);
+      }
+      return absl::OkStatus();
+    });
     if (!walked.ok()) std::abort();
     prints->push_back(crc);
     prints->push_back(static_cast<uint64_t>(table->size()));

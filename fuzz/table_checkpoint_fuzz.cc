@@ -67,9 +67,10 @@ void WriteDescribedChunks(FuzzedDataProvider& input, const std::string& path) {
     chunk.header.set_optimizer(input.PickValueInArray({"adagrad", "lazy_adam", "sgd", "ftrl", "adam"}));
     chunk.header.set_slots(slots);
     chunk.header.set_pushes(input.ConsumeIntegral<int64_t>());
-    chunk.ids = torch::empty({count}, torch::kInt64);
+    shoal::SavedRows& rows = chunk.rows;
+    rows.ids = torch::empty({count}, torch::kInt64);
     for (int64_t i = 0; i < count; ++i) {
-      chunk.ids[i] = input.ConsumeBool() ? input.ConsumeIntegralInRange<int64_t>(-2, 1002) : input.ConsumeIntegral<int64_t>();
+      rows.ids[i] = input.ConsumeBool() ? input.ConsumeIntegralInRange<int64_t>(-2, 1002) : input.ConsumeIntegral<int64_t>();
     }
     auto values = [&] {
       torch::Tensor t = torch::empty({count, dim});
@@ -77,8 +78,16 @@ void WriteDescribedChunks(FuzzedDataProvider& input, const std::string& path) {
       for (int64_t i = 0; i < t.numel(); ++i) v[i] = input.ConsumeFloatingPoint<float>();
       return t;
     };
-    chunk.rows = values();
-    for (int k = 0; k < slots; ++k) chunk.slots.push_back(values());
+    rows.values = values();
+    for (int k = 0; k < slots; ++k) rows.slots.push_back(values());
+    if (input.ConsumeBool()) {  // row stats, of any sign
+      rows.ages = torch::empty({count}, torch::kInt64);
+      rows.touches = torch::empty({count}, torch::kInt32);
+      for (int64_t i = 0; i < count; ++i) {
+        rows.ages[i] = input.ConsumeIntegralInRange<int64_t>(-3, 100);
+        rows.touches[i] = input.ConsumeIntegralInRange<int32_t>(-1, 5);
+      }
+    }
     if (!(*writer)->Append(std::move(chunk)).ok()) std::abort();
   }
   if (!(*writer)->Finish().ok()) std::abort();

@@ -72,16 +72,15 @@ TEST(EmbeddingTableTest, AReadOnlyTableHoldsOnlyTheRowsRestoredIntoItWithoutSlot
     const std::vector<int64_t> only = {0, 42};
     ASSERT_TRUE(trained
                     ->ForEachChunk(64,
-                                   [&](const torch::Tensor& ids, const torch::Tensor& rows,
-                                       const std::vector<torch::Tensor>& slots, int64_t pushes) {
+                                   [&](const SavedRows& rows, int64_t pushes) {
                                      wire::TableChunk chunk;
                                      chunk.set_table("emb");
                                      chunk.set_dim(4);
                                      chunk.set_optimizer(kind);
-                                     chunk.set_slots(static_cast<int>(slots.size()));
+                                     chunk.set_slots(static_cast<int>(rows.slots.size()));
                                      chunk.set_pushes(pushes);
-                                     EXPECT_TRUE(read_only->CheckRestore(chunk, ids).ok()) << kind;
-                                     read_only->Restore(chunk, ids, rows, slots, &only);
+                                     EXPECT_TRUE(read_only->CheckRestore(chunk, rows).ok()) << kind;
+                                     read_only->Restore(chunk, rows, &only);
                                      return absl::OkStatus();
                                    })
                     .ok());

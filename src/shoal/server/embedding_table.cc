@@ -582,9 +582,7 @@ absl::StatusOr<int64_t> EmbeddingTable::Push(const torch::Tensor& ids, const tor
 }
 
 absl::Status EmbeddingTable::ForEachChunk(
-    int64_t chunk_rows,
-    const std::function<absl::Status(const torch::Tensor&, const torch::Tensor&, const std::vector<torch::Tensor>&,
-                                     int64_t)>& write) const {
+    int64_t chunk_rows, const std::function<absl::Status(const SavedRows& rows, int64_t pushes)>& write) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   // Nothing lists the rows whole: a dense table walks its row indexes (row
   // `index` holds id index * shards + shard), any other its map.
@@ -592,26 +590,36 @@ absl::Status EmbeddingTable::ForEachChunk(
   auto next_dynamic = index_.begin();
   for (int64_t begin = 0; begin < held; begin += chunk_rows) {
     const int64_t k = std::min(chunk_rows, held - begin);
-    torch::Tensor ids = torch::empty({k}, torch::kInt64);
-    torch::Tensor rows = torch::empty({k, dim_}, torch::kFloat32);
-    std::vector<torch::Tensor> slots;
-    for (size_t s = 0; s < slots_.size(); ++s) slots.push_back(torch::empty({k, dim_}, torch::kFloat32));
+    SavedRows saved;
+    saved.ids = torch::empty({k}, torch::kInt64);
+    saved.values = torch::empty({k, dim_}, torch::kFloat32);
+    for (size_t s = 0; s < slots_.size(); ++s) saved.slots.push_back(torch::empty({k, dim_}, torch::kFloat32));
+    if (!dense_) {
+      saved.ages = torch::empty({k}, torch::kInt64);
+      saved.touches = torch::empty({k}, torch::kInt32);
+    }
     for (int64_t i = 0; i < k; ++i) {
       int64_t index = begin + i;
       int64_t id = index * def_.num_shards() + def_.shard();
       if (!dense_) std::tie(id, index) = *next_dynamic++;
-      ids.data_ptr<int64_t>()[i] = id;
-      std::memcpy(rows.data_ptr<float>() + i * dim_, values_.Row(index), dim_ * sizeof(float));
+      saved.ids.data_ptr<int64_t>()[i] = id;
+      std::memcpy(saved.values.data_ptr<float>() + i * dim_, values_.Row(index), dim_ * sizeof(float));
       for (size_t s = 0; s < slots_.size(); ++s) {
-        std::memcpy(slots[s].data_ptr<float>() + i * dim_, slots_[s].Row(index), dim_ * sizeof(float));
+        std::memcpy(saved.slots[s].data_ptr<float>() + i * dim_, slots_[s].Row(index), dim_ * sizeof(float));
+      }
+      if (!dense_) {
+        saved.ages.data_ptr<int64_t>()[i] = pushes_ - last_push_[index];
+        saved.touches.data_ptr<int32_t>()[i] =
+            by_count_ ? static_cast<int32_t>(std::min<uint32_t>(touches_[index], INT32_MAX)) : 1;
       }
     }
-    SHOAL_RETURN_IF_ERROR(write(ids, rows, slots, pushes_));
+    SHOAL_RETURN_IF_ERROR(write(saved, pushes_));
   }
   return absl::OkStatus();
 }
 
-absl::Status EmbeddingTable::CheckRestore(const wire::TableChunk& chunk, const torch::Tensor& ids) const {
+absl::Status EmbeddingTable::CheckRestore(const wire::TableChunk& chunk, const SavedRows& rows) const {
+  const torch::Tensor& ids = rows.ids;
   if (chunk.dim() != dim_) {
     return absl::InvalidArgumentError(absl::StrCat(where_, ": the checkpoint's rows are ", chunk.dim(),
                                                    " wide, the table's ", dim_, " (model.click.dim changed?)"));
@@ -621,6 +629,10 @@ absl::Status EmbeddingTable::CheckRestore(const wire::TableChunk& chunk, const t
     return absl::InvalidArgumentError(absl::StrCat(where_, ": the checkpoint's rows were trained by '",
                                                    chunk.optimizer(), "' (", chunk.slots(), " slots), the table's by '",
                                                    def_.optimizer().kind(), "' (", slots_.size(), ")"));
+  }
+  if (rows.ages.defined() && (rows.ages.lt(0).any().item<bool>() || rows.touches.lt(1).any().item<bool>())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where_, ": the checkpoint gives a row a negative age or no touches"));
   }
   if (def_.rows() > 0) {
     const int64_t* id = ids.data_ptr<int64_t>();
@@ -662,25 +674,31 @@ absl::Status EmbeddingTable::CheckRoomToRestore(int64_t new_rows) const {
       "task's variables and other tables); restore onto more ps tasks, or raise max_rows"));
 }
 
-int64_t EmbeddingTable::Restore(const wire::TableChunk& chunk, const torch::Tensor& ids, const torch::Tensor& rows,
-                                const std::vector<torch::Tensor>& slots, const std::vector<int64_t>* only) {
+int64_t EmbeddingTable::Restore(const wire::TableChunk& chunk, const SavedRows& saved,
+                                const std::vector<int64_t>* only) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  const int64_t* id = ids.data_ptr<int64_t>();
+  // First the push count, which the rows' ages count back from.
+  pushes_ = std::max(pushes_, chunk.pushes());
+  const int64_t* id = saved.ids.data_ptr<int64_t>();
+  const bool with_stats = saved.ages.defined() && !dense_;
   int64_t taken = 0;
-  for (int64_t i = 0; i < ids.numel(); ++i) {
+  for (int64_t i = 0; i < saved.ids.numel(); ++i) {
     if (!Restores(id[i], only)) continue;
     int64_t index = Find(id[i]);
     if (index < 0) {
       if (room_ != nullptr) room_->Force(SharedBytesOf(Entry::kRow));  // the restore's check pass found room
       index = MakeRow(id[i]);
     }
-    std::memcpy(values_.Row(index), rows.data_ptr<float>() + i * dim_, dim_ * sizeof(float));
+    std::memcpy(values_.Row(index), saved.values.data_ptr<float>() + i * dim_, dim_ * sizeof(float));
     for (size_t s = 0; s < slots_.size(); ++s) {
-      std::memcpy(slots_[s].Row(index), slots[s].data_ptr<float>() + i * dim_, dim_ * sizeof(float));
+      std::memcpy(slots_[s].Row(index), saved.slots[s].data_ptr<float>() + i * dim_, dim_ * sizeof(float));
+    }
+    if (with_stats) {
+      last_push_[index] = std::max<int64_t>(0, pushes_ - saved.ages.data_ptr<int64_t>()[i]);
+      if (by_count_) touches_[index] = static_cast<uint32_t>(saved.touches.data_ptr<int32_t>()[i]);
     }
     ++taken;
   }
-  pushes_ = std::max(pushes_, chunk.pushes());
   return taken;
 }
 

@@ -117,6 +117,19 @@ class SharedRowRoom {
   std::atomic<int64_t> limit_{std::numeric_limits<int64_t>::max()};
 };
 
+// A run of a shard's rows, as a checkpoint saves and restores them.
+struct SavedRows {
+  torch::Tensor ids;                 // int64 [k]
+  torch::Tensor values;              // float32 [k, dim]
+  std::vector<torch::Tensor> slots;  // float32 [k, dim] each
+  // Dynamic tables: for each row, the shard's pushes since one last touched
+  // it (int64 [k]) and how many pushes touched it (int32 [k]; 1 where the
+  // table does not count them), so that a restored table expires and
+  // evicts as the saved one would. Undefined for a fixed table, and in
+  // checkpoints written before they were kept.
+  torch::Tensor ages, touches;
+};
+
 class EmbeddingTable {
  public:
   // A dynamic table's id index entry (a hash-map node and its bucket), which
@@ -148,20 +161,17 @@ class EmbeddingTable {
   absl::StatusOr<int64_t> Push(const torch::Tensor& ids, const torch::Tensor& gradients);
 
   // Checkpoints (server/table_checkpoint.h). The rows this shard holds,
-  // `chunk_rows` at a time, to `write` (ids [k], rows [k, dim], each slot
-  // [k, dim]; at most one chunk copied at a time), under the table's lock:
-  // pushes wait, so the file is one consistent state. Stops at `write`'s
-  // first error.
-  absl::Status ForEachChunk(
-      int64_t chunk_rows,
-      const std::function<absl::Status(const torch::Tensor& ids, const torch::Tensor& rows,
-                                        const std::vector<torch::Tensor>& slots, int64_t pushes)>& write) const;
+  // `chunk_rows` at a time, to `write` with the shard's push count (at most
+  // one chunk copied at a time), under the table's lock: pushes wait, so the
+  // file is one consistent state. Stops at `write`'s first error.
+  absl::Status ForEachChunk(int64_t chunk_rows,
+                            const std::function<absl::Status(const SavedRows& rows, int64_t pushes)>& write) const;
   // Whether a checkpoint chunk of this table could be restored here: its
   // rows as wide and its slots those of this optimizer (any optimizer's,
   // for a read-only table, which leaves the slots), every id inside a
   // fixed table (InvalidArgument naming the table, the file's figure and
   // the table's). Changes nothing.
-  absl::Status CheckRestore(const wire::TableChunk& chunk, const torch::Tensor& ids) const;
+  absl::Status CheckRestore(const wire::TableChunk& chunk, const SavedRows& rows) const;
   // The rows Restore would make for `ids` (with `only`, of those alone):
   // the ids of this shard it does not hold yet.
   int64_t RowsRestoreMakes(const torch::Tensor& ids, const std::vector<int64_t>* only = nullptr) const;
@@ -177,9 +187,10 @@ class EmbeddingTable {
   // Sets the rows and slots of the chunk's ids that map to this shard
   // (others are left to their own shards), making a dynamic or read-only
   // table's rows; with `only` (sorted), of those ids alone. The push count
-  // becomes at least the chunk's. CheckRestore first. Returns the rows set.
-  int64_t Restore(const wire::TableChunk& chunk, const torch::Tensor& ids, const torch::Tensor& rows,
-                  const std::vector<torch::Tensor>& slots, const std::vector<int64_t>* only = nullptr);
+  // becomes at least the chunk's, and each row's age and touch count are
+  // the saved ones (without them: touched once, by the latest push).
+  // CheckRestore first. Returns the rows set.
+  int64_t Restore(const wire::TableChunk& chunk, const SavedRows& rows, const std::vector<int64_t>* only = nullptr);
 
   const wire::TableDef& def() const { return def_; }
   // Rows held (a fixed table: all of its shard).

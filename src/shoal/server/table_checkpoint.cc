@@ -18,7 +18,9 @@ namespace {
 constexpr char kMagic[] = "SHOALTBL";
 constexpr char kEnd[] = "SHOALEND";
 constexpr size_t kTagSize = 8;
-constexpr uint32_t kTableFormatVersion = 1;
+// 2: dynamic tables' chunks may carry their rows' ages and touch counts.
+// Files of format 1 are read too (rows without them).
+constexpr uint32_t kTableFormatVersion = 2;
 constexpr uint32_t kMaxHeaderBytes = 1 << 20;
 constexpr int kMaxSlots = 2;  // lazy_adam and ftrl keep two
 
@@ -85,10 +87,16 @@ absl::Status TableCheckpointWriter::Write(const void* data, size_t size) {
 }
 
 absl::Status TableCheckpointWriter::Append(TableChunkData chunk) {
-  std::vector<torch::Tensor> tensors = {chunk.ids.contiguous(), chunk.rows.contiguous()};
-  for (const torch::Tensor& slot : chunk.slots) tensors.push_back(slot.contiguous());
-  chunk.header.set_count(chunk.ids.numel());
-  chunk.header.set_slots(static_cast<int32_t>(chunk.slots.size()));
+  const SavedRows& rows = chunk.rows;
+  std::vector<torch::Tensor> tensors = {rows.ids.contiguous(), rows.values.contiguous()};
+  for (const torch::Tensor& slot : rows.slots) tensors.push_back(slot.contiguous());
+  chunk.header.set_row_stats(rows.ages.defined());
+  if (rows.ages.defined()) {
+    tensors.push_back(rows.ages.contiguous());
+    tensors.push_back(rows.touches.contiguous());
+  }
+  chunk.header.set_count(rows.ids.numel());
+  chunk.header.set_slots(static_cast<int32_t>(rows.slots.size()));
   chunk.header.clear_crc32c();
   for (const torch::Tensor& t : tensors) chunk.header.add_crc32c(Crc32c(t.data_ptr(), t.nbytes()));
   const std::string header = chunk.header.SerializeAsString();
@@ -124,7 +132,8 @@ absl::Status ReadTableCheckpoint(const std::string& path,
   if (std::memcmp(tag, kMagic, kTagSize) != 0) {
     return absl::DataLossError(absl::StrCat("'", path, "' is not a shoal table checkpoint (bad magic number)"));
   }
-  if (GetLittleEndian(tag + kTagSize, 4) != kTableFormatVersion) {
+  const uint32_t version = static_cast<uint32_t>(GetLittleEndian(tag + kTagSize, 4));
+  if (version != 1 && version != kTableFormatVersion) {
     return absl::DataLossError(absl::StrCat("table checkpoint '", path, "' has format version ",
                                             GetLittleEndian(tag + kTagSize, 4), "; this build reads ",
                                             kTableFormatVersion));
@@ -156,7 +165,8 @@ absl::Status ReadTableCheckpoint(const std::string& path,
     }
     const wire::TableChunk& h = data.header;
     const int64_t count = h.count(), dim = h.dim();
-    if (count < 0 || dim <= 0 || h.slots() < 0 || h.slots() > kMaxSlots || h.crc32c_size() != 2 + h.slots() ||
+    const int stats = h.row_stats() ? 2 : 0;
+    if (count < 0 || dim <= 0 || h.slots() < 0 || h.slots() > kMaxSlots || h.crc32c_size() != 2 + h.slots() + stats ||
         dim > std::numeric_limits<int32_t>::max() || count > static_cast<int64_t>(reader.left() / 8)) {
       return absl::DataLossError(absl::StrCat(where, " (table '", h.table(), "'): a header that cannot be right (",
                                               count, " rows of ", dim, ", ", h.slots(), " slots)"));
@@ -164,14 +174,21 @@ absl::Status ReadTableCheckpoint(const std::string& path,
     // Every byte the chunk claims must be in the file before any is allocated.
     const uint64_t row_bytes = static_cast<uint64_t>(count) * static_cast<uint64_t>(dim) * 4;
     if (row_bytes / 4 / static_cast<uint64_t>(dim) != static_cast<uint64_t>(count) ||
-        static_cast<uint64_t>(count) * 8 + row_bytes * (1 + h.slots()) > reader.left()) {
+        static_cast<uint64_t>(count) * (8 + (stats ? 12 : 0)) + row_bytes * (1 + h.slots()) > reader.left()) {
       return absl::DataLossError(absl::StrCat(where, " (table '", h.table(), "') is truncated"));
     }
-    data.ids = torch::empty({count}, torch::kInt64);
-    data.rows = torch::empty({count, dim}, torch::kFloat32);
-    for (int s = 0; s < h.slots(); ++s) data.slots.push_back(torch::empty({count, dim}, torch::kFloat32));
-    std::vector<torch::Tensor*> tensors = {&data.ids, &data.rows};
-    for (torch::Tensor& slot : data.slots) tensors.push_back(&slot);
+    SavedRows& rows = data.rows;
+    rows.ids = torch::empty({count}, torch::kInt64);
+    rows.values = torch::empty({count, dim}, torch::kFloat32);
+    for (int s = 0; s < h.slots(); ++s) rows.slots.push_back(torch::empty({count, dim}, torch::kFloat32));
+    std::vector<torch::Tensor*> tensors = {&rows.ids, &rows.values};
+    for (torch::Tensor& slot : rows.slots) tensors.push_back(&slot);
+    if (stats) {
+      rows.ages = torch::empty({count}, torch::kInt64);
+      rows.touches = torch::empty({count}, torch::kInt32);
+      tensors.push_back(&rows.ages);
+      tensors.push_back(&rows.touches);
+    }
     for (size_t t = 0; t < tensors.size(); ++t) {
       torch::Tensor& tensor = *tensors[t];
       SHOAL_RETURN_IF_ERROR(reader.Read(tensor.data_ptr(), tensor.nbytes(), absl::StrCat(where, "'s tensors")));
@@ -197,19 +214,15 @@ absl::StatusOr<bool> SaveTables(const TableStore& tables, const std::string& pat
   if (all.empty()) return false;
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<TableCheckpointWriter> writer, TableCheckpointWriter::Open(path));
   for (const EmbeddingTable* table : all) {
-    SHOAL_RETURN_IF_ERROR(table->ForEachChunk(
-        kTableChunkRows, [&](const torch::Tensor& ids, const torch::Tensor& rows,
-                             const std::vector<torch::Tensor>& slots, int64_t pushes) {
-          TableChunkData chunk;
-          chunk.header.set_table(table->def().name());
-          chunk.header.set_dim(table->def().dim());
-          chunk.header.set_optimizer(table->def().optimizer().kind());
-          chunk.header.set_pushes(pushes);
-          chunk.ids = ids;
-          chunk.rows = rows;
-          chunk.slots = slots;
-          return writer->Append(std::move(chunk));
-        }));
+    SHOAL_RETURN_IF_ERROR(table->ForEachChunk(kTableChunkRows, [&](const SavedRows& rows, int64_t pushes) {
+      TableChunkData chunk;
+      chunk.header.set_table(table->def().name());
+      chunk.header.set_dim(table->def().dim());
+      chunk.header.set_optimizer(table->def().optimizer().kind());
+      chunk.header.set_pushes(pushes);
+      chunk.rows = rows;
+      return writer->Append(std::move(chunk));
+    }));
   }
   SHOAL_RETURN_IF_ERROR(writer->Finish());
   return true;
@@ -237,9 +250,9 @@ absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vecto
     SHOAL_RETURN_IF_ERROR(ReadTableCheckpoint(file, [&](const TableChunkData& chunk) -> absl::Status {
       SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, table_of(chunk, file));
       SHOAL_RETURN_IF_ERROR(
-          Annotate(table->CheckRestore(chunk.header, chunk.ids), absl::StrCat("restoring '", file, "'")));
+          Annotate(table->CheckRestore(chunk.header, chunk.rows), absl::StrCat("restoring '", file, "'")));
       const auto wanted = ids_wanted(chunk);
-      if (wanted) new_rows[table] += table->RowsRestoreMakes(chunk.ids, *wanted);
+      if (wanted) new_rows[table] += table->RowsRestoreMakes(chunk.rows.ids, *wanted);
       return absl::OkStatus();
     }));
   }
@@ -249,7 +262,7 @@ absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vecto
     SHOAL_RETURN_IF_ERROR(ReadTableCheckpoint(file, [&](const TableChunkData& chunk) -> absl::Status {
       SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table, table_of(chunk, file));
       const auto wanted = ids_wanted(chunk);
-      if (wanted) taken += table->Restore(chunk.header, chunk.ids, chunk.rows, chunk.slots, *wanted);
+      if (wanted) taken += table->Restore(chunk.header, chunk.rows, *wanted);
       return absl::OkStatus();
     }));
   }

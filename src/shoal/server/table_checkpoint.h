@@ -7,9 +7,11 @@
 // Layout (little-endian):
 //   "SHOALTBL", u32 format version,
 //   per chunk: u32 header size, u32 header CRC32C, the header
-//     (wire::TableChunk: table, dim, count, optimizer, slots, pushes, and the
-//     CRC32C of each tensor), then the ids (int64 [count]), the rows (float32
-//     [count, dim]) and each slot (float32 [count, dim]);
+//     (wire::TableChunk: table, dim, count, optimizer, slots, pushes,
+//     row_stats, and the CRC32C of each tensor), then the ids (int64
+//     [count]), the rows (float32 [count, dim]), each slot (float32 [count,
+//     dim]) and, with row_stats (dynamic tables, format 2), the rows' ages
+//     (int64 [count]) and touch counts (int32 [count]);
 //   "SHOALEND", u64 chunk count.
 // The reader checks every size against the bytes left before it allocates,
 // every header and tensor against its CRC32C, and the end tag and count, so
@@ -39,10 +41,8 @@ std::string TableFileName(int shard);
 
 // One chunk as written and read.
 struct TableChunkData {
-  wire::TableChunk header;     // table, dim, count, optimizer, slots, pushes
-  torch::Tensor ids;           // int64 [count]
-  torch::Tensor rows;          // float32 [count, dim]
-  std::vector<torch::Tensor> slots;  // float32 [count, dim] each
+  wire::TableChunk header;  // table, dim, count, optimizer, slots, pushes, row_stats
+  SavedRows rows;
 };
 
 class TableCheckpointWriter {
