@@ -229,7 +229,9 @@ TEST(TableCheckpointTest, RestoredRowsKeepTheirAgeAndTouchCounts) {
   for (int64_t id = 0; id < 100; ++id) every_id.push_back(id);
   every_id.insert(every_id.end(), hot_ids.begin(), hot_ids.end());
   every_id.insert(every_id.end(), warm_ids.begin(), warm_ids.end());
-  auto rows_of = [&](Client& client, const std::string& table) { return client.PullRows(table, Ids(every_id)).value(); };
+  auto rows_of = [&](Client& client, const std::string& table) {
+    return client.PullRows(table, Ids(every_id)).value();
+  };
   PsTasks saved(1, dir);
   ASSERT_TRUE(saved.client->CreateTables({expiring, frequent}).ok());
   for (int64_t step = 0; step < 50; ++step) push(*saved.client, step);

@@ -147,8 +147,12 @@ std::pair<std::vector<std::string>, std::vector<torch::Tensor>> WithBuffers(cons
 // job's counters saved with it come back too (the counter task may be the
 // one lost); a job started again over a checkpoint begins its counters
 // afresh (a new session: nobody is done yet, nobody has asked to stop).
-// Returns its step.
-absl::StatusOr<int64_t> RestoreOnto(WorkerContext& context, const std::string& checkpoint,
+// What a restore put back: the checkpoint's step, and the table rows.
+struct Restored {
+  int64_t step = 0;
+  int64_t table_rows = 0;
+};
+absl::StatusOr<Restored> RestoreOnto(WorkerContext& context, const std::string& checkpoint,
                                     const std::vector<std::string>& variable_names,
                                     const std::vector<torch::Tensor>& variable_values,
                                     const wire::OptimizerConfig& optimizer, bool mid_job) {
@@ -179,15 +183,21 @@ absl::StatusOr<int64_t> RestoreOnto(WorkerContext& context, const std::string& c
     SHOAL_ASSIGN_OR_RETURN(accumulator_step, context.restore_accumulator_step(index.step));
   }
   SHOAL_RETURN_IF_ERROR(RestoreVariables(client, restored, names, accumulator_step));
+  Restored done{index.step, 0};
   if (!index.table_shards.empty()) {
     // The tables come back with the variables, onto whatever ps count the
     // job has now; a restarted ps task must first hold them again.
     if (!context.table_defs.empty()) SHOAL_RETURN_IF_ERROR(client.CreateTables(context.table_defs));
-    SHOAL_ASSIGN_OR_RETURN(const int64_t rows, client.RestoreTables(index.step, index.table_shards));
-    absl::FPrintF(stderr, "%s: restored %d table rows from %s\n", context.task.ToString(), rows, checkpoint);
+    SHOAL_ASSIGN_OR_RETURN(done.table_rows, client.RestoreTables(index.step, index.table_shards));
   }
   SHOAL_RETURN_IF_ERROR(client.SetCounter(kRestoreInProgress, 0).status());
-  return index.step;
+  return done;
+}
+
+// "global step 112" and, when there were tables, ", 3021 table rows".
+std::string DescribeRestored(const Restored& restored) {
+  return absl::StrCat("global step ", restored.step,
+                      restored.table_rows > 0 ? absl::StrCat(", ", restored.table_rows, " table rows") : "");
 }
 
 }  // namespace
@@ -226,6 +236,46 @@ bool Recoverable(const WorkerContext& context, const absl::Status& error) {
          (absl::IsUnavailable(error) || absl::IsNotFound(error) || absl::IsDeadlineExceeded(error));
 }
 
+namespace {
+
+// Waits for a restore in progress (the chief's, which raised the flag before
+// it made anything again) to end, until `give_up`; `error` is what the wait
+// is for.
+absl::Status WaitForRestoreToEnd(WorkerContext& context, absl::Time give_up, const absl::Status& error) {
+  while (true) {
+    SHOAL_ASSIGN_OR_RETURN(int64_t restoring, context.client->AddToCounter(kRestoreInProgress, 0));
+    if (restoring == 0) return absl::OkStatus();
+    if (absl::Now() > give_up) {
+      return Annotate(error, absl::StrCat("the chief's restore did not finish within ",
+                                          context.config->transport.startup_timeout_s, " s"));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+// Aborted when the chief gave up starting the job (it raised job_aborted),
+// saying this worker no longer waits for `what`.
+absl::Status UnlessTheChiefGaveUp(WorkerContext& context, absl::string_view what) {
+  absl::StatusOr<int64_t> aborted = context.client->AddToCounter(kJobAborted, 0);
+  if (!aborted.ok() || *aborted == 0) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat(context.task.ToString(),
+                                         ": the chief failed to start the job (its error says why); not waiting for ",
+                                         what));
+}
+
+// Whether every ps task holds its shard of each of the job's tables: false
+// when one lacks a table (a restarted task, empty).
+absl::StatusOr<bool> TablesExist(WorkerContext& context) {
+  for (const wire::TableDef& table : context.table_defs) {
+    absl::StatusOr<Client::TableOccupancy> held = context.client->Occupancy(table.name());
+    if (absl::IsNotFound(held.status())) return false;
+    SHOAL_RETURN_IF_ERROR(held.status());
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std::string>& variable_names,
                                   const std::vector<torch::Tensor>& shapes_from,
                                   const wire::OptimizerConfig& optimizer, const absl::Status& error) {
@@ -238,24 +288,19 @@ absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std:
     absl::Status back = client.WaitForVariables(names, timeout);
     if (!back.ok()) return Annotate(error, absl::StrCat("the variables did not come back: ", back.message()));
     // The variables exist again; their values are the checkpoint's once the
-    // chief's restore is over.
-    while (true) {
-      SHOAL_ASSIGN_OR_RETURN(int64_t restoring, client.AddToCounter(kRestoreInProgress, 0));
-      if (restoring == 0) return absl::OkStatus();
-      if (absl::Now() > give_up) {
-        return Annotate(error, absl::StrCat("the chief's restore did not finish within ",
-                                            absl::FormatDuration(timeout)));
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
+    // chief's restore is over. (The tables: CreateRowTables, on rejoining.)
+    return WaitForRestoreToEnd(context, give_up, error);
   }
   SHOAL_ASSIGN_OR_RETURN(std::vector<bool> exist, VariablesOnceAnswered(context, names, error));
-  if (AllExist(exist)) return absl::OkStatus();
-  // Every task answers, and some lack their variables: restore.
+  // A ps task may hold table shards and no variable (more ps tasks than
+  // variables): its tables count too.
+  SHOAL_ASSIGN_OR_RETURN(const bool tables_exist, TablesExist(context));
+  if (AllExist(exist) && tables_exist) return absl::OkStatus();
+  // Every task answers, and some lack their variables or tables: restore.
   SHOAL_ASSIGN_OR_RETURN(std::string latest, CheckpointToRecoverFrom(context, error));
-  SHOAL_ASSIGN_OR_RETURN(int64_t step,
+  SHOAL_ASSIGN_OR_RETURN(const Restored restored,
                          RestoreOnto(context, latest, variable_names, shapes_from, optimizer, /*mid_job=*/true));
-  context.recoveries.push_back(absl::StrCat("restored ", latest, " (global step ", step, ") after: ",
+  context.recoveries.push_back(absl::StrCat("restored ", latest, " (", DescribeRestored(restored), ") after: ",
                                             error.message(), " (tasks seen restarted so far: ",
                                             client.restarts_seen(), ")"));
   absl::FPrintF(stderr, "%s: %s\n", context.task.ToString(), context.recoveries.back());
@@ -433,7 +478,14 @@ absl::Status CheckModelFitsData(const WorkerContext& context, Model& model) {
         "; the data's labels are ", DTypeName(data.labels.scalar_type())));
   }
   torch::NoGradGuard no_grad;
-  if (RowTables* tables = model.row_tables()) SHOAL_RETURN_IF_ERROR(Annotate(tables->Pull(images), what));
+  if (RowTables* tables = model.row_tables()) {
+    absl::Status pulled = tables->Pull(images);
+    // A worker that finds a ps task lost as it starts (its tables gone)
+    // leaves the check to the chief, which checks the same model and data,
+    // and recovers in its first step.
+    if (!pulled.ok() && !context.is_chief && Recoverable(context, pulled)) return absl::OkStatus();
+    SHOAL_RETURN_IF_ERROR(Annotate(pulled, what));
+  }
   // Evaluating, so that the check moves no BatchNorm statistics.
   model.SetTraining(false);
   absl::StatusOr<torch::Tensor> forward = ForwardOrError(model, images, what);
@@ -465,7 +517,25 @@ absl::Status CreateRowTables(WorkerContext& context, Model& model) {
   if (tables == nullptr) return absl::OkStatus();
   tables->Bind(context.client);
   context.table_defs = tables->TableDefs();
-  return context.client->CreateTables(context.table_defs);
+  if (context.is_chief) return context.client->CreateTables(context.table_defs);
+  // The others wait for the chief's tables: one that another worker made
+  // again on a restarted ps task would hide its lost rows from the chief,
+  // which restores them. Made, they hold the checkpoint's rows once a
+  // restore in progress is over.
+  const absl::Duration timeout = absl::Seconds(context.config->transport.startup_timeout_s);
+  const absl::Time give_up = absl::Now() + timeout;
+  while (true) {
+    SHOAL_ASSIGN_OR_RETURN(const bool exist, TablesExist(context));
+    if (exist) break;
+    SHOAL_RETURN_IF_ERROR(UnlessTheChiefGaveUp(context, "the tables"));
+    if (absl::Now() > give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(context.task.ToString(),
+                                                      ": the job's tables were not on every ps task within ",
+                                                      absl::FormatDuration(timeout), " (the chief makes them)"));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return WaitForRestoreToEnd(context, give_up, absl::DeadlineExceededError(context.task.ToString()));
 }
 
 absl::Status InitializeOrWait(WorkerContext& context, Model& model, const wire::OptimizerConfig* optimizer) {
@@ -521,11 +591,11 @@ absl::Status InitializeAsChief(WorkerContext& context, const std::vector<std::st
     }
     return context.client->CreateVariables(inits);
   }
-  SHOAL_ASSIGN_OR_RETURN(context.restored_step,
+  SHOAL_ASSIGN_OR_RETURN(const Restored restored,
                          RestoreOnto(context, checkpoint, names, values, optimizer, /*mid_job=*/false));
+  context.restored_step = restored.step;
   context.restored_from = checkpoint;
-  absl::FPrintF(stderr, "%s: restored %s (global step %d)\n", context.task.ToString(), checkpoint,
-                context.restored_step);
+  absl::FPrintF(stderr, "%s: restored %s (%s)\n", context.task.ToString(), checkpoint, DescribeRestored(restored));
   return absl::OkStatus();
 }
 
@@ -537,13 +607,11 @@ absl::Status WaitForTheChief(WorkerContext& context, const std::vector<std::stri
   while (true) {
     const absl::Duration slice = std::min(absl::Seconds(1), std::max(absl::ZeroDuration(), give_up - absl::Now()));
     absl::Status waited = context.client->WaitForVariables(names, slice);
-    if (waited.ok()) return waited;
-    absl::StatusOr<int64_t> aborted = context.client->AddToCounter(kJobAborted, 0);
-    if (aborted.ok() && *aborted > 0) {
-      return absl::AbortedError(absl::StrCat(context.task.ToString(),
-                                             ": the chief failed to start the job (its error says why); "
-                                             "not waiting for the variables"));
-    }
+    // A chief that restores makes the variables after it raised the restore
+    // flag: they hold the checkpoint's values (and the tables its rows) once
+    // it has fallen.
+    if (waited.ok()) return WaitForRestoreToEnd(context, give_up, absl::DeadlineExceededError(context.task.ToString()));
+    SHOAL_RETURN_IF_ERROR(UnlessTheChiefGaveUp(context, "the variables"));
     if (absl::Now() >= give_up) return waited;
   }
 }

@@ -196,10 +196,12 @@ absl::Status InitializeOrWait(WorkerContext& context, Model& model,
 // from fresh statistics.
 absl::Status LoadJobBuffers(WorkerContext& context, Model& model);
 
-// Binds a model's row tables (none: nothing to do) to the worker's client and
-// creates them on the ps tasks (creating one that exists changes nothing):
-// at start-up, and again on rejoining after a lost ps task. A checkpoint
-// restore (at start-up or after a lost ps) brings their rows back.
+// Binds a model's row tables (none: nothing to do) to the worker's client;
+// the chief creates them on the ps tasks (creating one that exists changes
+// nothing), the others wait until every ps task holds them and no restore
+// is in progress: at start-up, and again on rejoining after a lost ps task.
+// A checkpoint restore (at start-up or after a lost ps) brings their rows
+// back.
 absl::Status CreateRowTables(WorkerContext& context, Model& model);
 
 // Whether a step that failed with `error` may recover: the job keeps
@@ -209,7 +211,7 @@ absl::Status CreateRowTables(WorkerContext& context, Model& model);
 bool Recoverable(const WorkerContext& context, const absl::Status& error);
 
 // After a recoverable failure: the chief waits until every task answers
-// and, if some lack their variables, restores the newest checkpoint onto all
+// and, if some lack their variables or tables, restores the newest checkpoint onto all
 // of them (values, slots, global_step: the whole job goes back to it, so
 // that no task serves fresh initial values); the others wait until the
 // variables exist again. Up to the start-up timeout; then `error`, with what
