@@ -134,9 +134,8 @@ absl::Status ReadTableCheckpoint(const std::string& path,
   }
   const uint32_t version = static_cast<uint32_t>(GetLittleEndian(tag + kTagSize, 4));
   if (version != 1 && version != kTableFormatVersion) {
-    return absl::DataLossError(absl::StrCat("table checkpoint '", path, "' has format version ",
-                                            GetLittleEndian(tag + kTagSize, 4), "; this build reads ",
-                                            kTableFormatVersion));
+    return absl::DataLossError(absl::StrCat("table checkpoint '", path, "' has format version ", version,
+                                            "; this build reads 1 to ", kTableFormatVersion));
   }
   for (uint64_t chunk = 0;; ++chunk) {
     const std::string where = absl::StrCat("table checkpoint '", path, "', chunk ", chunk);

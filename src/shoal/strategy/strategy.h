@@ -211,10 +211,10 @@ absl::Status CreateRowTables(WorkerContext& context, Model& model);
 bool Recoverable(const WorkerContext& context, const absl::Status& error);
 
 // After a recoverable failure: the chief waits until every task answers
-// and, if some lack their variables or tables, restores the newest checkpoint onto all
-// of them (values, slots, global_step: the whole job goes back to it, so
-// that no task serves fresh initial values); the others wait until the
-// variables exist again. Up to the start-up timeout; then `error`, with what
+// and, if some lack their variables or tables, restores the newest
+// checkpoint onto all of them (values, slots, table rows, global_step: the
+// whole job goes back to it, so that no task serves fresh initial values);
+// the others wait until the variables exist again. Up to the start-up timeout; then `error`, with what
 // was waited for.
 absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std::string>& names,
                                   const std::vector<torch::Tensor>& shapes_from,
