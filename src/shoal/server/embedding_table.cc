@@ -588,7 +588,9 @@ absl::Status EmbeddingTable::ForEachChunk(
   // `index` holds id index * shards + shard), any other its map.
   const int64_t held = dense_ ? values_.rows() : static_cast<int64_t>(index_.size());
   auto next_dynamic = index_.begin();
-  for (int64_t begin = 0; begin < held; begin += chunk_rows) {
+  // An empty shard writes one empty chunk, so that a restore knows the
+  // table and drops rows made since.
+  for (int64_t begin = 0; begin < held || begin == 0; begin += chunk_rows) {
     const int64_t k = std::min(chunk_rows, held - begin);
     SavedRows saved;
     saved.ids = torch::empty({k}, torch::kInt64);
@@ -651,27 +653,49 @@ bool EmbeddingTable::Restores(int64_t id, const std::vector<int64_t>* only) cons
          (only == nullptr || std::binary_search(only->begin(), only->end(), id));
 }
 
-int64_t EmbeddingTable::RowsRestoreMakes(const torch::Tensor& ids, const std::vector<int64_t>* only) const {
+int64_t EmbeddingTable::RowsRestoreMakes(const torch::Tensor& ids, const std::vector<int64_t>* only,
+                                         bool replacing) const {
   if (dense_) return 0;
   std::shared_lock<std::shared_mutex> lock(mu_);
   const int64_t* id = ids.data_ptr<int64_t>();
   int64_t rows = 0;
   for (int64_t i = 0; i < ids.numel(); ++i) {
     if (!Restores(id[i], only)) continue;
-    if (Find(id[i]) < 0) ++rows;
+    if (replacing || Find(id[i]) < 0) ++rows;
   }
   return rows;
 }
 
-absl::Status EmbeddingTable::CheckRoomToRestore(int64_t new_rows) const {
+absl::Status EmbeddingTable::CheckRoomToRestore(int64_t rows, bool replacing) const {
   if (dense_ || def_.read_only()) return absl::OkStatus();  // a read-only copy holds what it is asked for
   std::shared_lock<std::shared_mutex> lock(mu_);
-  const auto rows = static_cast<int64_t>(index_.size());
-  if (rows + new_rows <= capacity_) return absl::OkStatus();
+  const int64_t kept = replacing ? 0 : static_cast<int64_t>(index_.size());
+  if (kept + rows <= capacity_) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
-      where_, ": the checkpoint brings ", new_rows, " new rows to this shard, which with the ", rows,
-      " it holds are more than the ", capacity_, " it may hold (its share of max_rows, or what fits beside its ",
-      "task's variables and other tables); restore onto more ps tasks, or raise max_rows"));
+      where_, ": the checkpoint brings ", rows, replacing ? " rows to this shard, more" : " new rows to this shard, ",
+      replacing ? "" : absl::StrCat("which with the ", kept, " it holds are more"), " than the ", capacity_,
+      " it may hold (its share of max_rows, or what fits beside its task's variables and other tables); restore ",
+      "onto more ps tasks, or raise max_rows"));
+}
+
+int64_t EmbeddingTable::SharedBytesToRestore(int64_t rows, bool replacing) const {
+  if (room_ == nullptr) return 0;
+  if (!replacing) return rows * shared_bytes_per_row();
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  const auto entries = static_cast<int64_t>(index_.size() + sightings_.size());
+  return (rows - entries) * kIndexEntryBytes + std::max<int64_t>(0, rows - values_.rows()) * row_storage_bytes_;
+}
+
+void EmbeddingTable::DropRowsToRestore() {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  pushes_ = 0;
+  nothing_to_evict_at_ = -1;
+  if (dense_) return;  // a fixed table's every row comes back
+  for (int64_t index = 0; index < static_cast<int64_t>(last_push_.size()); ++index) {
+    if (last_push_[index] != kFreeRow) FreeRow(index);
+  }
+  GiveIndexEntries(static_cast<int64_t>(sightings_.size()));
+  sightings_.clear();
 }
 
 int64_t EmbeddingTable::Restore(const wire::TableChunk& chunk, const SavedRows& saved,
@@ -835,16 +859,16 @@ double TableStore::FixedTableBytes() const {
   return bytes;
 }
 
-absl::Status TableStore::CheckRoomToRestore(const std::map<EmbeddingTable*, int64_t>& new_rows) const {
+absl::Status TableStore::CheckRoomToRestore(const std::map<EmbeddingTable*, int64_t>& rows, bool replacing) const {
   int64_t shared_bytes = 0;
-  for (const auto& [table, rows] : new_rows) {
-    SHOAL_RETURN_IF_ERROR(table->CheckRoomToRestore(rows));
-    shared_bytes += rows * table->shared_bytes_per_row();
+  for (const auto& [table, made] : rows) {
+    SHOAL_RETURN_IF_ERROR(table->CheckRoomToRestore(made, replacing));
+    shared_bytes += table->SharedBytesToRestore(made, replacing);
   }
   if (room_.held() + shared_bytes <= room_.limit()) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
-      "the dynamic tables on ", task_name_, ": the checkpoint's new rows need ", Size(static_cast<double>(shared_bytes)),
-      ", which with the ", Size(static_cast<double>(room_.held())), " their rows hold already is more than the ",
+      "the dynamic tables on ", task_name_, ": the checkpoint's rows need ", Size(static_cast<double>(shared_bytes)),
+      " more, which with the ", Size(static_cast<double>(room_.held())), " their rows hold already is more than the ",
       Size(static_cast<double>(room_.limit())),
       " they share (90% of the memory the task's variables and fixed tables leave); restore onto more ps tasks"));
 }

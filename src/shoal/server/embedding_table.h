@@ -162,8 +162,9 @@ class EmbeddingTable {
 
   // Checkpoints (server/table_checkpoint.h). The rows this shard holds,
   // `chunk_rows` at a time, to `write` with the shard's push count (at most
-  // one chunk copied at a time), under the table's lock: pushes wait, so the
-  // file is one consistent state. Stops at `write`'s first error.
+  // one chunk copied at a time; an empty shard: one empty chunk), under the
+  // table's lock: pushes wait, so the file is one consistent state. Stops at
+  // `write`'s first error.
   absl::Status ForEachChunk(int64_t chunk_rows,
                             const std::function<absl::Status(const SavedRows& rows, int64_t pushes)>& write) const;
   // Whether a checkpoint chunk of this table could be restored here: its
@@ -172,12 +173,24 @@ class EmbeddingTable {
   // fixed table (InvalidArgument naming the table, the file's figure and
   // the table's). Changes nothing.
   absl::Status CheckRestore(const wire::TableChunk& chunk, const SavedRows& rows) const;
-  // The rows Restore would make for `ids` (with `only`, of those alone):
-  // the ids of this shard it does not hold yet.
-  int64_t RowsRestoreMakes(const torch::Tensor& ids, const std::vector<int64_t>* only = nullptr) const;
-  // Whether a dynamic table has room for `new_rows` more rows under its
-  // bound: ResourceExhausted naming the table and the figures if not.
-  absl::Status CheckRoomToRestore(int64_t new_rows) const;
+  // A restore either replaces a shard's rows (the whole checkpoint: the
+  // table goes back to it, DropRowsToRestore first) or adds some (`only`:
+  // an evaluator's chosen ids). The rows it makes for `ids`: every id of
+  // this shard when replacing; else those of `only` it does not hold yet.
+  int64_t RowsRestoreMakes(const torch::Tensor& ids, const std::vector<int64_t>* only, bool replacing) const;
+  // Whether a dynamic table has room for the `rows` a restore makes under
+  // its bound (beside the rows it holds, unless replacing them):
+  // ResourceExhausted naming the table and the figures if not.
+  absl::Status CheckRoomToRestore(int64_t rows, bool replacing) const;
+  // How much more of the shared room the table holds once a restore made
+  // `rows` rows (negative: less): each takes an index entry, and storage
+  // beyond what the table's arenas hold already if replacing (the rows it
+  // drops leave theirs), or at most its own storage if not.
+  int64_t SharedBytesToRestore(int64_t rows, bool replacing) const;
+  // Before a restore that replaces the rows: drops every row and sighting
+  // of a dynamic shard (their storage stays, for the rows restored) and the
+  // push count, which the checkpoint's chunks set again.
+  void DropRowsToRestore();
   // What a new row takes from its task's SharedRowRoom at most (0: the
   // table takes nothing from it: a fixed or read-only table).
   int64_t shared_bytes_per_row() const { return room_ == nullptr ? 0 : kIndexEntryBytes + row_storage_bytes_; }
@@ -324,9 +337,10 @@ class TableStore {
   // ResourceExhausted naming the figures if not.
   absl::Status CheckRoomForVariables(double variable_bytes, double new_bytes) const;
   // Whether the tables have room for the rows a restore would make
-  // (`new_rows` per table): each under its own bound, and the dynamic ones
-  // together in the room they share. ResourceExhausted naming the figures.
-  absl::Status CheckRoomToRestore(const std::map<EmbeddingTable*, int64_t>& new_rows) const;
+  // (`rows` per table; EmbeddingTable::RowsRestoreMakes): each under its
+  // own bound, and the dynamic ones together in the room they share.
+  // ResourceExhausted naming the figures.
+  absl::Status CheckRoomToRestore(const std::map<EmbeddingTable*, int64_t>& rows, bool replacing) const;
 
   // The table `name`, or NotFound naming it and this task.
   absl::StatusOr<EmbeddingTable*> Find(const std::string& name) const;

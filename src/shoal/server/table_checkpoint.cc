@@ -242,6 +242,9 @@ absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vecto
     if (wanted == only->end()) return std::nullopt;
     return &wanted->second;
   };
+  // The whole checkpoint puts each of its tables back to it (rows made since
+  // go); an evaluator's chosen ids are added to what the tables hold.
+  const bool replacing = only == nullptr;
   // Everything is checked before a row changes: each chunk fits its table,
   // and each dynamic table has room for the rows the files bring.
   std::map<EmbeddingTable*, int64_t> new_rows;
@@ -251,11 +254,14 @@ absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vecto
       SHOAL_RETURN_IF_ERROR(
           Annotate(table->CheckRestore(chunk.header, chunk.rows), absl::StrCat("restoring '", file, "'")));
       const auto wanted = ids_wanted(chunk);
-      if (wanted) new_rows[table] += table->RowsRestoreMakes(chunk.rows.ids, *wanted);
+      if (wanted) new_rows[table] += table->RowsRestoreMakes(chunk.rows.ids, *wanted, replacing);
       return absl::OkStatus();
     }));
   }
-  SHOAL_RETURN_IF_ERROR(tables.CheckRoomToRestore(new_rows));
+  SHOAL_RETURN_IF_ERROR(tables.CheckRoomToRestore(new_rows, replacing));
+  if (replacing) {
+    for (const auto& [table, rows] : new_rows) table->DropRowsToRestore();
+  }
   int64_t taken = 0;
   for (const std::string& file : files) {
     SHOAL_RETURN_IF_ERROR(ReadTableCheckpoint(file, [&](const TableChunkData& chunk) -> absl::Status {

@@ -77,8 +77,10 @@ absl::StatusOr<bool> SaveTables(const TableStore& tables, const std::string& pat
 // first to check all of it (checksums, every chunk's table known here, its
 // width, optimizer and ids, and that each dynamic table has room under its
 // bound for the rows it would make), then to set the rows that map to this
-// task, so a corrupt, mismatched or too large checkpoint changes no table. With `only`, just
-// the ids it lists (sorted) of the tables it names. Returns the rows set.
+// task, so a corrupt, mismatched or too large checkpoint changes no table.
+// Each table the files hold goes back to them: rows it made since are
+// dropped. With `only`, just the ids it lists (sorted) of the tables it
+// names are added to what the tables hold. Returns the rows set.
 absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vector<std::string>& files,
                                       const std::map<std::string, std::vector<int64_t>>* only = nullptr);
 
