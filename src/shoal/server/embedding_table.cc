@@ -701,10 +701,8 @@ void EmbeddingTable::DropRowsToRestore() {
 int64_t EmbeddingTable::Restore(const wire::TableChunk& chunk, const SavedRows& saved,
                                 const std::vector<int64_t>* only) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  // First the push count, which the rows' ages count back from.
-  pushes_ = std::max(pushes_, chunk.pushes());
   const int64_t* id = saved.ids.data_ptr<int64_t>();
-  const bool with_stats = saved.ages.defined() && !dense_;
+  const bool with_stats = saved.ages.defined();
   int64_t taken = 0;
   for (int64_t i = 0; i < saved.ids.numel(); ++i) {
     if (!Restores(id[i], only)) continue;
@@ -717,12 +715,18 @@ int64_t EmbeddingTable::Restore(const wire::TableChunk& chunk, const SavedRows& 
     for (size_t s = 0; s < slots_.size(); ++s) {
       std::memcpy(slots_[s].Row(index), saved.slots[s].data_ptr<float>() + i * dim_, dim_ * sizeof(float));
     }
-    if (with_stats) {
-      last_push_[index] = std::max<int64_t>(0, pushes_ - saved.ages.data_ptr<int64_t>()[i]);
-      if (by_count_) touches_[index] = static_cast<uint32_t>(saved.touches.data_ptr<int32_t>()[i]);
+    if (!dense_) {
+      // Ages count back from the push count of the shard that saved them
+      // (a file without them: touched by its last push).
+      last_push_[index] =
+          with_stats ? std::max<int64_t>(0, chunk.pushes() - saved.ages.data_ptr<int64_t>()[i]) : chunk.pushes();
+      if (with_stats && by_count_) touches_[index] = static_cast<uint32_t>(saved.touches.data_ptr<int32_t>()[i]);
     }
     ++taken;
   }
+  // The push count of the shard the rows came from (another shard's chunk,
+  // whose rows all map elsewhere, says nothing of this one's).
+  if (taken > 0) pushes_ = std::max(pushes_, chunk.pushes());
   return taken;
 }
 

@@ -200,9 +200,9 @@ class EmbeddingTable {
   // Sets the rows and slots of the chunk's ids that map to this shard
   // (others are left to their own shards), making a dynamic or read-only
   // table's rows; with `only` (sorted), of those ids alone. The push count
-  // becomes at least the chunk's, and each row's age and touch count are
-  // the saved ones (without them: touched once, by the latest push).
-  // CheckRestore first. Returns the rows set.
+  // becomes at least that of a chunk that brought rows here, and each row's
+  // age and touch count are the saved ones (without them: touched once, by
+  // the chunk's last push). CheckRestore first. Returns the rows set.
   int64_t Restore(const wire::TableChunk& chunk, const SavedRows& rows, const std::vector<int64_t>* only = nullptr);
 
   const wire::TableDef& def() const { return def_; }
