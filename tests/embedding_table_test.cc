@@ -7,8 +7,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
+#include <future>
 #include <limits>
+#include <set>
 
 #include "shoal/client/client.h"
 #include "shoal/server/table_checkpoint.h"
@@ -93,6 +96,91 @@ TEST(EmbeddingTableTest, AReadOnlyTableHoldsOnlyTheRowsRestoredIntoItWithoutSlot
     EXPECT_TRUE(read_only->Pull(Ids({99})).value().equal(initial)) << kind;
     EXPECT_FALSE(trained->Pull(Ids({99})).value().equal(initial)) << kind;  // 99 trained, but was not restored
   }
+}
+
+// A checkpoint's walk over a table holds its lock only to copy a chunk:
+// a push made while a chunk is being written goes through at once (before,
+// pushes waited for the whole save, 1.8 s of a 2 s save of a 5M-row shard).
+TEST(EmbeddingTableTest, PushesGoOnWhileACheckpointWritesTheTable) {
+  for (const int64_t rows : {int64_t{100}, int64_t{0}}) {  // fixed, dynamic
+    const auto table = Make(Def("adagrad", rows));
+    ASSERT_TRUE(table->Push(Ids({1, 2, 3, 4, 5, 6}), torch::ones({6, 4})).ok());
+    int chunks = 0;
+    ASSERT_TRUE(table
+                    ->ForEachChunk(2,
+                                   [&](const SavedRows&, int64_t) {
+                                     // On another thread, as a worker's push would come; the wait
+                                     // is bounded, so a push that blocks fails here, not hangs.
+                                     auto push = std::async(std::launch::async, [&] {
+                                       return table->Push(Ids({7 + chunks}), torch::ones({1, 4})).ok();
+                                     });
+                                     const bool done = push.wait_for(std::chrono::seconds(30)) ==
+                                                       std::future_status::ready;
+                                     EXPECT_TRUE(done) << "a push waited for the save (rows " << rows << ")";
+                                     ++chunks;
+                                     return absl::OkStatus();  // (the future's destructor waits for the push)
+                                   })
+                    .ok());
+    EXPECT_EQ(table->pushes(), 1 + chunks) << rows;
+    EXPECT_GE(chunks, 3) << rows;
+  }
+}
+
+// Rows dropped and made again while a checkpoint walks a full table that
+// evicts (its ids churn all the time) never put an id in the file twice,
+// which would make the restore count more rows than the table may hold;
+// rows made during the walk are left out, and the file restores onto an
+// empty table of the same bound.
+TEST(EmbeddingTableTest, ACheckpointWalkWritesEachIdOnceWhileRowsChurn) {
+  wire::TableDef def = Def("adagrad", 0);
+  def.set_max_rows(32);
+  def.set_evict_when_full(true);
+  const auto table = Make(def);
+  for (int64_t id = 0; id < 32; ++id) ASSERT_TRUE(table->Push(Ids({id}), torch::ones({1, 4})).ok());
+  std::set<int64_t> held_at_start;
+  for (int64_t id = 0; id < 32; ++id) held_at_start.insert(id);
+  std::vector<int64_t> written;
+  std::vector<std::pair<wire::TableChunk, SavedRows>> chunks;
+  int64_t next_new = 1000;
+  ASSERT_TRUE(table
+                  ->ForEachChunk(4,
+                                 [&](const SavedRows& rows, int64_t pushes) {
+                                   const int64_t* id = rows.ids.data_ptr<int64_t>();
+                                   std::vector<int64_t> these(id, id + rows.ids.numel());
+                                   written.insert(written.end(), these.begin(), these.end());
+                                   wire::TableChunk chunk;
+                                   chunk.set_table("emb");
+                                   chunk.set_dim(4);
+                                   chunk.set_optimizer("adagrad");
+                                   chunk.set_slots(1);
+                                   chunk.set_pushes(pushes);
+                                   chunks.emplace_back(chunk, rows);
+                                   // New ids evict the rows untouched longest, the ones just
+                                   // written among them; pushing those again makes their rows anew,
+                                   // in the freed rows the walk has yet to reach.
+                                   for (int k = 0; k < 8; ++k) {
+                                     EXPECT_TRUE(table->Push(Ids({next_new++}), torch::ones({1, 4})).ok());
+                                   }
+                                   if (!these.empty()) {
+                                     EXPECT_TRUE(table->Push(Ids(these), torch::ones({rows.ids.numel(), 4})).ok());
+                                   }
+                                   return absl::OkStatus();
+                                 })
+                  .ok());
+  ASSERT_GT(table->evicted_when_full(), 0);
+  const std::set<int64_t> distinct(written.begin(), written.end());
+  EXPECT_EQ(distinct.size(), written.size()) << "an id was written twice";
+  for (int64_t id : written) EXPECT_TRUE(held_at_start.count(id)) << "id " << id << " was made during the walk";
+  EXPECT_FALSE(written.empty());
+  const auto restored = Make(def);
+  int64_t rows_restored = 0;
+  for (const auto& [chunk, rows] : chunks) {
+    ASSERT_TRUE(restored->CheckRestore(chunk, rows).ok());
+    rows_restored += restored->RowsRestoreMakes(rows.ids, nullptr, /*replacing=*/true);
+  }
+  ASSERT_TRUE(restored->CheckRoomToRestore(rows_restored, /*replacing=*/true).ok());
+  for (const auto& [chunk, rows] : chunks) restored->Restore(chunk, rows);
+  EXPECT_EQ(restored->size(), static_cast<int64_t>(written.size()));
 }
 
 TEST(EmbeddingTableTest, RowsStartFromTheSeedWhateverTheShardCount) {

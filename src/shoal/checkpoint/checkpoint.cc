@@ -48,15 +48,19 @@ absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& di
     for (const TaskId& task : *ps_tasks) shard_of.emplace(task, 0);
   }
   int next = 0;
-  std::map<TaskId, std::set<std::string>> stored;
   for (auto& [task, shard] : shard_of) {
     shard = next++;
     index.shards.push_back(ShardFileName(shard));
     index.tasks.push_back(task.ToString());
-    // The task writes into the same folder of its own checkpoint directory,
-    // which must be this one (the same config, a shared file system).
-    SHOAL_ASSIGN_OR_RETURN(Client::SavedShard saved, client.SaveShard(task, step, shard));
-    const fs::path expected = fs::path(folder) / index.shards.back();
+  }
+  // Every task writes its shard at once (a ps task's tables can take
+  // seconds), into the same folder of its own checkpoint directory, which
+  // must be this one (the same config, a shared file system).
+  SHOAL_ASSIGN_OR_RETURN(const auto saved_by_task, client.SaveShards(shard_of, step));
+  std::map<TaskId, std::set<std::string>> stored;
+  for (const auto& [task, shard] : shard_of) {
+    const Client::SavedShard& saved = saved_by_task.at(task);
+    const fs::path expected = fs::path(folder) / index.shards[shard];
     std::error_code same_error;
     if (!fs::equivalent(expected, saved.path, same_error)) {
       return absl::FailedPreconditionError(absl::StrCat(

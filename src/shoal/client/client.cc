@@ -635,13 +635,20 @@ absl::Status Client::AssignSlots(const std::vector<std::string>& names, const st
   return RunAll(calls);
 }
 
-absl::StatusOr<Client::SavedShard> Client::SaveShard(const TaskId& task, int64_t step, int shard) {
+absl::StatusOr<std::map<TaskId, Client::SavedShard>> Client::SaveShards(const std::map<TaskId, int>& shards,
+                                                                        int64_t step) {
   TaskCalls calls;
-  calls[task].request.header.mutable_save_shard()->set_step(step);
-  calls[task].request.header.mutable_save_shard()->set_shard(shard);
+  for (const auto& [task, shard] : shards) {
+    calls[task].request.header.mutable_save_shard()->set_step(step);
+    calls[task].request.header.mutable_save_shard()->set_shard(shard);
+  }
   SHOAL_RETURN_IF_ERROR(RunAll(calls));
-  const auto& saved = calls[task].response.header.save_shard();
-  return SavedShard{{saved.names().begin(), saved.names().end()}, saved.path(), saved.wrote_tables()};
+  std::map<TaskId, SavedShard> saved;
+  for (const auto& [task, call] : calls) {
+    const auto& answer = call.response.header.save_shard();
+    saved[task] = SavedShard{{answer.names().begin(), answer.names().end()}, answer.path(), answer.wrote_tables()};
+  }
+  return saved;
 }
 
 absl::Status Client::Shutdown(const TaskId& task) {

@@ -175,16 +175,17 @@ class Client {
   // Whether each named variable exists on its task(s).
   absl::StatusOr<std::vector<bool>> VariablesExist(const std::vector<std::string>& names);
 
-  // Checkpoints: asks `task` to write every variable it holds, with its
-  // slots, as shard `shard` of the checkpoint at `step`, inside the
-  // checkpoint directory the task was started with; returns the names it
+  // Checkpoints: asks each task of `shards` to write every variable it
+  // holds, with its slots (and its tables beside them), as its shard of the
+  // checkpoint at `step`, inside the checkpoint directory the task was
+  // started with; the tasks write at once. Returns, per task, the names it
   // stored them under and the path it wrote.
   struct SavedShard {
     std::vector<std::string> names;
     std::string path;
     bool wrote_tables = false;  // the task held tables and wrote them beside the shard
   };
-  absl::StatusOr<SavedShard> SaveShard(const TaskId& task, int64_t step, int shard);
+  absl::StatusOr<std::map<TaskId, SavedShard>> SaveShards(const std::map<TaskId, int>& shards, int64_t step);
 
   // Asks `task`'s server to shut down.
   absl::Status Shutdown(const TaskId& task);

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <unordered_set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "shoal/core/status.h"
@@ -479,6 +480,7 @@ int64_t EmbeddingTable::MakeRow(int64_t id) {
     if (by_count_) touches_.push_back(0);
   }
   row_ids_[index] = id;
+  if (walking_ && index < walk_end_) made_during_walk_[index] = true;
   InitialRow(def_, id, values_.Row(index));
   const float initial_accumulator = static_cast<float>(def_.optimizer().initial_accumulator_value());
   for (size_t s = 0; s < slots_.size(); ++s) {
@@ -583,39 +585,65 @@ absl::StatusOr<int64_t> EmbeddingTable::Push(const torch::Tensor& ids, const tor
 
 absl::Status EmbeddingTable::ForEachChunk(
     int64_t chunk_rows, const std::function<absl::Status(const SavedRows& rows, int64_t pushes)>& write) const {
-  std::shared_lock<std::shared_mutex> lock(mu_);
-  // Nothing lists the rows whole: a dense table walks its row indexes (row
-  // `index` holds id index * shards + shard), any other its map.
-  const int64_t held = dense_ ? values_.rows() : static_cast<int64_t>(index_.size());
-  auto next_dynamic = index_.begin();
-  // An empty shard writes one empty chunk, so that a restore knows the
-  // table and drops rows made since.
-  for (int64_t begin = 0; begin < held || begin == 0; begin += chunk_rows) {
-    const int64_t k = std::min(chunk_rows, held - begin);
+  std::lock_guard<std::mutex> one_walk(walk_mu_);
+  // Rows are walked by index, which a row keeps while it lives: a dense
+  // table's row `index` holds id index * shards + shard; any other's, the
+  // id row_ids_ names, unless free. A row made during the walk (at an index
+  // past walk_end_, or a freed one made again, marked by MakeRow) is left
+  // out: its id may have been written already, from the row it had before.
+  {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    walking_ = true;
+    walk_end_ = dense_ ? values_.rows() : static_cast<int64_t>(last_push_.size());
+    made_during_walk_.assign(dense_ ? 0 : walk_end_, false);
+  }
+  absl::Cleanup walk_over = [this] {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    walking_ = false;
+    made_during_walk_ = {};
+  };
+  int64_t next = 0;
+  bool wrote_any = false;
+  std::vector<int64_t> indexes;
+  while (true) {
     SavedRows saved;
-    saved.ids = torch::empty({k}, torch::kInt64);
-    saved.values = torch::empty({k, dim_}, torch::kFloat32);
-    for (size_t s = 0; s < slots_.size(); ++s) saved.slots.push_back(torch::empty({k, dim_}, torch::kFloat32));
-    if (!dense_) {
-      saved.ages = torch::empty({k}, torch::kInt64);
-      saved.touches = torch::empty({k}, torch::kInt32);
-    }
-    for (int64_t i = 0; i < k; ++i) {
-      int64_t index = begin + i;
-      int64_t id = index * def_.num_shards() + def_.shard();
-      if (!dense_) std::tie(id, index) = *next_dynamic++;
-      saved.ids.data_ptr<int64_t>()[i] = id;
-      std::memcpy(saved.values.data_ptr<float>() + i * dim_, values_.Row(index), dim_ * sizeof(float));
-      for (size_t s = 0; s < slots_.size(); ++s) {
-        std::memcpy(saved.slots[s].data_ptr<float>() + i * dim_, slots_[s].Row(index), dim_ * sizeof(float));
+    int64_t pushes;
+    {
+      std::shared_lock<std::shared_mutex> lock(mu_);
+      indexes.clear();
+      for (; next < walk_end_ && static_cast<int64_t>(indexes.size()) < chunk_rows; ++next) {
+        if (!dense_ && (last_push_[next] == kFreeRow || made_during_walk_[next])) continue;
+        indexes.push_back(next);
       }
+      // An empty shard writes one empty chunk, so that a restore knows the
+      // table and drops rows made since.
+      if (indexes.empty() && wrote_any) break;
+      const int64_t k = static_cast<int64_t>(indexes.size());
+      saved.ids = torch::empty({k}, torch::kInt64);
+      saved.values = torch::empty({k, dim_}, torch::kFloat32);
+      for (size_t s = 0; s < slots_.size(); ++s) saved.slots.push_back(torch::empty({k, dim_}, torch::kFloat32));
       if (!dense_) {
-        saved.ages.data_ptr<int64_t>()[i] = pushes_ - last_push_[index];
-        saved.touches.data_ptr<int32_t>()[i] =
-            by_count_ ? static_cast<int32_t>(std::min<uint32_t>(touches_[index], INT32_MAX)) : 1;
+        saved.ages = torch::empty({k}, torch::kInt64);
+        saved.touches = torch::empty({k}, torch::kInt32);
       }
+      for (int64_t i = 0; i < k; ++i) {
+        const int64_t index = indexes[i];
+        saved.ids.data_ptr<int64_t>()[i] = dense_ ? index * def_.num_shards() + def_.shard() : row_ids_[index];
+        std::memcpy(saved.values.data_ptr<float>() + i * dim_, values_.Row(index), dim_ * sizeof(float));
+        for (size_t s = 0; s < slots_.size(); ++s) {
+          std::memcpy(saved.slots[s].data_ptr<float>() + i * dim_, slots_[s].Row(index), dim_ * sizeof(float));
+        }
+        if (!dense_) {
+          saved.ages.data_ptr<int64_t>()[i] = pushes_ - last_push_[index];
+          saved.touches.data_ptr<int32_t>()[i] =
+              by_count_ ? static_cast<int32_t>(std::min<uint32_t>(touches_[index], INT32_MAX)) : 1;
+        }
+      }
+      pushes = pushes_;
     }
-    SHOAL_RETURN_IF_ERROR(write(saved, pushes_));
+    // Written without the lock: pushes go on meanwhile.
+    SHOAL_RETURN_IF_ERROR(write(saved, pushes));
+    wrote_any = true;
   }
   return absl::OkStatus();
 }

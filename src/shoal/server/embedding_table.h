@@ -160,11 +160,16 @@ class EmbeddingTable {
   // push count after this one. A read-only table refuses (FailedPrecondition).
   absl::StatusOr<int64_t> Push(const torch::Tensor& ids, const torch::Tensor& gradients);
 
-  // Checkpoints (server/table_checkpoint.h). The rows this shard holds,
-  // `chunk_rows` at a time, to `write` with the shard's push count (at most
-  // one chunk copied at a time; an empty shard: one empty chunk), under the
-  // table's lock: pushes wait, so the file is one consistent state. Stops at
-  // `write`'s first error.
+  // Checkpoints (server/table_checkpoint.h). The rows this shard held when
+  // the walk began, `chunk_rows` at a time, to `write` with the shard's push
+  // count when the chunk was copied (at most one chunk in memory; an empty
+  // shard: one empty chunk). Only the copy holds the table's lock, not
+  // `write`, so pushes go on between chunks and wait at most one chunk's
+  // copy: as TensorFlow's saver reads variables that training updates, each
+  // row is one push's state and rows of later chunks may be later pushes'.
+  // Rows made during the walk are left out and rows dropped are skipped, so
+  // no id comes twice even where an id is dropped and made again. One walk
+  // at a time; stops at `write`'s first error.
   absl::Status ForEachChunk(int64_t chunk_rows,
                             const std::function<absl::Status(const SavedRows& rows, int64_t pushes)>& write) const;
   // Whether a checkpoint chunk of this table could be restored here: its
@@ -300,6 +305,13 @@ class EmbeddingTable {
   std::vector<int64_t> last_push_;
   std::vector<int64_t> row_ids_;
   std::vector<uint32_t> touches_;  // eviction lfu only: the pushes that touched each row
+  // A checkpoint's walk (ForEachChunk): one at a time, and while it runs,
+  // which of the rows it may still reach (those below walk_end_) were made
+  // since it began, to be left out. Not the table's state, hence mutable.
+  mutable std::mutex walk_mu_;
+  mutable bool walking_ = false;
+  mutable int64_t walk_end_ = 0;
+  mutable std::vector<bool> made_during_walk_;
   struct Sighting {
     int64_t count;
     int64_t last_push;
@@ -348,6 +360,10 @@ class TableStore {
   std::vector<EmbeddingTable*> All() const;
   // The room its dynamic tables share.
   const SharedRowRoom& shared_room() const { return room_; }
+  // Held by a save or restore of the tables (server/table_checkpoint.h) for
+  // its whole length, so that one never walks a table the other is
+  // replacing.
+  std::unique_lock<std::mutex> LockForCheckpoint() const { return std::unique_lock<std::mutex>(checkpoint_mu_); }
 
  private:
   // Sets room_'s limit from other_bytes_ and the fixed tables (mu_ held).
@@ -359,6 +375,7 @@ class TableStore {
   const double memory_bytes_;  // resolved: never 0
   SharedRowRoom room_;
   mutable std::shared_mutex mu_;
+  mutable std::mutex checkpoint_mu_;
   double other_bytes_ = 0;  // the variables' bytes, as last told
   std::map<std::string, std::unique_ptr<EmbeddingTable>> tables_;
 };

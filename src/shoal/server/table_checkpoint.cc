@@ -209,6 +209,7 @@ constexpr int64_t kTableChunkRows = 1 << 16;
 }  // namespace
 
 absl::StatusOr<bool> SaveTables(const TableStore& tables, const std::string& path) {
+  const std::unique_lock<std::mutex> no_restore = tables.LockForCheckpoint();
   const std::vector<EmbeddingTable*> all = tables.All();
   if (all.empty()) return false;
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<TableCheckpointWriter> writer, TableCheckpointWriter::Open(path));
@@ -229,6 +230,7 @@ absl::StatusOr<bool> SaveTables(const TableStore& tables, const std::string& pat
 
 absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vector<std::string>& files,
                                       const std::map<std::string, std::vector<int64_t>>* only) {
+  const std::unique_lock<std::mutex> no_save = tables.LockForCheckpoint();
   auto table_of = [&](const TableChunkData& chunk, const std::string& file) -> absl::StatusOr<EmbeddingTable*> {
     auto table = tables.Find(chunk.header.table());
     if (!table.ok()) return Annotate(table.status(), absl::StrCat("restoring '", file, "'"));

@@ -69,8 +69,9 @@ class TableCheckpointWriter {
 absl::Status ReadTableCheckpoint(const std::string& path,
                                  const std::function<absl::Status(const TableChunkData&)>& visit);
 
-// Streams every table `tables` holds to `path`, a chunk at a time; false,
-// and no file, when it holds none.
+// Streams every table `tables` holds to `path`, a chunk at a time, while
+// pushes go on (EmbeddingTable::ForEachChunk); false, and no file, when it
+// holds none. Saves and restores of `tables` run one at a time.
 absl::StatusOr<bool> SaveTables(const TableStore& tables, const std::string& path);
 
 // Restores `tables` from table checkpoint `files`: each file is read twice,
