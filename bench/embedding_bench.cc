@@ -22,18 +22,38 @@
 // with eviction lru and lfu: each reports the share of a push's distinct
 // ids that found their row held (the rest each evicted a row to get one).
 // One JSON line.
+//
+//   build/bench/embedding_bench --checkpoint 1 [--rows 5000000] [--dir /tmp]
+//
+// What a checkpoint of a table costs the pushes that go on meanwhile: one
+// fixed shard (Adagrad, 16 dims) takes pushes of a Zipf stream on another
+// thread, as a ps task takes workers' pushes, while it is saved to a table
+// checkpoint file (SaveTables) and restored from it. Pushes per second and
+// the longest push during the save are compared with the same pushes
+// without a save, measured just before; the save's and restore's rates with
+// a plain write of as many bytes to the same folder (the disk's ceiling
+// here) and the restore's with the file's size read twice (its check pass,
+// then its set pass). One JSON line.
+#include <atomic>
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
+#include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "shoal/client/client.h"
 #include "shoal/placement/placement.h"
 #include "shoal/server/embedding_table.h"
+#include "shoal/server/table_checkpoint.h"
 #include "shoal/server/variable_service.h"
 #include "shoal/transport/inproc/inproc_transport.h"
 
@@ -158,8 +178,128 @@ int RunEviction(int argc, char** argv) {
   return 0;
 }
 
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// GB/s of writing `bytes` to a new file at `path` with plain fwrite calls
+// of 4 MiB, closed (not synced: the save is not either), then removed.
+double PlainWriteGbps(const std::string& path, int64_t bytes) {
+  std::vector<char> block(4 << 20, 1);
+  const auto start = std::chrono::steady_clock::now();
+  std::FILE* file = std::fopen(path.c_str(), "wb");
+  if (file == nullptr) std::abort();
+  for (int64_t left = bytes; left > 0; left -= static_cast<int64_t>(block.size())) {
+    const size_t n = static_cast<size_t>(std::min<int64_t>(left, static_cast<int64_t>(block.size())));
+    if (std::fwrite(block.data(), 1, n, file) != n) std::abort();
+  }
+  std::fclose(file);
+  const double seconds = SecondsSince(start);
+  std::filesystem::remove(path);
+  return static_cast<double>(bytes) / seconds / 1e9;
+}
+
+int RunCheckpoint(int argc, char** argv) {
+  int64_t rows = 5'000'000;
+  (void)absl::SimpleAtoi(Flag(argc, argv, "rows", "5000000"), &rows);
+  const std::filesystem::path dir = Flag(argc, argv, "dir", std::filesystem::temp_directory_path().string());
+  const std::string file = (dir / absl::StrCat("embedding_bench_", ::getpid(), ".ckpt")).string();
+  TableStore store("/job:ps/task:0");
+  wire::TableDef def;
+  def.set_name("emb");
+  def.set_rows(rows);
+  def.set_dim(kDim);
+  def.set_num_shards(1);
+  def.set_seed(1);
+  def.set_init_scale(0.05);
+  def.mutable_optimizer()->set_kind("adagrad");
+  if (!store.Create({def}).ok()) return 1;
+  EmbeddingTable* table = store.Find("emb").value();
+
+  // The pusher: a batch's distinct ids (1024 x 26 draws) per push, drawn
+  // ahead so that only the pushes take its time.
+  std::vector<torch::Tensor> batches;
+  ZipfIds draw(rows, 1.05, 42);
+  for (int b = 0; b < 16; ++b) {
+    torch::Tensor ids = torch::empty({1024 * kFeatures}, torch::kInt64);
+    for (int64_t i = 0; i < ids.numel(); ++i) ids.data_ptr<int64_t>()[i] = draw.Next();
+    batches.push_back(std::get<0>(torch::_unique2(ids)));
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> pushes{0};
+  std::atomic<double> longest{0};
+  std::thread pusher([&] {
+    for (size_t b = 0; !stop; ++b) {
+      const torch::Tensor& ids = batches[b % batches.size()];
+      const auto start = std::chrono::steady_clock::now();
+      if (!table->Push(ids, torch::full({ids.numel(), kDim}, 0.01f)).ok()) std::abort();
+      const double took = SecondsSince(start);
+      if (took > longest) longest = took;
+      ++pushes;
+    }
+  });
+  // A window: pushes/s and the longest push while `during` runs.
+  struct Window {
+    double seconds, pushes_per_second, longest_push_s;
+  };
+  auto window = [&](const std::function<void()>& during) {
+    const int64_t before = pushes;
+    longest = 0;
+    const auto start = std::chrono::steady_clock::now();
+    during();
+    const double seconds = SecondsSince(start);
+    return Window{seconds, static_cast<double>(pushes - before) / seconds, longest};
+  };
+  const Window quiet = window([] { std::this_thread::sleep_for(std::chrono::seconds(3)); });
+  // This host's page cache makes a file's first writes several times slower
+  // than later ones, and moves between runs: plain writes and saves take
+  // turns, three rounds, and the medians are compared.
+  std::vector<double> plain_write, save_seconds;
+  Window saving{0, 0, 0};
+  int64_t file_bytes = 0;
+  for (int round = 0; round < 3; ++round) {
+    plain_write.push_back(PlainWriteGbps(file, file_bytes > 0 ? file_bytes : table->bytes()));
+    bool saved_ok = false;
+    const Window save = window([&] { saved_ok = SaveTables(store, file).ok(); });
+    if (!saved_ok) return 1;
+    save_seconds.push_back(save.seconds);
+    saving.seconds += save.seconds;
+    saving.pushes_per_second += save.pushes_per_second * save.seconds;
+    saving.longest_push_s = std::max(saving.longest_push_s, save.longest_push_s);
+    file_bytes = static_cast<int64_t>(std::filesystem::file_size(file));
+    if (round < 2) std::filesystem::remove(file);
+  }
+  saving.pushes_per_second /= saving.seconds;
+  stop = true;
+  pusher.join();
+  const auto restore_start = std::chrono::steady_clock::now();
+  const absl::StatusOr<int64_t> restored = RestoreTables(store, {file});
+  const double restore_seconds = SecondsSince(restore_start);
+  std::filesystem::remove(file);
+  if (!restored.ok() || *restored != rows) return 1;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double plain_write_gbps = median(plain_write), save_s = median(save_seconds);
+  const double save_gbps = static_cast<double>(file_bytes) / save_s / 1e9;
+  std::printf(
+      "{\"rows\": %lld, \"file_bytes\": %lld, \"save_s\": %.2f, \"save_gbps\": %.3f, "
+      "\"plain_write_gbps\": %.3f, \"save_vs_plain_write\": %.3f, \"restore_s\": %.2f, "
+      "\"restore_rows_per_s\": %.0f, \"restore_read_gbps\": %.3f, "
+      "\"pushes_per_second\": {\"quiet\": %.1f, \"during_save\": %.1f}, \"during_save_vs_quiet\": %.3f, "
+      "\"longest_push_s\": {\"quiet\": %.4f, \"during_save\": %.4f}}\n",
+      static_cast<long long>(rows), static_cast<long long>(file_bytes), save_s, save_gbps, plain_write_gbps,
+      save_gbps / plain_write_gbps, restore_seconds, static_cast<double>(rows) / restore_seconds,
+      2.0 * static_cast<double>(file_bytes) / restore_seconds / 1e9, quiet.pushes_per_second,
+      saving.pushes_per_second, saving.pushes_per_second / quiet.pushes_per_second, quiet.longest_push_s,
+      saving.longest_push_s);
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   if (Flag(argc, argv, "eviction", "0") == "1") return RunEviction(argc, argv);
+  if (Flag(argc, argv, "checkpoint", "0") == "1") return RunCheckpoint(argc, argv);
   int64_t steps = 20, batch = 1024;
   (void)absl::SimpleAtoi(Flag(argc, argv, "steps", "20"), &steps);
   (void)absl::SimpleAtoi(Flag(argc, argv, "batch", "1024"), &batch);

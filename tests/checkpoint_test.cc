@@ -44,6 +44,23 @@ TEST(Crc32cTest, MatchesTheKnownValueAndCanBeContinued) {
   EXPECT_EQ(Crc32c(zeros.data(), zeros.size()), 0x8A9136AAu);  // RFC 3720 B.4
 }
 
+// The crc32 instruction's path (where the CPU has it) and the tables agree
+// on every length and alignment, and when continued.
+TEST(Crc32cTest, TheInstructionAndTheTablesAgree) {
+  std::vector<unsigned char> bytes(300);
+  uint32_t x = 12345;
+  for (unsigned char& b : bytes) b = static_cast<unsigned char>((x = x * 1103515245u + 12345u) >> 16);
+  for (size_t offset = 0; offset < 9; ++offset) {
+    for (size_t size = 0; size + offset <= bytes.size(); size += 7) {
+      EXPECT_EQ(Crc32c(bytes.data() + offset, size), Crc32cPortable(bytes.data() + offset, size))
+          << "offset " << offset << " size " << size;
+      EXPECT_EQ(Crc32c(bytes.data() + offset, size, 0xDEADBEEFu), Crc32cPortable(bytes.data() + offset, size, 0xDEADBEEFu));
+    }
+  }
+  const std::string text = "123456789";
+  EXPECT_EQ(Crc32cPortable(text.data(), text.size()), 0xE3069283u);
+}
+
 std::vector<SavedVariable> TwoVariables() {
   torch::manual_seed(3);
   SavedVariable a{"dense_1/kernel", "adam", torch::randn({5, 3}), {{torch::randn({5, 3}), torch::rand({5, 3})}, 17}};
