@@ -76,6 +76,8 @@ embedding_bytes = [json.loads(l) for l in (out / "embedding_bytes.jsonl").read_t
 embedding_eviction = json.loads((out / "embedding_eviction.json").read_text())
 eviction_long = out / "embedding_eviction_long.json"
 embedding_eviction_long = json.loads(eviction_long.read_text()) if eviction_long.exists() else None
+table_checkpoint_file = out / "table_checkpoint.json"
+table_checkpoint = json.loads(table_checkpoint_file.read_text()) if table_checkpoint_file.exists() else None
 
 
 one_worker_runs = [json.loads(l) for l in (out / "one_worker.jsonl").read_text().split("\n") if l]
@@ -184,6 +186,7 @@ print(json.dumps({
     "f_embedding_bytes_per_step": embedding_bytes,
     "f_embedding_eviction": embedding_eviction,
     "f_embedding_eviction_lru_vs_lfu": embedding_eviction_long,
+    "f_table_checkpoint": table_checkpoint,
     "g_click": click,
     "targets": {
         "a_grpc_1MiB_push_pull_vs_raw_tcp_stream": target(a["1024KiB"]["grpc_best_vs_tcp_stream"], 0.8),
