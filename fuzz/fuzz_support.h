@@ -54,15 +54,15 @@ inline std::vector<wire::TableDef> TwoTables() {
   return {fixed, dynamic};
 }
 
-// A CRC32C over each table's ids, rows and slots, then its row and push
-// counts, appended to `prints`.
+// A CRC32C over each table's ids, rows, slots and sightings, then its row
+// and push counts, appended to `prints`.
 inline void AddTablesFingerprint(const TableStore& tables, std::vector<uint64_t>* prints) {
   for (const EmbeddingTable* table : tables.All()) {
     uint32_t crc = 0;
     auto add = [&](const torch::Tensor& t) { crc = Crc32c(t.data_ptr(), t.nbytes(), crc); };
     const absl::Status walked = table->ForEachChunk(256, [&](const SavedRows& rows, int64_t) {
       add(rows.ids);
-      add(rows.values);
+      if (!rows.sightings()) add(rows.values);
       for (const torch::Tensor& slot : rows.slots) add(slot);
       if (rows.ages.defined()) {
         add(rows.ages);

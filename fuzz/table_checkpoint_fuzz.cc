@@ -2,7 +2,8 @@
 // (server/table_checkpoint.h) into a ps task's shard of a fixed Adagrad
 // table and a dynamic LazyAdam one. An input whose first byte is even is the
 // file's bytes as they are, so most mutations meet a checksum; an odd one
-// describes chunks (table, width, optimizer, slots, push count, ids, values)
+// describes chunks (table, width, optimizer, slots, push count, ids, values;
+// or a dynamic table's sightings: ids, ages and counts)
 // that the writer writes with right checksums, so the checks behind them
 // (widths, optimizers, ids against the table, counts) are reached too.
 // Either must be an error or a restore, never a crash, a hang or an
@@ -78,9 +79,10 @@ void WriteDescribedChunks(FuzzedDataProvider& input, const std::string& path) {
       for (int64_t i = 0; i < t.numel(); ++i) v[i] = input.ConsumeFloatingPoint<float>();
       return t;
     };
-    rows.values = values();
-    for (int k = 0; k < slots; ++k) rows.slots.push_back(values());
-    if (input.ConsumeBool()) {  // row stats, of any sign
+    const bool sightings = input.ConsumeBool();  // ids, ages and counts alone
+    if (!sightings) rows.values = values();
+    for (int k = 0; k < slots && !sightings; ++k) rows.slots.push_back(values());
+    if (sightings || input.ConsumeBool()) {  // row stats, of any sign
       rows.ages = torch::empty({count}, torch::kInt64);
       rows.touches = torch::empty({count}, torch::kInt32);
       for (int64_t i = 0; i < count; ++i) {

@@ -272,6 +272,53 @@ TEST(TableCheckpointTest, RestoredRowsKeepTheirAgeAndTouchCounts) {
   fs::remove_all(dir);
 }
 
+// Ids pushed fewer than min_count times are saved with their counts and
+// ages (sightings), so a restored table admits them when the saved one
+// would, not after min_count more pushes; onto two tasks too.
+TEST(TableCheckpointTest, IdsSeenBelowMinCountAreRememberedThroughARestore) {
+  const fs::path dir = FreshTempDir("shoal_tables_", "sightings");
+  wire::TableDef admitting = Table("admitting", 0, 2, "sgd");
+  admitting.set_min_count(3);
+  admitting.set_steps_to_live(8);
+  PsTasks saved(1, dir);
+  ASSERT_TRUE(saved.client->CreateTables({admitting}).ok());
+  // 7 seen twice, 8 once, 9 three times (a row), 10 twice but long ago.
+  for (const std::vector<int64_t>& ids : std::vector<std::vector<int64_t>>{{10}, {10}, {1}, {2}, {3}, {9}, {7, 9},
+                                                                           {7, 8, 9}}) {
+    ASSERT_TRUE(saved.client->PushRows("admitting", Ids(ids), torch::ones({static_cast<int64_t>(ids.size()), 2})).ok());
+  }
+  ASSERT_TRUE(SaveCheckpoint(*saved.client, dir.string(), 8).ok());
+  PsTasks restored(1, dir), two(2, dir);
+  for (PsTasks* tasks : {&restored, &two}) {
+    ASSERT_TRUE(tasks->client->CreateTables({admitting}).ok());
+    auto rows = tasks->client->RestoreTables(8, {0});
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    EXPECT_EQ(*rows, 1);  // 9: sightings are not rows
+  }
+  // One more push of 7 and 8 admits 7 (its third), not 8 (its second).
+  for (PsTasks* tasks : {&saved, &restored, &two}) {
+    ASSERT_TRUE(tasks->client->PushRows("admitting", Ids({7, 8}), torch::ones({2, 2})).ok());
+  }
+  const torch::Tensor ids = Ids({7, 8, 9});
+  const torch::Tensor expected = saved.client->PullRows("admitting", ids).value();
+  EXPECT_EQ(saved.client->Occupancy("admitting").value().rows_held, 2);  // 7, 9
+  for (PsTasks* tasks : {&restored, &two}) {
+    EXPECT_EQ(tasks->client->Occupancy("admitting").value().rows_held, 2);
+    EXPECT_TRUE(tasks->client->PullRows("admitting", ids).value().equal(expected)) << "7 admitted, 8 not";
+  }
+  // 10's sightings kept their age: they expire at push 12 (10 pushes old),
+  // so 10 pushed again starts counting afresh (a shard's pushes count those
+  // that reach it, so this is followed on one task).
+  for (PsTasks* tasks : {&saved, &restored}) {
+    for (int step = 0; step < 4; ++step) {
+      ASSERT_TRUE(tasks->client->PushRows("admitting", Ids({1}), torch::ones({1, 2})).ok());
+    }
+    ASSERT_TRUE(tasks->client->PushRows("admitting", Ids({10}), torch::ones({1, 2})).ok());
+    EXPECT_EQ(tasks->client->Occupancy("admitting").value().rows_held, 3);  // 1, 7, 9; not 10
+  }
+  fs::remove_all(dir);
+}
+
 // A checkpoint restored onto live tables puts them back to it, as it does
 // the variables: rows made since go (an empty table's too), and a full
 // evict_when_full table takes the checkpoint's rows, which with the rows it

@@ -645,11 +645,49 @@ absl::Status EmbeddingTable::ForEachChunk(
     SHOAL_RETURN_IF_ERROR(write(saved, pushes));
     wrote_any = true;
   }
+  if (dense_ || def_.min_count() <= 1) return absl::OkStatus();
+  // The sightings, as they are now: a map cannot be walked a chunk at a
+  // time between pushes (one may rehash it), so they are copied whole
+  // under the lock, ids, ages and counts, and written in chunks.
+  SavedRows seen;
+  int64_t pushes;
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    const auto k = static_cast<int64_t>(sightings_.size());
+    seen.ids = torch::empty({k}, torch::kInt64);
+    seen.ages = torch::empty({k}, torch::kInt64);
+    seen.touches = torch::empty({k}, torch::kInt32);
+    int64_t i = 0;
+    for (const auto& [id, sighting] : sightings_) {
+      seen.ids.data_ptr<int64_t>()[i] = id;
+      seen.ages.data_ptr<int64_t>()[i] = pushes_ - sighting.last_push;
+      seen.touches.data_ptr<int32_t>()[i] = static_cast<int32_t>(std::min<int64_t>(sighting.count, INT32_MAX));
+      ++i;
+    }
+    pushes = pushes_;
+  }
+  for (int64_t begin = 0; begin < seen.ids.numel(); begin += chunk_rows) {
+    const int64_t k = std::min(chunk_rows, seen.ids.numel() - begin);
+    SavedRows part;
+    part.ids = seen.ids.narrow(0, begin, k);
+    part.ages = seen.ages.narrow(0, begin, k);
+    part.touches = seen.touches.narrow(0, begin, k);
+    SHOAL_RETURN_IF_ERROR(write(part, pushes));
+  }
   return absl::OkStatus();
 }
 
 absl::Status EmbeddingTable::CheckRestore(const wire::TableChunk& chunk, const SavedRows& rows) const {
   const torch::Tensor& ids = rows.ids;
+  const bool ages_wrong = rows.ages.defined() &&
+                          (rows.ages.lt(0).any().item<bool>() || rows.touches.lt(1).any().item<bool>());
+  if (rows.sightings()) {  // no rows: only their ages and counts to check
+    if (!rows.ages.defined() || ages_wrong) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where_, ": the checkpoint gives a sighting a negative age or count below one, or none"));
+    }
+    return absl::OkStatus();
+  }
   if (chunk.dim() != dim_) {
     return absl::InvalidArgumentError(absl::StrCat(where_, ": the checkpoint's rows are ", chunk.dim(),
                                                    " wide, the table's ", dim_, " (model.click.dim changed?)"));
@@ -660,7 +698,7 @@ absl::Status EmbeddingTable::CheckRestore(const wire::TableChunk& chunk, const S
                                                    chunk.optimizer(), "' (", chunk.slots(), " slots), the table's by '",
                                                    def_.optimizer().kind(), "' (", slots_.size(), ")"));
   }
-  if (rows.ages.defined() && (rows.ages.lt(0).any().item<bool>() || rows.touches.lt(1).any().item<bool>())) {
+  if (ages_wrong) {
     return absl::InvalidArgumentError(
         absl::StrCat(where_, ": the checkpoint gives a row a negative age or no touches"));
   }
@@ -729,6 +767,11 @@ void EmbeddingTable::DropRowsToRestore() {
 int64_t EmbeddingTable::Restore(const wire::TableChunk& chunk, const SavedRows& saved,
                                 const std::vector<int64_t>* only) {
   std::unique_lock<std::shared_mutex> lock(mu_);
+  if (saved.sightings()) {
+    // An evaluator's chosen ids need rows, not sightings.
+    if (only == nullptr && !dense_ && !def_.read_only() && def_.min_count() > 1) RestoreSightings(chunk, saved);
+    return 0;
+  }
   const int64_t* id = saved.ids.data_ptr<int64_t>();
   const bool with_stats = saved.ages.defined();
   int64_t taken = 0;
@@ -756,6 +799,24 @@ int64_t EmbeddingTable::Restore(const wire::TableChunk& chunk, const SavedRows& 
   // whose rows all map elsewhere, says nothing of this one's).
   if (taken > 0) pushes_ = std::max(pushes_, chunk.pushes());
   return taken;
+}
+
+void EmbeddingTable::RestoreSightings(const wire::TableChunk& chunk, const SavedRows& saved) {
+  const int64_t* id = saved.ids.data_ptr<int64_t>();
+  const int64_t* age = saved.ages.data_ptr<int64_t>();
+  const int32_t* count = saved.touches.data_ptr<int32_t>();
+  bool taken = false;
+  for (int64_t i = 0; i < saved.ids.numel(); ++i) {
+    if (!Restores(id[i], nullptr) || Find(id[i]) >= 0 || sightings_.count(id[i]) > 0) continue;
+    // Room as a push would find it, but never made by dropping a row.
+    if (static_cast<int64_t>(index_.size() + sightings_.size()) >= capacity_ ||
+        (room_ != nullptr && !room_->Take(SharedBytesOf(Entry::kSighting)))) {
+      break;
+    }
+    sightings_.emplace(id[i], Sighting{count[i], std::max<int64_t>(0, chunk.pushes() - age[i])});
+    taken = true;
+  }
+  if (taken) pushes_ = std::max(pushes_, chunk.pushes());
 }
 
 int64_t EmbeddingTable::size() const { return occupancy().rows_held; }

@@ -128,6 +128,10 @@ struct SavedRows {
   // evicts as the saved one would. Undefined for a fixed table, and in
   // checkpoints written before they were kept.
   torch::Tensor ages, touches;
+  // Without values (undefined) the run is a dynamic table's sightings: ids
+  // pushed fewer than min_count times, each with its age and count (in
+  // `touches`), and no row or slot.
+  bool sightings() const { return !values.defined(); }
 };
 
 class EmbeddingTable {
@@ -168,8 +172,11 @@ class EmbeddingTable {
   // copy: as TensorFlow's saver reads variables that training updates, each
   // row is one push's state and rows of later chunks may be later pushes'.
   // Rows made during the walk are left out and rows dropped are skipped, so
-  // no id comes twice even where an id is dropped and made again. One walk
-  // at a time; stops at `write`'s first error.
+  // no id comes twice even where an id is dropped and made again. Then,
+  // for a table with min_count, its sightings (SavedRows::sightings: copied
+  // whole, 20 bytes each, then written a chunk at a time) so that a
+  // restore does not make their ids start counting again. One walk at a
+  // time; stops at `write`'s first error.
   absl::Status ForEachChunk(int64_t chunk_rows,
                             const std::function<absl::Status(const SavedRows& rows, int64_t pushes)>& write) const;
   // Whether a checkpoint chunk of this table could be restored here: its
@@ -208,6 +215,10 @@ class EmbeddingTable {
   // becomes at least that of a chunk that brought rows here, and each row's
   // age and touch count are the saved ones (without them: touched once, by
   // the chunk's last push). CheckRestore first. Returns the rows set.
+  // A chunk of sightings (restored whole only, and only to a dynamic table
+  // with min_count) sets none: each id without a row or sighting here is
+  // remembered as seen its saved count of times, while the shard has room
+  // for it (a sighting never takes a row's room; the rest are forgotten).
   int64_t Restore(const wire::TableChunk& chunk, const SavedRows& rows, const std::vector<int64_t>* only = nullptr);
 
   const wire::TableDef& def() const { return def_; }
@@ -266,6 +277,8 @@ class EmbeddingTable {
   bool EvictOldest();
   // Dynamic tables: drops rows (and sightings) untouched for steps_to_live pushes.
   void Evict();
+  // Restore's part for a chunk of sightings (lock held).
+  void RestoreSightings(const wire::TableChunk& chunk, const SavedRows& saved);
   // Forgets row `index`'s id and makes it free for the next new id.
   void FreeRow(int64_t index);
   // Gives `entries` rows' or sightings' index entries back to the shared room.

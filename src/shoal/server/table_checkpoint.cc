@@ -20,7 +20,7 @@ constexpr char kEnd[] = "SHOALEND";
 constexpr size_t kTagSize = 8;
 // 2: dynamic tables' chunks may carry their rows' ages and touch counts.
 // Files of format 1 are read too (rows without them).
-constexpr uint32_t kTableFormatVersion = 2;
+constexpr uint32_t kTableFormatVersion = 3;
 constexpr uint32_t kMaxHeaderBytes = 1 << 20;
 constexpr int kMaxSlots = 2;  // lazy_adam and ftrl keep two
 
@@ -88,8 +88,10 @@ absl::Status TableCheckpointWriter::Write(const void* data, size_t size) {
 
 absl::Status TableCheckpointWriter::Append(TableChunkData chunk) {
   const SavedRows& rows = chunk.rows;
-  std::vector<torch::Tensor> tensors = {rows.ids.contiguous(), rows.values.contiguous()};
+  std::vector<torch::Tensor> tensors = {rows.ids.contiguous()};
+  if (!rows.sightings()) tensors.push_back(rows.values.contiguous());
   for (const torch::Tensor& slot : rows.slots) tensors.push_back(slot.contiguous());
+  chunk.header.set_sightings(rows.sightings());
   chunk.header.set_row_stats(rows.ages.defined());
   if (rows.ages.defined()) {
     tensors.push_back(rows.ages.contiguous());
@@ -133,7 +135,7 @@ absl::Status ReadTableCheckpoint(const std::string& path,
     return absl::DataLossError(absl::StrCat("'", path, "' is not a shoal table checkpoint (bad magic number)"));
   }
   const uint32_t version = static_cast<uint32_t>(GetLittleEndian(tag + kTagSize, 4));
-  if (version != 1 && version != kTableFormatVersion) {
+  if (version < 1 || version > kTableFormatVersion) {
     return absl::DataLossError(absl::StrCat("table checkpoint '", path, "' has format version ", version,
                                             "; this build reads 1 to ", kTableFormatVersion));
   }
@@ -165,7 +167,15 @@ absl::Status ReadTableCheckpoint(const std::string& path,
     const wire::TableChunk& h = data.header;
     const int64_t count = h.count(), dim = h.dim();
     const int stats = h.row_stats() ? 2 : 0;
-    if (count < 0 || dim <= 0 || h.slots() < 0 || h.slots() > kMaxSlots || h.crc32c_size() != 2 + h.slots() + stats ||
+    // Sightings: ids and their stats alone.
+    const bool sightings = h.sightings();
+    const int row_tensors = sightings ? 0 : 1 + h.slots();
+    if (sightings && (stats == 0 || h.slots() != 0)) {
+      return absl::DataLossError(
+          absl::StrCat(where, " (table '", h.table(), "'): sightings without their ages and counts, or with slots"));
+    }
+    if (count < 0 || dim <= 0 || h.slots() < 0 || h.slots() > kMaxSlots ||
+        h.crc32c_size() != 1 + row_tensors + stats ||
         dim > std::numeric_limits<int32_t>::max() || count > static_cast<int64_t>(reader.left() / 8)) {
       return absl::DataLossError(absl::StrCat(where, " (table '", h.table(), "'): a header that cannot be right (",
                                               count, " rows of ", dim, ", ", h.slots(), " slots)"));
@@ -173,14 +183,17 @@ absl::Status ReadTableCheckpoint(const std::string& path,
     // Every byte the chunk claims must be in the file before any is allocated.
     const uint64_t row_bytes = static_cast<uint64_t>(count) * static_cast<uint64_t>(dim) * 4;
     if (row_bytes / 4 / static_cast<uint64_t>(dim) != static_cast<uint64_t>(count) ||
-        static_cast<uint64_t>(count) * (8 + (stats ? 12 : 0)) + row_bytes * (1 + h.slots()) > reader.left()) {
+        static_cast<uint64_t>(count) * (8 + (stats ? 12 : 0)) + row_bytes * row_tensors > reader.left()) {
       return absl::DataLossError(absl::StrCat(where, " (table '", h.table(), "') is truncated"));
     }
     SavedRows& rows = data.rows;
     rows.ids = torch::empty({count}, torch::kInt64);
-    rows.values = torch::empty({count, dim}, torch::kFloat32);
+    std::vector<torch::Tensor*> tensors = {&rows.ids};
+    if (!sightings) {
+      rows.values = torch::empty({count, dim}, torch::kFloat32);
+      tensors.push_back(&rows.values);
+    }
     for (int s = 0; s < h.slots(); ++s) rows.slots.push_back(torch::empty({count, dim}, torch::kFloat32));
-    std::vector<torch::Tensor*> tensors = {&rows.ids, &rows.values};
     for (torch::Tensor& slot : rows.slots) tensors.push_back(&slot);
     if (stats) {
       rows.ages = torch::empty({count}, torch::kInt64);
@@ -256,7 +269,7 @@ absl::StatusOr<int64_t> RestoreTables(const TableStore& tables, const std::vecto
       SHOAL_RETURN_IF_ERROR(
           Annotate(table->CheckRestore(chunk.header, chunk.rows), absl::StrCat("restoring '", file, "'")));
       const auto wanted = ids_wanted(chunk);
-      if (wanted) new_rows[table] += table->RowsRestoreMakes(chunk.rows.ids, *wanted, replacing);
+      if (wanted && !chunk.rows.sightings()) new_rows[table] += table->RowsRestoreMakes(chunk.rows.ids, *wanted, replacing);
       return absl::OkStatus();
     }));
   }

@@ -8,10 +8,12 @@
 //   "SHOALTBL", u32 format version,
 //   per chunk: u32 header size, u32 header CRC32C, the header
 //     (wire::TableChunk: table, dim, count, optimizer, slots, pushes,
-//     row_stats, and the CRC32C of each tensor), then the ids (int64
-//     [count]), the rows (float32 [count, dim]), each slot (float32 [count,
-//     dim]) and, with row_stats (dynamic tables, format 2), the rows' ages
-//     (int64 [count]) and touch counts (int32 [count]);
+//     row_stats, sightings, and the CRC32C of each tensor), then the ids
+//     (int64 [count]), the rows (float32 [count, dim]), each slot (float32
+//     [count, dim]) and, with row_stats (dynamic tables, format 2), the
+//     rows' ages (int64 [count]) and touch counts (int32 [count]); a chunk
+//     of sightings (format 3: ids seen fewer than min_count times) has no
+//     rows or slots, only the ids, ages and counts;
 //   "SHOALEND", u64 chunk count.
 // The reader checks every size against the bytes left before it allocates,
 // every header and tensor against its CRC32C, and the end tag and count, so
