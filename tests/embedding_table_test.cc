@@ -181,6 +181,12 @@ TEST(EmbeddingTableTest, ACheckpointWalkWritesEachIdOnceWhileRowsChurn) {
   ASSERT_TRUE(restored->CheckRoomToRestore(rows_restored, /*replacing=*/true).ok());
   for (const auto& [chunk, rows] : chunks) restored->Restore(chunk, rows);
   EXPECT_EQ(restored->size(), static_cast<int64_t>(written.size()));
+  // A negative push count (a file no table wrote) is refused.
+  wire::TableChunk negative = chunks.front().first;
+  negative.set_pushes(-1);
+  const absl::Status refused = restored->CheckRestore(negative, chunks.front().second);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  EXPECT_NE(refused.message().find("-1 pushes"), std::string::npos) << refused;
 }
 
 TEST(EmbeddingTableTest, RowsStartFromTheSeedWhateverTheShardCount) {

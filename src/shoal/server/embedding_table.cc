@@ -679,6 +679,10 @@ absl::Status EmbeddingTable::ForEachChunk(
 
 absl::Status EmbeddingTable::CheckRestore(const wire::TableChunk& chunk, const SavedRows& rows) const {
   const torch::Tensor& ids = rows.ids;
+  if (chunk.pushes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where_, ": the checkpoint gives the shard ", chunk.pushes(), " pushes (fewer than none)"));
+  }
   const bool ages_wrong = rows.ages.defined() &&
                           (rows.ages.lt(0).any().item<bool>() || rows.touches.lt(1).any().item<bool>());
   if (rows.sightings()) {  // no rows: only their ages and counts to check
