@@ -18,8 +18,9 @@ namespace {
 constexpr char kMagic[] = "SHOALTBL";
 constexpr char kEnd[] = "SHOALEND";
 constexpr size_t kTagSize = 8;
-// 2: dynamic tables' chunks may carry their rows' ages and touch counts.
-// Files of format 1 are read too (rows without them).
+// 2: dynamic tables' chunks may carry their rows' ages and touch counts;
+// 3: and a min_count table's sightings, in chunks of their own. Files of
+// formats 1 and 2 are read too (rows without stats; no sightings).
 constexpr uint32_t kTableFormatVersion = 3;
 constexpr uint32_t kMaxHeaderBytes = 1 << 20;
 constexpr int kMaxSlots = 2;  // lazy_adam and ftrl keep two
