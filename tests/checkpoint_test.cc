@@ -395,6 +395,8 @@ TEST(CheckpointTrainingTest, AJobStartedAgainResumesFromItsLastCheckpoint) {
   std::vector<int64_t> steps;
   for (const auto& c : ListCheckpoints(dir.string())) steps.push_back(c.step);
   EXPECT_EQ(steps, (std::vector<int64_t>{15, 30, 40}));
+  EXPECT_EQ(first->checkpoints_saved, 2);  // 15 and 30; 40 is the final one
+  EXPECT_GT(first->checkpoint_seconds, 0);
 
   // Started again with a longer budget: it goes on from step 40.
   config.training.max_steps = 80;

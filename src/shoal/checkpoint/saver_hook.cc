@@ -15,7 +15,10 @@ absl::Status CheckpointSaverHook::AfterStep(const StepInfo& step, StopRequest* s
   const bool steps_due = config_.every_steps > 0 && step.global_step - last_step_ >= config_.every_steps;
   const bool time_due = config_.every_seconds > 0 && absl::Now() - last_time_ >= absl::Seconds(config_.every_seconds);
   if (!steps_due && !time_due) return absl::OkStatus();
+  const absl::Time start = absl::Now();
   auto saved = SaveAndPrune(*client_, config_, step.global_step, counters_);
+  seconds_saving_ += absl::ToDoubleSeconds(absl::Now() - start);
+  if (saved.ok()) ++saved_;
   if (!saved.ok()) {
     // A task is down (it may come back and be restored): this save is lost,
     // training is not. The unfinished folder never counts as a checkpoint.

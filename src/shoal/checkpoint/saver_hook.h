@@ -18,12 +18,19 @@ class CheckpointSaverHook : public TrainingHook {
 
   absl::Status AfterStep(const StepInfo& step, StopRequest* stop) override;
 
+  // Checkpoints saved so far, and the seconds the saves took (the chief's
+  // training waits for each).
+  int64_t saved() const { return saved_; }
+  double seconds_saving() const { return seconds_saving_; }
+
  private:
   Client* client_;
   CheckpointConfig config_;
   std::vector<std::string> counters_;
   int64_t last_step_ = -1;
   absl::Time last_time_;
+  int64_t saved_ = 0;
+  double seconds_saving_ = 0;
 };
 
 // Saves a checkpoint at `step` under config.dir and prunes to config.keep;

@@ -67,9 +67,11 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<HookList> hooks,
                          MakeStandardHooks(hooks_config, context.task.job, context.task.index,
                                            context.is_chief));
+  std::shared_ptr<CheckpointSaverHook> saver;
   if (context.is_chief && !context.config->checkpoint.dir.empty()) {
-    hooks->Add(
-        std::make_shared<CheckpointSaverHook>(context.client, context.config->checkpoint, SavedCounters(*mode, context)));
+    saver = std::make_shared<CheckpointSaverHook>(context.client, context.config->checkpoint,
+                                                  SavedCounters(*mode, context));
+    hooks->Add(saver);
   }
   for (const auto& hook : context.extra_hooks) hooks->Add(hook);
   context.hooks = hooks.get();
@@ -116,6 +118,10 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
   report->restored_from = context.restored_from;
   report->recoveries = context.recoveries;
   SHOAL_ASSIGN_OR_RETURN(report->restores, context.client->AddToCounter(kRestores, 0));
+  if (saver != nullptr) {
+    report->checkpoints_saved = saver->saved();
+    report->checkpoint_seconds = saver->seconds_saving();
+  }
   if (!context.config->checkpoint.dir.empty()) {
     SHOAL_ASSIGN_OR_RETURN(report->last_checkpoint,
                            SaveAndPrune(*context.client, context.config->checkpoint, report->global_step,

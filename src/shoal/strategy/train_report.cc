@@ -14,7 +14,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainReport, test_accuracy, test
                                                 peer_bytes_read, population_summary, copies_per_interval, copies,
                                                 copies_by_the_worst, network_test_accuracies,
                                                 uniform_average_accuracy, any_network_right, network_mean_weights,
-                                                restored_from, last_checkpoint, restarts, recoveries, restores,
+                                                restored_from, last_checkpoint, checkpoints_saved,
+                                                checkpoint_seconds, restarts, recoveries, restores,
                                                 unfinished_workers, compute_threads, compute_threads_source, intra_op_threads,
                                                 blas, worker_steps, calls_retried)
 
