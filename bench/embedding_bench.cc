@@ -90,6 +90,10 @@ class ZipfIds {
   std::uniform_real_distribution<double> uniform_{0.0, 1.0};
 };
 
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 // Pushes per second of `steps` pushes of the stream into a dynamic shard
 // with `max_rows` (0: none) and evict_when_full as given, after pushes that
 // filled it (or, with no max_rows, as many as filling took the capped one).
@@ -140,7 +144,7 @@ EvictionRun PushStream(int64_t max_rows, bool evict, int64_t warm_up_pushes, int
     run.distinct_ids += ids.numel();
     const auto start = std::chrono::steady_clock::now();
     push(ids, gradients);
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    seconds += SecondsSince(start);
   }
   run.pushes_per_second = steps / seconds;
   run.rows_held = table->size();
@@ -176,10 +180,6 @@ int RunEviction(int argc, char** argv) {
       1 - static_cast<double>(evicting.evicted) / static_cast<double>(evicting.distinct_ids),
       1 - static_cast<double>(by_count.evicted) / static_cast<double>(by_count.distinct_ids));
   return 0;
-}
-
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 // GB/s of writing `bytes` to a new file at `path` with plain fwrite calls

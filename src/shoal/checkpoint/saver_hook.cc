@@ -18,8 +18,9 @@ absl::Status CheckpointSaverHook::AfterStep(const StepInfo& step, StopRequest* s
   const absl::Time start = absl::Now();
   auto saved = SaveAndPrune(*client_, config_, step.global_step, counters_);
   seconds_saving_ += absl::ToDoubleSeconds(absl::Now() - start);
-  if (saved.ok()) ++saved_;
-  if (!saved.ok()) {
+  if (saved.ok()) {
+    ++saved_;
+  } else {
     // A task is down (it may come back and be restored): this save is lost,
     // training is not. The unfinished folder never counts as a checkpoint.
     if (!absl::IsUnavailable(saved.status()) && !absl::IsFailedPrecondition(saved.status())) return saved.status();

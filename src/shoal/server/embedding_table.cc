@@ -583,6 +583,48 @@ absl::StatusOr<int64_t> EmbeddingTable::Push(const torch::Tensor& ids, const tor
   return pushes_;
 }
 
+SavedRows EmbeddingTable::CopyRows(const std::vector<int64_t>& indexes) const {
+  const auto k = static_cast<int64_t>(indexes.size());
+  SavedRows saved;
+  saved.ids = torch::empty({k}, torch::kInt64);
+  saved.values = torch::empty({k, dim_}, torch::kFloat32);
+  for (size_t s = 0; s < slots_.size(); ++s) saved.slots.push_back(torch::empty({k, dim_}, torch::kFloat32));
+  if (!dense_) {
+    saved.ages = torch::empty({k}, torch::kInt64);
+    saved.touches = torch::empty({k}, torch::kInt32);
+  }
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t index = indexes[i];
+    saved.ids.data_ptr<int64_t>()[i] = dense_ ? index * def_.num_shards() + def_.shard() : row_ids_[index];
+    std::memcpy(saved.values.data_ptr<float>() + i * dim_, values_.Row(index), dim_ * sizeof(float));
+    for (size_t s = 0; s < slots_.size(); ++s) {
+      std::memcpy(saved.slots[s].data_ptr<float>() + i * dim_, slots_[s].Row(index), dim_ * sizeof(float));
+    }
+    if (!dense_) {
+      saved.ages.data_ptr<int64_t>()[i] = pushes_ - last_push_[index];
+      saved.touches.data_ptr<int32_t>()[i] =
+          by_count_ ? static_cast<int32_t>(std::min<uint32_t>(touches_[index], INT32_MAX)) : 1;
+    }
+  }
+  return saved;
+}
+
+SavedRows EmbeddingTable::CopySightings() const {
+  const auto k = static_cast<int64_t>(sightings_.size());
+  SavedRows seen;
+  seen.ids = torch::empty({k}, torch::kInt64);
+  seen.ages = torch::empty({k}, torch::kInt64);
+  seen.touches = torch::empty({k}, torch::kInt32);
+  int64_t i = 0;
+  for (const auto& [id, sighting] : sightings_) {
+    seen.ids.data_ptr<int64_t>()[i] = id;
+    seen.ages.data_ptr<int64_t>()[i] = pushes_ - sighting.last_push;
+    seen.touches.data_ptr<int32_t>()[i] = static_cast<int32_t>(std::min<int64_t>(sighting.count, INT32_MAX));
+    ++i;
+  }
+  return seen;
+}
+
 absl::Status EmbeddingTable::ForEachChunk(
     int64_t chunk_rows, const std::function<absl::Status(const SavedRows& rows, int64_t pushes)>& write) const {
   std::lock_guard<std::mutex> one_walk(walk_mu_);
@@ -618,27 +660,7 @@ absl::Status EmbeddingTable::ForEachChunk(
       // An empty shard writes one empty chunk, so that a restore knows the
       // table and drops rows made since.
       if (indexes.empty() && wrote_any) break;
-      const int64_t k = static_cast<int64_t>(indexes.size());
-      saved.ids = torch::empty({k}, torch::kInt64);
-      saved.values = torch::empty({k, dim_}, torch::kFloat32);
-      for (size_t s = 0; s < slots_.size(); ++s) saved.slots.push_back(torch::empty({k, dim_}, torch::kFloat32));
-      if (!dense_) {
-        saved.ages = torch::empty({k}, torch::kInt64);
-        saved.touches = torch::empty({k}, torch::kInt32);
-      }
-      for (int64_t i = 0; i < k; ++i) {
-        const int64_t index = indexes[i];
-        saved.ids.data_ptr<int64_t>()[i] = dense_ ? index * def_.num_shards() + def_.shard() : row_ids_[index];
-        std::memcpy(saved.values.data_ptr<float>() + i * dim_, values_.Row(index), dim_ * sizeof(float));
-        for (size_t s = 0; s < slots_.size(); ++s) {
-          std::memcpy(saved.slots[s].data_ptr<float>() + i * dim_, slots_[s].Row(index), dim_ * sizeof(float));
-        }
-        if (!dense_) {
-          saved.ages.data_ptr<int64_t>()[i] = pushes_ - last_push_[index];
-          saved.touches.data_ptr<int32_t>()[i] =
-              by_count_ ? static_cast<int32_t>(std::min<uint32_t>(touches_[index], INT32_MAX)) : 1;
-        }
-      }
+      saved = CopyRows(indexes);
       pushes = pushes_;
     }
     // Written without the lock: pushes go on meanwhile.
@@ -647,23 +669,13 @@ absl::Status EmbeddingTable::ForEachChunk(
   }
   if (dense_ || def_.min_count() <= 1) return absl::OkStatus();
   // The sightings, as they are now: a map cannot be walked a chunk at a
-  // time between pushes (one may rehash it), so they are copied whole
-  // under the lock, ids, ages and counts, and written in chunks.
+  // time between pushes (one may rehash it), so they are copied whole under
+  // the lock and written in chunks.
   SavedRows seen;
   int64_t pushes;
   {
     std::shared_lock<std::shared_mutex> lock(mu_);
-    const auto k = static_cast<int64_t>(sightings_.size());
-    seen.ids = torch::empty({k}, torch::kInt64);
-    seen.ages = torch::empty({k}, torch::kInt64);
-    seen.touches = torch::empty({k}, torch::kInt32);
-    int64_t i = 0;
-    for (const auto& [id, sighting] : sightings_) {
-      seen.ids.data_ptr<int64_t>()[i] = id;
-      seen.ages.data_ptr<int64_t>()[i] = pushes_ - sighting.last_push;
-      seen.touches.data_ptr<int32_t>()[i] = static_cast<int32_t>(std::min<int64_t>(sighting.count, INT32_MAX));
-      ++i;
-    }
+    seen = CopySightings();
     pushes = pushes_;
   }
   for (int64_t begin = 0; begin < seen.ids.numel(); begin += chunk_rows) {

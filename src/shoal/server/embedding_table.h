@@ -277,6 +277,10 @@ class EmbeddingTable {
   bool EvictOldest();
   // Dynamic tables: drops rows (and sightings) untouched for steps_to_live pushes.
   void Evict();
+  // A checkpoint's copies (mu_ held): the rows at `indexes`, with their ages
+  // and touch counts if dynamic; every sighting, with its age and count.
+  SavedRows CopyRows(const std::vector<int64_t>& indexes) const;
+  SavedRows CopySightings() const;
   // Restore's part for a chunk of sightings (lock held).
   void RestoreSightings(const wire::TableChunk& chunk, const SavedRows& saved);
   // Forgets row `index`'s id and makes it free for the next new id.
