@@ -6,11 +6,14 @@
 
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "shoal/client/client.h"
+#include "shoal/server/checkpoint_shard.h"
 #include "shoal/transport/grpc/grpc_transport.h"
 #include "shoal/transport/inproc/inproc_transport.h"
 #include "shoal/transport/ucx/ucx_transport.h"
+#include "temp_dir.h"
 
 namespace shoal {
 namespace {
@@ -49,7 +52,8 @@ class TransportConformanceTest : public ::testing::TestWithParam<Kind> {
     }
     std::map<std::string, std::vector<std::string>> jobs;
     for (const TaskId& task : {TaskId{"ps", 0}, TaskId{"ps", 1}, TaskId{"worker", 0}}) {
-      services_[task] = std::make_unique<VariableService>(VariableServiceOptions{task.ToString(), kMaxMessageBytes});
+      services_[task] =
+          std::make_unique<VariableService>(VariableServiceOptions{task.ToString(), kMaxMessageBytes, checkpoint_dir_});
       const bool sockets = GetParam() != Kind::kInProc && GetParam() != Kind::kInProcSerialized;
       std::string address = sockets ? "127.0.0.1:0" : "inproc:" + task.ToString();
       auto server = transport_->Serve(address, services_[task].get());
@@ -83,6 +87,8 @@ class TransportConformanceTest : public ::testing::TestWithParam<Kind> {
     return values.ok() ? (*values)[0].clone() : torch::Tensor();
   }
 
+  // Where the tasks write checkpoints (one folder for every test of this process).
+  const std::string checkpoint_dir_ = FreshTempDir("conformance_", "checkpoints").string();
   InProcNetwork network_;
   std::unique_ptr<Transport> transport_;
   std::map<TaskId, std::unique_ptr<VariableService>> services_;
@@ -269,6 +275,34 @@ TEST_P(TransportConformanceTest, OverlappingCallsOfOneClientEachGetTheirOwnAnswe
   }
   for (auto& t : threads) t.join();
   EXPECT_TRUE(Read("big").equal(torch::arange(512, torch::kFloat32).reshape({64, 8}) + kThreads * kSteps));
+}
+
+// A save that takes long (here: held at ps:0's tables' checkpoint lock,
+// after it wrote the task's variables) runs off the transport's serving
+// threads: the calls behind it, on its connection and on another client's,
+// are served meanwhile (with one UCX lane, they share its one loop).
+TEST_P(TransportConformanceTest, ASaveThatTakesLongDoesNotHoldUpTheCallsBehindIt) {
+  const TaskId ps0{"ps", 0};
+  std::unique_lock<std::mutex> no_save = services_[ps0]->tables().LockForCheckpoint();
+  absl::StatusOr<std::map<TaskId, Client::SavedShard>> saved;
+  std::thread saver([&] { saved = client_->SaveShards({{ps0, 0}}, 7); });
+  auto let_the_save_finish = absl::MakeCleanup([&] {  // also when a check below throws
+    if (no_save.owns_lock()) no_save.unlock();
+    saver.join();
+  });
+  const std::filesystem::path variables_written = std::filesystem::path(CheckpointFolder(checkpoint_dir_, 7)) / ShardFileName(0);
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(10);
+       !std::filesystem::exists(variables_written) && absl::Now() < give_up;) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(std::filesystem::exists(variables_written)) << "the save never reached ps:0";
+  EXPECT_TRUE(Read("big").equal(torch::arange(512, torch::kFloat32).reshape({64, 8})));
+  auto other = MakeClient(absl::Seconds(5));
+  auto pushed = other->ApplyGradients({"big"}, {torch::ones({64, 8})}, {{"global_step", 1}});
+  EXPECT_TRUE(pushed.ok()) << pushed.status();
+  std::move(let_the_save_finish).Invoke();
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_FALSE(saved->at(ps0).wrote_tables);  // ps:0 holds no table
 }
 
 TEST_P(TransportConformanceTest, ShutdownRequestIsDelivered) {

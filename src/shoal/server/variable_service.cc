@@ -79,6 +79,11 @@ bool VariableService::MayWait(const Request& request) {
          (h.has_read() && h.read().min_step() > 0 && h.read().wait_ms() > 0);
 }
 
+bool VariableService::TakesLong(const Request& request) {
+  const wire::RequestHeader& h = request.header;
+  return MayWait(request) || h.has_save_shard() || h.has_restore_tables() || h.has_create_tables();
+}
+
 bool VariableService::Changes(const Request& request) {
   const wire::RequestHeader& h = request.header;
   switch (h.op_case()) {

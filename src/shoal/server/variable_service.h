@@ -54,6 +54,11 @@ class VariableService {
   // threads are few run such requests on a thread of their own, so that the
   // request that would end the wait is never queued behind it.
   static bool MayWait(const Request& request);
+  // Whether Handle() may hold its thread for long on `request`: it may wait
+  // (MayWait), or it writes or reads a checkpoint, or makes tables (seconds
+  // for large ones). Transports run these off their serving threads too, so
+  // that a save never stalls the pushes and pulls queued behind it.
+  static bool TakesLong(const Request& request);
   // Whether `request` changes anything (everything but reads, lookups and
   // counter reads): numbered ones are then applied at most once.
   static bool Changes(const Request& request);

@@ -1,6 +1,7 @@
 // BlockingExecutor: where a server runs requests that may wait (long polls
-// on counters and accumulators), so that they never hold a transport's own
-// threads, which serve the very calls that end their wait.
+// on counters and accumulators) or take long (checkpoint saves and
+// restores), so that they never hold a transport's own threads, which serve
+// the very calls that end their wait, and the pushes a save would stall.
 //
 // Bounded twice: at most `max_threads` threads (started on demand, leaving
 // after a while idle), and at most `max_pending` tasks queued or running; a

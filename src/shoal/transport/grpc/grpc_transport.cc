@@ -101,9 +101,10 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
     ReceivedChunks chunks;
     absl::Status status = Chunks(request_buffer_, &chunks);
     if (status.ok()) status = DecodeRequest(chunks.views, max_bytes_ + kHeaderSlack, request.get(), chunks.owners);
-    if (status.ok() && VariableService::MayWait(*request)) {
+    if (status.ok() && VariableService::TakesLong(*request)) {
       // gRPC's callback threads are few (about one per core): a long poll
-      // holding one could starve the very call that ends its wait.
+      // holding one could starve the very call that ends its wait, and a
+      // save holding one stalls the pushes behind it.
       const bool queued = executor_->TrySubmit([this, request] {
         Response response;
         service_->Handle(*request, &response);
@@ -111,7 +112,7 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
       });
       if (!queued) {
         Answer(absl::ResourceExhaustedError(absl::StrCat(
-                   "already serving ", executor_->max_pending(), " waiting calls (the most at once); try again")),
+                   "already serving ", executor_->max_pending(), " calls that wait or take long (the most at once); try again")),
                *request);
       }
       return;

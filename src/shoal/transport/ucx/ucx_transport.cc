@@ -683,9 +683,10 @@ class UcxServer final : public ServerHandle {
     if (!decoded.ok()) {
       // A garbled or refused request is answered, and the server goes on serving.
       SetErrorStatus(Annotate(decoded, absl::StrCat("request to ", service_->options().task_name)), &response);
-    } else if (VariableService::MayWait(*request)) {
+    } else if (VariableService::TakesLong(*request)) {
       // A long poll must not hold the loop, which serves the very calls
-      // that end its wait.
+      // that end its wait; nor may a save, which would stall every call
+      // queued behind it on this loop.
       {
         absl::MutexLock lock(&waiting_mu_);
         ++waiting_;
@@ -705,7 +706,7 @@ class UcxServer final : public ServerHandle {
       }
       SetErrorStatus(absl::ResourceExhaustedError(absl::StrCat(
                          service_->options().task_name, " is already serving ", executor_->max_pending(),
-                         " waiting calls (the most at once); try again")),
+                         " calls that wait or take long (the most at once); try again")),
                      &response);
     } else {
       service_->Handle(*request, &response);
