@@ -10,10 +10,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 
 #include "inproc_servers.h"
 #include "quick_job.h"
 #include "temp_dir.h"
+#include "shoal/checkpoint/saver_hook.h"
 #include "shoal/core/crc32c.h"
 #include "shoal/server/variable_service.h"
 #include "shoal/session/local_cluster.h"
@@ -154,6 +156,23 @@ struct SmallCluster {
   InProcServers servers;
   std::unique_ptr<Client> client;
 };
+
+// Stops task `index` of the cluster (in AllTasks order) and starts a fresh
+// one at its address: a restarted process, holding nothing.
+void Restart(SmallCluster& small, size_t index, const fs::path& dir) {
+  const TaskId task = small.cluster.AllTasks()[index];
+  small.servers.servers[index].reset();
+  small.servers.services[index] = MakeVariableService(WithCheckpointDir(dir), task);
+  small.servers.servers[index] =
+      small.servers.transport.Serve(small.cluster.AddressOf(task).value(), small.servers.services[index].get()).value();
+}
+
+wire::OptimizerConfig Sgd() {
+  wire::OptimizerConfig sgd;
+  sgd.set_kind("sgd");
+  sgd.set_learning_rate(0.1);
+  return sgd;
+}
 
 TEST(CheckpointTest, RestoresOntoAnotherNumberOfPsTasksWithTheSlots) {
   const fs::path dir = TempDir("replace");
@@ -350,6 +369,143 @@ TEST(CheckpointTest, ARestartedServerIsANewIncarnation) {
   // The new process holds nothing: a read is NOT_FOUND, never fresh values.
   EXPECT_EQ(client->Read({"w"}).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(client->restarts_seen(), 1);
+}
+
+// A ps task restarted while a checkpoint is saved answers from its new
+// process: what it wrote (a restore's older values, beside the other tasks'
+// live ones) must not become a checkpoint, even when it holds every
+// variable it should.
+TEST(CheckpointTest, ACheckpointSavedAcrossAPsRestartIsLeftUnfinished) {
+  const fs::path dir = TempDir("restarted");
+  const std::vector<VariableSpec> specs = {{"a", {4}}, {"b", {4}}};
+  SmallCluster small(2, specs, {}, dir);
+  ASSERT_TRUE(small.client->CreateVariables({{"a", torch::ones({4}), Sgd()}, {"b", torch::ones({4}), Sgd()}}).ok());
+  ASSERT_TRUE(small.client->Read({"a", "b"}).ok());
+  const TaskId ps1{"ps", 1};
+  const std::string on_ps1 = small.client->placement().Locate("a")->shards[0].task == ps1 ? "a" : "b";
+  Restart(small, 1, dir);
+  // Another worker (or a restore) makes ps:1's variable again before the
+  // chief's save reaches it.
+  auto other = Client::Create(small.cluster, &small.servers.transport,
+                              std::make_shared<const Placement>(small.client->placement()))
+                   .value();
+  ASSERT_TRUE(other->CreateVariables({{on_ps1, torch::zeros({4}), Sgd()}}).ok());
+
+  auto saved = SaveCheckpoint(*small.client, dir.string(), 5);
+  EXPECT_EQ(saved.status().code(), absl::StatusCode::kFailedPrecondition) << saved.status();
+  EXPECT_NE(saved.status().message().find("a task restarted while it was saved"), std::string::npos)
+      << saved.status();
+  EXPECT_EQ(LatestCheckpoint(dir.string()).status().code(), absl::StatusCode::kNotFound);
+  // The next save, with the restart behind it, is a checkpoint.
+  EXPECT_TRUE(SaveCheckpoint(*small.client, dir.string(), 6).ok());
+  fs::remove_all(dir);
+}
+
+// Every ps task holds a shard of each embedding table: a save in which one
+// holds none (restarted, not restored yet) would lose its rows.
+TEST(CheckpointTest, APsTaskThatLostItsTablesLeavesTheCheckpointUnfinished) {
+  const fs::path dir = TempDir("lost_tables");
+  SmallCluster small(2, {{"w", {4}}}, {}, dir);
+  ASSERT_TRUE(small.client->CreateVariables({{"w", torch::ones({4}), Sgd()}}).ok());
+  wire::TableDef table;
+  table.set_name("clicks");
+  table.set_rows(100);
+  table.set_dim(4);
+  table.set_seed(7);
+  *table.mutable_optimizer() = Sgd();
+  ASSERT_TRUE(small.client->CreateTables({table}).ok());
+  ASSERT_TRUE(SaveCheckpoint(*small.client, dir.string(), 1).ok());
+  Restart(small, 1, dir);
+  if (small.client->placement().Locate("w")->shards[0].task == TaskId{"ps", 1}) {
+    ASSERT_TRUE(small.client->CreateVariables({{"w", torch::ones({4}), Sgd()}}).ok());
+  }
+  // The chief has heard from the new ps:1 (and seen it lacks the table).
+  ASSERT_EQ(small.client->Occupancy("clicks").status().code(), absl::StatusCode::kNotFound);
+
+  auto saved = SaveCheckpoint(*small.client, dir.string(), 2);
+  EXPECT_EQ(saved.status().code(), absl::StatusCode::kFailedPrecondition) << saved.status();
+  EXPECT_NE(saved.status().message().find("/job:ps/task:1 holds no embedding table"), std::string::npos)
+      << saved.status();
+  EXPECT_EQ(LatestCheckpoint(dir.string()).value(), (fs::absolute(dir) / "ckpt-1").string());
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointTest, ACheckpointBeingRestoredIsNeverPruned) {
+  const fs::path dir = TempDir("in_use");
+  SmallCluster small(1, {{"w", {4}}}, {}, dir);
+  ASSERT_TRUE(small.client->CreateVariables({{"w", torch::ones({4}), Sgd()}}).ok());
+  for (int64_t step : {10, 20, 30}) ASSERT_TRUE(SaveCheckpoint(*small.client, dir.string(), step).ok());
+  auto steps_left = [&] {
+    std::vector<int64_t> left;
+    for (const auto& c : ListCheckpoints(dir.string())) left.push_back(c.step);
+    return left;
+  };
+  {
+    const CheckpointInUse restoring((dir / "ckpt-10").string());
+    EXPECT_TRUE(CheckpointInUse::Held((fs::absolute(dir) / "." / "ckpt-10").string()));
+    ASSERT_TRUE(PruneCheckpoints(dir.string(), 1).ok());
+    EXPECT_EQ(steps_left(), (std::vector<int64_t>{10, 30}));
+  }
+  EXPECT_FALSE(CheckpointInUse::Held((dir / "ckpt-10").string()));
+  ASSERT_TRUE(PruneCheckpoints(dir.string(), 1).ok());
+  EXPECT_EQ(steps_left(), (std::vector<int64_t>{30}));
+  fs::remove_all(dir);
+}
+
+// In the background, a save does not hold up the chief's steps: here ps:0's
+// save is held at its tables' checkpoint lock, and the chief's hook still
+// returns at once. One save at a time; one due meanwhile starts once the
+// first is in. Without the background, the step waits for the save.
+TEST(CheckpointSaverHookTest, InTheBackgroundTheChiefTrainsOnWhileASaveIsWritten) {
+  const fs::path dir = TempDir("background");
+  SmallCluster small(1, {{"w", {4}}}, {}, dir);
+  ASSERT_TRUE(small.client->CreateVariables({{"w", torch::ones({4}), Sgd()}}).ok());
+  CheckpointConfig config;
+  config.dir = dir.string();
+  config.every_steps = 10;
+  StopRequest stop;
+  auto step = [](int64_t global_step) {
+    StepInfo info;
+    info.global_step = global_step;
+    return info;
+  };
+  const TableStore& ps0_tables = small.servers.services[0]->tables();
+  {
+    CheckpointSaverHook saver(small.client.get(), config, {}, /*background=*/true);
+    ASSERT_TRUE(saver.AfterStep(step(1), &stop).ok());
+    std::unique_lock<std::mutex> held = ps0_tables.LockForCheckpoint();
+    auto stepped = std::async(std::launch::async, [&] { return saver.AfterStep(step(11), &stop); });
+    const bool returned = stepped.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    EXPECT_TRUE(returned) << "the chief's step waited for the save";
+    EXPECT_EQ(saver.saved(), 0);
+    ASSERT_TRUE(saver.AfterStep(step(25), &stop).ok());  // due, but one is being written
+    held.unlock();
+    if (returned) ASSERT_TRUE(stepped.get().ok());
+    while (ListCheckpoints(dir.string()).empty() || !ListCheckpoints(dir.string()).back().complete) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_TRUE(saver.AfterStep(step(26), &stop).ok());  // collects step 11's, starts the one due
+    saver.End(step(26), absl::OkStatus());
+    EXPECT_EQ(saver.saved(), 2);
+    EXPECT_GT(saver.seconds_saving(), 0);
+  }
+  std::vector<int64_t> steps;
+  for (const auto& c : ListCheckpoints(dir.string())) {
+    EXPECT_TRUE(c.complete) << c.path;
+    steps.push_back(c.step);
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{11, 26}));
+
+  CheckpointSaverHook waits(small.client.get(), config, {}, /*background=*/false);
+  ASSERT_TRUE(waits.AfterStep(step(30), &stop).ok());
+  std::unique_lock<std::mutex> held = ps0_tables.LockForCheckpoint();
+  auto stepped = std::async(std::launch::async, [&] { return waits.AfterStep(step(40), &stop); });
+  EXPECT_EQ(stepped.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+  held.unlock();
+  ASSERT_TRUE(stepped.get().ok());
+  EXPECT_EQ(waits.saved(), 1);
+  EXPECT_GT(waits.seconds_waited(), 0.2);
+  fs::remove_all(dir);
 }
 
 // A job stopped early (a hook, a signal) saves its checkpoint with the stop

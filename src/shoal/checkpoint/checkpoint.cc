@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "shoal/core/file.h"
 #include "shoal/core/status.h"
 
@@ -25,6 +26,20 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr char kIndexFile[] = "index.json";
+
+// The checkpoints this process is restoring from (CheckpointInUse), as
+// CanonicalPath gives them; several restores may hold one.
+absl::Mutex in_use_mu(absl::kConstInit);
+std::multiset<std::string>& InUse() ABSL_EXCLUSIVE_LOCKS_REQUIRED(in_use_mu) {
+  static auto* in_use = new std::multiset<std::string>();
+  return *in_use;
+}
+
+std::string CanonicalPath(const std::string& path) {
+  std::error_code error;
+  const fs::path canonical = fs::weakly_canonical(fs::absolute(path), error);
+  return error ? path : canonical.string();
+}
 
 }  // namespace
 
@@ -56,7 +71,14 @@ absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& di
   // Every task writes its shard at once (a ps task's tables can take
   // seconds), into the same folder of its own checkpoint directory, which
   // must be this one (the same config, a shared file system).
+  const int64_t restarts_before = client.restarts_seen();
   SHOAL_ASSIGN_OR_RETURN(const auto saved_by_task, client.SaveShards(shard_of, step));
+  // A task that restarted meanwhile wrote what it held then: nothing, or a
+  // restore's older values beside the others' live ones.
+  if (client.restarts_seen() != restarts_before) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint at step ", step, ": a task restarted while it was saved; the checkpoint is left unfinished"));
+  }
   std::map<TaskId, std::set<std::string>> stored;
   for (const auto& [task, shard] : shard_of) {
     const Client::SavedShard& saved = saved_by_task.at(task);
@@ -69,6 +91,16 @@ absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& di
     }
     stored[task].insert(saved.names.begin(), saved.names.end());
     if (saved.wrote_tables) index.table_shards.push_back(shard);
+  }
+  // Every ps task holds a shard of each table: one that wrote none has lost
+  // its tables (restarted, not yet restored).
+  if (!index.table_shards.empty()) {
+    for (const auto& [task, shard] : shard_of) {
+      if (task.job != "ps" || saved_by_task.at(task).wrote_tables) continue;
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint at step ", step, ": ", task.ToString(),
+                                                        " holds no embedding table while the other ps tasks do (lost, "
+                                                        "not restored yet?); the checkpoint is left unfinished"));
+    }
   }
   for (const auto& [name, vp] : client.placement().variables()) {
     CheckpointIndex::Variable v{name, vp.shape, {}};
@@ -133,12 +165,28 @@ absl::Status PruneCheckpoints(const std::string& dir, int keep) {
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     const bool drop = it->complete ? ++complete_seen > keep : newer_complete;
     newer_complete = newer_complete || it->complete;
-    if (!drop) continue;
+    if (!drop || CheckpointInUse::Held(it->path)) continue;
     std::error_code error;
     fs::remove_all(it->path, error);
     if (error) return absl::InternalError(absl::StrCat("cannot remove checkpoint '", it->path, "': ", error.message()));
   }
   return absl::OkStatus();
+}
+
+CheckpointInUse::CheckpointInUse(std::string checkpoint) : checkpoint_(CanonicalPath(checkpoint)) {
+  absl::MutexLock lock(&in_use_mu);
+  InUse().insert(checkpoint_);
+}
+
+CheckpointInUse::~CheckpointInUse() {
+  absl::MutexLock lock(&in_use_mu);
+  InUse().erase(InUse().find(checkpoint_));
+}
+
+bool CheckpointInUse::Held(const std::string& checkpoint) {
+  const std::string path = CanonicalPath(checkpoint);
+  absl::MutexLock lock(&in_use_mu);
+  return InUse().count(path) > 0;
 }
 
 absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& checkpoint) {

@@ -43,6 +43,12 @@ struct CheckpointConfig {
   // A checkpoint whose index is unreadable: fail (DATA_LOSS naming the file)
   // or fall_back (start from the newest intact one, with a warning).
   std::string on_corrupt = "fail";
+  // Whether the chief goes on training while the ps tasks write a
+  // checkpoint: auto, as the mode says (yes unless its checkpoints must hold
+  // one global step: sync, gated, model_average); true; false, as
+  // TensorFlow's saver hook does. One save at a time: one due while another
+  // is written starts when it ends.
+  std::string background = "auto";
 };
 
 struct CheckpointIndex {
@@ -106,8 +112,25 @@ std::vector<CheckpointInfo> ListCheckpoints(const std::string& dir);
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& dir, bool fall_back_past_corrupt = false);
 
 // Deletes all but the newest `keep` complete checkpoints, and unfinished
-// ones older than the newest complete one.
+// ones older than the newest complete one; never one this process is
+// restoring from (CheckpointInUse).
 absl::Status PruneCheckpoints(const std::string& dir, int keep);
+
+// Marks `checkpoint` as being restored by this process for the object's
+// life, so that PruneCheckpoints leaves it be: a save ending in the
+// background may prune while the chief restores a lost task.
+class CheckpointInUse {
+ public:
+  explicit CheckpointInUse(std::string checkpoint);
+  ~CheckpointInUse();
+  CheckpointInUse(const CheckpointInUse&) = delete;
+  CheckpointInUse& operator=(const CheckpointInUse&) = delete;
+
+  static bool Held(const std::string& checkpoint);
+
+ private:
+  const std::string checkpoint_;  // as CanonicalPath gives it
+};
 
 absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& checkpoint);
 

@@ -5,29 +5,73 @@
 
 namespace shoal {
 
-CheckpointSaverHook::CheckpointSaverHook(Client* client, CheckpointConfig config, std::vector<std::string> counters)
-    : client_(client), config_(std::move(config)), counters_(std::move(counters)), last_time_(absl::Now()) {
+CheckpointSaverHook::CheckpointSaverHook(Client* client, CheckpointConfig config, std::vector<std::string> counters,
+                                         bool background)
+    : client_(client),
+      config_(std::move(config)),
+      counters_(std::move(counters)),
+      background_(background),
+      last_time_(absl::Now()) {
   if (config_.every_steps <= 0 && config_.every_seconds <= 0) config_.every_seconds = 60;
 }
 
+CheckpointSaverHook::~CheckpointSaverHook() {
+  if (in_flight_ != nullptr) in_flight_->thread.join();
+}
+
 absl::Status CheckpointSaverHook::AfterStep(const StepInfo& step, StopRequest* stop) {
+  SHOAL_RETURN_IF_ERROR(Collect(/*wait=*/false));
   if (last_step_ < 0) last_step_ = step.global_step - 1;  // the step the job started (or resumed) at
   const bool steps_due = config_.every_steps > 0 && step.global_step - last_step_ >= config_.every_steps;
   const bool time_due = config_.every_seconds > 0 && absl::Now() - last_time_ >= absl::Seconds(config_.every_seconds);
   if (!steps_due && !time_due) return absl::OkStatus();
-  const absl::Time start = absl::Now();
-  auto saved = SaveAndPrune(*client_, config_, step.global_step, counters_);
-  seconds_saving_ += absl::ToDoubleSeconds(absl::Now() - start);
-  if (saved.ok()) {
-    ++saved_;
-  } else {
-    // A task is down (it may come back and be restored): this save is lost,
-    // training is not. The unfinished folder never counts as a checkpoint.
-    if (!absl::IsUnavailable(saved.status()) && !absl::IsFailedPrecondition(saved.status())) return saved.status();
-    absl::FPrintF(stderr, "checkpoint at global step %d not saved: %s\n", step.global_step, saved.status().message());
-  }
+  if (in_flight_ != nullptr) return absl::OkStatus();  // due again once the one being written is in
   last_step_ = step.global_step;
   last_time_ = absl::Now();
+  if (!background_) {
+    const absl::Time start = absl::Now();
+    auto saved = SaveAndPrune(*client_, config_, step.global_step, counters_);
+    const absl::Duration took = absl::Now() - start;
+    seconds_waited_ += absl::ToDoubleSeconds(took);
+    return Account(step.global_step, took, saved);
+  }
+  in_flight_ = std::make_unique<InFlight>();
+  InFlight* save = in_flight_.get();
+  save->step = step.global_step;
+  save->start = absl::Now();
+  save->thread = std::thread([this, save] {
+    save->result = SaveAndPrune(*client_, config_, save->step, counters_);
+    save->done.Notify();
+  });
+  return absl::OkStatus();
+}
+
+void CheckpointSaverHook::End(const StepInfo& last, const absl::Status& status) {
+  const absl::Time start = absl::Now();
+  const bool waited = in_flight_ != nullptr;
+  absl::Status collected = Collect(/*wait=*/true);
+  if (waited) seconds_waited_ += absl::ToDoubleSeconds(absl::Now() - start);
+  if (!collected.ok()) absl::FPrintF(stderr, "checkpoint not saved: %s\n", collected.message());
+}
+
+absl::Status CheckpointSaverHook::Collect(bool wait) {
+  if (in_flight_ == nullptr) return absl::OkStatus();
+  if (!wait && !in_flight_->done.HasBeenNotified()) return absl::OkStatus();
+  in_flight_->thread.join();  // the save's RPCs have deadlines: bounded
+  const std::unique_ptr<InFlight> save = std::move(in_flight_);
+  return Account(save->step, absl::Now() - save->start, save->result);
+}
+
+absl::Status CheckpointSaverHook::Account(int64_t step, absl::Duration took, const absl::StatusOr<std::string>& saved) {
+  seconds_saving_ += absl::ToDoubleSeconds(took);
+  if (saved.ok()) {
+    ++saved_;
+    return absl::OkStatus();
+  }
+  // A task is down (it may come back and be restored): this save is lost,
+  // training is not. The unfinished folder never counts as a checkpoint.
+  if (!absl::IsUnavailable(saved.status()) && !absl::IsFailedPrecondition(saved.status())) return saved.status();
+  absl::FPrintF(stderr, "checkpoint at global step %d not saved: %s\n", step, saved.status().message());
   return absl::OkStatus();
 }
 

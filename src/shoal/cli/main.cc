@@ -274,7 +274,11 @@ void PrintReport(const TrainReport& report, bool clicks) {
   for (const std::string& restart : report.restarts) absl::PrintF("restart: %s\n", restart);
   for (const std::string& recovery : report.recoveries) absl::PrintF("recovery: %s\n", recovery);
   if (report.restores > 0) absl::PrintF("checkpoints restored onto the job: %d\n", report.restores);
-  if (report.checkpoints_saved > 0) {
+  if (report.checkpoints_saved > 0 && report.checkpoints_in_background) {
+    absl::PrintF("checkpoints: %d saved before the end in the background, in %.1f s; the chief's training waited "
+                 "%.1f s for them\n",
+                 report.checkpoints_saved, report.checkpoint_save_seconds, report.checkpoint_seconds);
+  } else if (report.checkpoints_saved > 0) {
     absl::PrintF("checkpoints: %d saved before the end, in %.1f s of the chief's time (it trains nothing while one "
                  "is written)\n",
                  report.checkpoints_saved, report.checkpoint_seconds);

@@ -352,6 +352,7 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(checkpoint.Get("keep", &c->checkpoint.keep));
   SHOAL_RETURN_IF_ERROR(checkpoint.Get("restore", &c->checkpoint.restore));
   SHOAL_RETURN_IF_ERROR(checkpoint.Get("on_corrupt", &c->checkpoint.on_corrupt));
+  SHOAL_RETURN_IF_ERROR(checkpoint.Get("background", &c->checkpoint.background));
   SHOAL_RETURN_IF_ERROR(checkpoint.CheckNoUnknownKeys());
 
   Section security = top.Child("security");
@@ -511,6 +512,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   // gives them (a cluster file gives them only when the job starts).
   SHOAL_RETURN_IF_ERROR(mode->Validate(c, c.cluster.cluster_file.empty() ? c.cluster.workers : 0));
   SHOAL_RETURN_IF_ERROR(OneOf("checkpoint.on_corrupt", c.checkpoint.on_corrupt, {"fail", "fall_back"}));
+  SHOAL_RETURN_IF_ERROR(OneOf("checkpoint.background", c.checkpoint.background, {"auto", "true", "false"}));
   SHOAL_RETURN_IF_ERROR(OneOf("hooks.nan_guard", c.hooks.nan_guard, {"fail", "stop", "off"}));
   SHOAL_RETURN_IF_ERROR(OneOf("hooks.metrics_format", c.hooks.metrics_format, {"jsonl", "csv"}));
   if (c.hooks.log_every_steps < 0 || c.hooks.stop_at_step < 0) {

@@ -69,8 +69,10 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
                                            context.is_chief));
   std::shared_ptr<CheckpointSaverHook> saver;
   if (context.is_chief && !context.config->checkpoint.dir.empty()) {
-    saver = std::make_shared<CheckpointSaverHook>(context.client, context.config->checkpoint,
-                                                  SavedCounters(*mode, context));
+    const std::string& background = context.config->checkpoint.background;
+    saver = std::make_shared<CheckpointSaverHook>(
+        context.client, context.config->checkpoint, SavedCounters(*mode, context),
+        background == "true" || (background == "auto" && !mode->CheckpointsHoldOneStep()));
     hooks->Add(saver);
   }
   for (const auto& hook : context.extra_hooks) hooks->Add(hook);
@@ -120,7 +122,9 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
   SHOAL_ASSIGN_OR_RETURN(report->restores, context.client->AddToCounter(kRestores, 0));
   if (saver != nullptr) {
     report->checkpoints_saved = saver->saved();
-    report->checkpoint_seconds = saver->seconds_saving();
+    report->checkpoint_seconds = saver->seconds_waited();
+    report->checkpoint_save_seconds = saver->seconds_saving();
+    report->checkpoints_in_background = saver->background();
   }
   if (!context.config->checkpoint.dir.empty()) {
     SHOAL_ASSIGN_OR_RETURN(report->last_checkpoint,

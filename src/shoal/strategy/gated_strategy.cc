@@ -446,6 +446,7 @@ namespace {
 class Gated final : public TrainingMode {
  public:
   std::string name() const override { return "gated"; }
+  bool CheckpointsHoldOneStep() const override { return true; }
   std::unique_ptr<TrainingStrategy> MakeStrategy() const override { return std::make_unique<GatedStrategy>(); }
   bool ClassifiesOnly() const override { return true; }
   // A real cluster's size is known only when it starts: checked against one

@@ -358,6 +358,7 @@ class Downpour final : public TrainingMode {
 class ModelAverage final : public TrainingMode {
  public:
   std::string name() const override { return "model_average"; }
+  bool CheckpointsHoldOneStep() const override { return true; }
   std::unique_ptr<TrainingStrategy> MakeStrategy() const override {
     return std::make_unique<ModelAverageStrategy>();
   }

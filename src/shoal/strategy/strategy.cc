@@ -156,6 +156,7 @@ absl::StatusOr<Restored> RestoreOnto(WorkerContext& context, const std::string& 
                                     const std::vector<std::string>& variable_names,
                                     const std::vector<torch::Tensor>& variable_values,
                                     const wire::OptimizerConfig& optimizer, bool mid_job) {
+  const CheckpointInUse in_use(checkpoint);  // a save ending in the background must not prune it
   Client& client = *context.client;
   const auto [names, values] = WithBuffers(context, variable_names, variable_values);
   std::vector<std::vector<int64_t>> shapes;

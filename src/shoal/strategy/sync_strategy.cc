@@ -71,6 +71,7 @@ class SyncPolicy : public StepPolicy {
 class Sync final : public TrainingMode {
  public:
   std::string name() const override { return "sync"; }
+  bool CheckpointsHoldOneStep() const override { return true; }
   std::unique_ptr<TrainingStrategy> MakeStrategy() const override { return std::make_unique<SyncStrategy>(); }
   absl::Status Validate(const StrategyConfig& config, int workers) const override {
     if (workers > 0 && config.training.replicas_to_aggregate > workers) {

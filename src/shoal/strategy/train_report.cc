@@ -15,7 +15,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainReport, test_accuracy, test
                                                 copies_by_the_worst, network_test_accuracies,
                                                 uniform_average_accuracy, any_network_right, network_mean_weights,
                                                 restored_from, last_checkpoint, checkpoints_saved,
-                                                checkpoint_seconds, restarts, recoveries, restores,
+                                                checkpoint_seconds, checkpoint_save_seconds, checkpoints_in_background,
+                                                restarts, recoveries, restores,
                                                 unfinished_workers, compute_threads, compute_threads_source, intra_op_threads,
                                                 blas, worker_steps, calls_retried)
 

@@ -40,10 +40,14 @@ struct TrainReport {
   std::string stop_reason;              // why a hook stopped the job early; empty if it ran to the end
   std::string restored_from;            // the checkpoint the chief resumed from; empty if none
   std::string last_checkpoint;          // the checkpoint saved at the end; empty if none
-  // The chief's checkpoints before the end, and the seconds it spent saving
-  // them, when it trains nothing (checkpoint.every_steps, every_seconds).
+  // The chief's checkpoints before the end (checkpoint.every_steps,
+  // every_seconds): how many; the seconds its training waited for them,
+  // when it trains nothing; the seconds they took; whether they were
+  // written in the background (checkpoint.background).
   int64_t checkpoints_saved = 0;
   double checkpoint_seconds = 0;
+  double checkpoint_save_seconds = 0;
+  bool checkpoints_in_background = false;
   std::vector<std::string> restarts;    // the local launcher's: which task failed how, and its restart
   std::vector<std::string> recoveries;  // the chief's restores after a task lost its variables mid-job
   // Checkpoints restored onto the job by any task (the chief's, a population

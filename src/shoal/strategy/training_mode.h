@@ -68,6 +68,10 @@ class TrainingMode {
   virtual std::vector<std::string> SavedCounters(const StrategyConfig& /*config*/, int /*workers*/) const {
     return {};
   }
+  // Whether a checkpoint must hold one global step's values (the ps change
+  // in lockstep), so that the chief trains nothing while one is written;
+  // otherwise it saves in the background (checkpoint.background: auto).
+  virtual bool CheckpointsHoldOneStep() const { return false; }
   // Whether one model is trained, so that an evaluator task can follow its
   // checkpoints.
   virtual bool TrainsOneModel() const { return true; }
