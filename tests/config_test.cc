@@ -52,13 +52,16 @@ transport: {rpc_timeout_s: 5}
 
 TEST(ConfigTest, YamlRoundTrip) {
   auto c = ParseJobConfig("training: {optimizer: {kind: rmsprop, learning_rate: 0.003}, epochs: 3}\n"
-                          "placement: {scope_rules: ['a/*=ps:1']}\n");
+                          "placement: {scope_rules: ['a/*=ps:1']}\n"
+                          "checkpoint: {dir: /tmp/c, background: false}\n");
   ASSERT_TRUE(c.ok()) << c.status();
   auto again = ParseJobConfig(JobConfigToYaml(*c));
   ASSERT_TRUE(again.ok()) << again.status() << "\n" << JobConfigToYaml(*c);
   EXPECT_EQ(JobConfigToYaml(*again), JobConfigToYaml(*c));
   EXPECT_EQ(again->training.optimizer.kind(), "rmsprop");
   EXPECT_DOUBLE_EQ(again->training.optimizer.learning_rate(), 0.003);
+  EXPECT_EQ(again->checkpoint.background, "false");  // what a job's processes are given
+  EXPECT_EQ(ParseJobConfig("checkpoint: {background: yes}").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ConfigTest, MalformedConfigsNameTheProblem) {

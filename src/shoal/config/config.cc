@@ -744,7 +744,8 @@ std::string JobConfigToYaml(const JobConfig& c) {
       << c.checkpoint.dir << YAML::Key << "every_steps" << YAML::Value << c.checkpoint.every_steps << YAML::Key
       << "every_seconds" << YAML::Value << c.checkpoint.every_seconds << YAML::Key << "keep" << YAML::Value
       << c.checkpoint.keep << YAML::Key << "restore" << YAML::Value << c.checkpoint.restore
-      << YAML::Key << "on_corrupt" << YAML::Value << c.checkpoint.on_corrupt << YAML::EndMap;
+      << YAML::Key << "on_corrupt" << YAML::Value << c.checkpoint.on_corrupt << YAML::Key << "background"
+      << YAML::Value << c.checkpoint.background << YAML::EndMap;
   const SecurityConfig& sec = c.security;  // the token itself is never written out
   out << YAML::Key << "security" << YAML::Value << YAML::BeginMap << YAML::Key << "token_file" << YAML::Value
       << sec.token_file << YAML::Key << "tls_ca_file" << YAML::Value << sec.tls_ca_file << YAML::Key
