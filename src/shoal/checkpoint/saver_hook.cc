@@ -41,6 +41,7 @@ absl::Status CheckpointSaverHook::AfterStep(const StepInfo& step, StopRequest* s
   save->start = absl::Now();
   save->thread = std::thread([this, save] {
     save->result = SaveAndPrune(*client_, config_, save->step, counters_);
+    save->took = absl::Now() - save->start;
     save->done.Notify();
   });
   return absl::OkStatus();
@@ -59,7 +60,7 @@ absl::Status CheckpointSaverHook::Collect(bool wait) {
   if (!wait && !in_flight_->done.HasBeenNotified()) return absl::OkStatus();
   in_flight_->thread.join();  // the save's RPCs have deadlines: bounded
   const std::unique_ptr<InFlight> save = std::move(in_flight_);
-  return Account(save->step, absl::Now() - save->start, save->result);
+  return Account(save->step, save->took, save->result);
 }
 
 absl::Status CheckpointSaverHook::Account(int64_t step, absl::Duration took, const absl::StatusOr<std::string>& saved) {

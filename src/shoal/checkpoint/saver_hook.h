@@ -46,6 +46,7 @@ class CheckpointSaverHook : public TrainingHook {
   struct InFlight {
     int64_t step = 0;
     absl::Time start;
+    absl::Duration took;  // set with result, before done
     absl::StatusOr<std::string> result;
     absl::Notification done;
     std::thread thread;
