@@ -449,6 +449,16 @@ TEST(CheckpointTest, ACheckpointBeingRestoredIsNeverPruned) {
   EXPECT_FALSE(CheckpointInUse::Held((dir / "ckpt-10").string()));
   ASSERT_TRUE(PruneCheckpoints(dir.string(), 1).ok());
   EXPECT_EQ(steps_left(), (std::vector<int64_t>{30}));
+  // As a recovery takes it: the newest, marked before it is read.
+  auto held = HoldLatestCheckpoint(dir.string());
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ((*held)->path(), (dir / "ckpt-30").string());
+  ASSERT_TRUE(SaveCheckpoint(*small.client, dir.string(), 40).ok());
+  ASSERT_TRUE(PruneCheckpoints(dir.string(), 1).ok());
+  EXPECT_EQ(steps_left(), (std::vector<int64_t>{30, 40}));
+  held->reset();
+  ASSERT_TRUE(PruneCheckpoints(dir.string(), 1).ok());
+  EXPECT_EQ(steps_left(), (std::vector<int64_t>{40}));
   fs::remove_all(dir);
 }
 

@@ -165,7 +165,10 @@ absl::Status PruneCheckpoints(const std::string& dir, int keep) {
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     const bool drop = it->complete ? ++complete_seen > keep : newer_complete;
     newer_complete = newer_complete || it->complete;
-    if (!drop || CheckpointInUse::Held(it->path)) continue;
+    if (!drop) continue;
+    const std::string path = CanonicalPath(it->path);
+    absl::MutexLock lock(&in_use_mu);  // no restore marks it between the look and the removal
+    if (InUse().count(path) > 0) continue;
     std::error_code error;
     fs::remove_all(it->path, error);
     if (error) return absl::InternalError(absl::StrCat("cannot remove checkpoint '", it->path, "': ", error.message()));
@@ -173,7 +176,8 @@ absl::Status PruneCheckpoints(const std::string& dir, int keep) {
   return absl::OkStatus();
 }
 
-CheckpointInUse::CheckpointInUse(std::string checkpoint) : checkpoint_(CanonicalPath(checkpoint)) {
+CheckpointInUse::CheckpointInUse(std::string checkpoint)
+    : path_(std::move(checkpoint)), checkpoint_(CanonicalPath(path_)) {
   absl::MutexLock lock(&in_use_mu);
   InUse().insert(checkpoint_);
 }
@@ -187,6 +191,18 @@ bool CheckpointInUse::Held(const std::string& checkpoint) {
   const std::string path = CanonicalPath(checkpoint);
   absl::MutexLock lock(&in_use_mu);
   return InUse().count(path) > 0;
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointInUse>> HoldLatestCheckpoint(const std::string& dir,
+                                                                      bool fall_back_past_corrupt) {
+  // Pruning removes a checkpoint only once a newer one is complete, and
+  // never while one holds it: one removed between the choice and the mark
+  // leaves a newer one to take instead.
+  for (int attempt = 1;; ++attempt) {
+    SHOAL_ASSIGN_OR_RETURN(const std::string latest, LatestCheckpoint(dir, fall_back_past_corrupt));
+    auto held = std::make_unique<CheckpointInUse>(latest);
+    if (ReadCheckpointIndex(latest).ok() || attempt == 3) return held;
+  }
 }
 
 absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& checkpoint) {

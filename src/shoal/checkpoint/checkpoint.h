@@ -15,6 +15,7 @@
 #define SHOAL_CHECKPOINT_CHECKPOINT_H_
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -126,11 +127,19 @@ class CheckpointInUse {
   CheckpointInUse(const CheckpointInUse&) = delete;
   CheckpointInUse& operator=(const CheckpointInUse&) = delete;
 
+  const std::string& path() const { return path_; }  // as given
   static bool Held(const std::string& checkpoint);
 
  private:
+  const std::string path_;
   const std::string checkpoint_;  // as CanonicalPath gives it
 };
+
+// LatestCheckpoint, marked in use before it is read (so that a save ending
+// meanwhile cannot prune it; one pruned just before the mark gives way to
+// the newer one).
+absl::StatusOr<std::unique_ptr<CheckpointInUse>> HoldLatestCheckpoint(const std::string& dir,
+                                                                      bool fall_back_past_corrupt = false);
 
 absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& checkpoint);
 

@@ -212,7 +212,8 @@ absl::Status RecoverMember(WorkerContext& context, const Member& member, const M
     return back.ok() ? back : Annotate(error, absl::StrCat("the variables did not come back: ", back.message()));
   }
   SHOAL_ASSIGN_OR_RETURN(std::vector<bool> exist, VariablesOnceAnswered(context, names, error));
-  SHOAL_ASSIGN_OR_RETURN(std::string latest, CheckpointToRecoverFrom(context, error));
+  SHOAL_ASSIGN_OR_RETURN(const std::unique_ptr<CheckpointInUse> held, CheckpointToRecoverFrom(context, error));
+  const std::string& latest = held->path();
   if (AllExist(exist)) {
     SHOAL_ASSIGN_OR_RETURN(CheckpointIndex index, ReadCheckpointIndex(latest));
     return RestorePopulationCounters(context, index);

@@ -156,7 +156,6 @@ absl::StatusOr<Restored> RestoreOnto(WorkerContext& context, const std::string& 
                                     const std::vector<std::string>& variable_names,
                                     const std::vector<torch::Tensor>& variable_values,
                                     const wire::OptimizerConfig& optimizer, bool mid_job) {
-  const CheckpointInUse in_use(checkpoint);  // a save ending in the background must not prune it
   Client& client = *context.client;
   const auto [names, values] = WithBuffers(context, variable_names, variable_values);
   std::vector<std::vector<int64_t>> shapes;
@@ -226,8 +225,10 @@ absl::StatusOr<std::vector<bool>> VariablesOnceAnswered(WorkerContext& context, 
   }
 }
 
-absl::StatusOr<std::string> CheckpointToRecoverFrom(const WorkerContext& context, const absl::Status& error) {
-  auto latest = LatestCheckpoint(context.config->checkpoint.dir, context.config->checkpoint.on_corrupt == "fall_back");
+absl::StatusOr<std::unique_ptr<CheckpointInUse>> CheckpointToRecoverFrom(const WorkerContext& context,
+                                                                         const absl::Status& error) {
+  auto latest =
+      HoldLatestCheckpoint(context.config->checkpoint.dir, context.config->checkpoint.on_corrupt == "fall_back");
   if (!latest.ok()) return Annotate(error, absl::StrCat("cannot recover: ", latest.status().message()));
   return latest;
 }
@@ -298,7 +299,8 @@ absl::Status RecoverLostVariables(WorkerContext& context, const std::vector<std:
   SHOAL_ASSIGN_OR_RETURN(const bool tables_exist, TablesExist(context));
   if (AllExist(exist) && tables_exist) return absl::OkStatus();
   // Every task answers, and some lack their variables or tables: restore.
-  SHOAL_ASSIGN_OR_RETURN(std::string latest, CheckpointToRecoverFrom(context, error));
+  SHOAL_ASSIGN_OR_RETURN(const std::unique_ptr<CheckpointInUse> held, CheckpointToRecoverFrom(context, error));
+  const std::string& latest = held->path();
   SHOAL_ASSIGN_OR_RETURN(const Restored restored,
                          RestoreOnto(context, latest, variable_names, shapes_from, optimizer, /*mid_job=*/true));
   context.recoveries.push_back(absl::StrCat("restored ", latest, " (", DescribeRestored(restored), ") after: ",

@@ -245,9 +245,11 @@ absl::StatusOr<std::string> CheckpointToRestore(WorkerContext& context, const st
 absl::StatusOr<std::vector<bool>> VariablesOnceAnswered(WorkerContext& context, const std::vector<std::string>& names,
                                                         const absl::Status& error);
 
-// The newest checkpoint under checkpoint.dir, to recover from; else `error`
-// saying why there is none.
-absl::StatusOr<std::string> CheckpointToRecoverFrom(const WorkerContext& context, const absl::Status& error);
+// The newest checkpoint under checkpoint.dir, to recover from, marked in
+// use while the result lives (a save ending in the background must not
+// prune it); else `error` saying why there is none.
+absl::StatusOr<std::unique_ptr<CheckpointInUse>> CheckpointToRecoverFrom(const WorkerContext& context,
+                                                                         const absl::Status& error);
 
 // Puts back the job's counters as `index` saved them where the counter task
 // has fewer (it was lost): they only grow, so the larger value is the truer
