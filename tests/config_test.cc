@@ -53,7 +53,7 @@ transport: {rpc_timeout_s: 5}
 TEST(ConfigTest, YamlRoundTrip) {
   auto c = ParseJobConfig("training: {optimizer: {kind: rmsprop, learning_rate: 0.003}, epochs: 3}\n"
                           "placement: {scope_rules: ['a/*=ps:1']}\n"
-                          "checkpoint: {dir: /tmp/c, background: false}\n");
+                          "checkpoint: {dir: /tmp/c, background: false, timeout_s: 120}\n");
   ASSERT_TRUE(c.ok()) << c.status();
   auto again = ParseJobConfig(JobConfigToYaml(*c));
   ASSERT_TRUE(again.ok()) << again.status() << "\n" << JobConfigToYaml(*c);
@@ -61,6 +61,8 @@ TEST(ConfigTest, YamlRoundTrip) {
   EXPECT_EQ(again->training.optimizer.kind(), "rmsprop");
   EXPECT_DOUBLE_EQ(again->training.optimizer.learning_rate(), 0.003);
   EXPECT_EQ(again->checkpoint.background, "false");  // what a job's processes are given
+  EXPECT_EQ(again->checkpoint.timeout_s, 120);
+  EXPECT_EQ(ParseJobConfig("checkpoint: {timeout_s: 0}").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseJobConfig("checkpoint: {background: yes}").status().code(), absl::StatusCode::kInvalidArgument);
 }
 

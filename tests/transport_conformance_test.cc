@@ -290,7 +290,8 @@ TEST_P(TransportConformanceTest, ASaveThatTakesLongDoesNotHoldUpTheCallsBehindIt
     if (no_save.owns_lock()) no_save.unlock();
     saver.join();
   });
-  const std::filesystem::path variables_written = std::filesystem::path(CheckpointFolder(checkpoint_dir_, 7)) / ShardFileName(0);
+  const std::filesystem::path variables_written =
+      std::filesystem::path(CheckpointFolder(checkpoint_dir_, 7)) / ShardFileName(0);
   for (const absl::Time give_up = absl::Now() + absl::Seconds(10);
        !std::filesystem::exists(variables_written) && absl::Now() < give_up;) {
     absl::SleepFor(absl::Milliseconds(5));
@@ -303,6 +304,32 @@ TEST_P(TransportConformanceTest, ASaveThatTakesLongDoesNotHoldUpTheCallsBehindIt
   std::move(let_the_save_finish).Invoke();
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_FALSE(saved->at(ps0).wrote_tables);  // ps:0 holds no table
+}
+
+// A save may take longer than the RPC deadline (a big table shard): its
+// answer is given checkpoint_timeout, which still bounds it.
+TEST_P(TransportConformanceTest, ASaveMayTakeLongerThanTheRpcDeadlineButNotItsOwn) {
+  const TaskId ps0{"ps", 0};
+  const bool deadlines_cut_calls = GetParam() != Kind::kInProc && GetParam() != Kind::kInProcSerialized;
+  for (const absl::Duration checkpoint_timeout : {absl::Seconds(30), absl::Milliseconds(300)}) {
+    auto quick = Client::Create(cluster_, transport_.get(), placement_,
+                                ClientOptions{absl::Milliseconds(300), checkpoint_timeout})
+                     .value();
+    std::unique_lock<std::mutex> no_save = services_[ps0]->tables().LockForCheckpoint();
+    absl::StatusOr<std::map<TaskId, Client::SavedShard>> saved;
+    std::thread saver([&] { saved = quick->SaveShards({{ps0, 0}}, 8); });
+    auto let_the_save_finish = absl::MakeCleanup([&] {
+      if (no_save.owns_lock()) no_save.unlock();
+      saver.join();
+    });
+    absl::SleepFor(absl::Seconds(1));  // past the RPC deadline
+    std::move(let_the_save_finish).Invoke();
+    if (checkpoint_timeout > absl::Seconds(1) || !deadlines_cut_calls) {
+      EXPECT_TRUE(saved.ok()) << saved.status();
+    } else {
+      EXPECT_EQ(saved.status().code(), absl::StatusCode::kDeadlineExceeded) << saved.status();
+    }
+  }
 }
 
 TEST_P(TransportConformanceTest, ShutdownRequestIsDelivered) {

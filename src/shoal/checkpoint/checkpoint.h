@@ -50,6 +50,9 @@ struct CheckpointConfig {
   // TensorFlow's saver hook does. One save at a time: one due while another
   // is written starts when it ends.
   std::string background = "auto";
+  // How long a task may take to write or read its shard of one (each ps
+  // task's tables stream at about 1.5 GB/s here).
+  double timeout_s = 1800;
 };
 
 struct CheckpointIndex {

@@ -69,9 +69,15 @@ absl::Status CheckpointSaverHook::Account(int64_t step, absl::Duration took, con
     ++saved_;
     return absl::OkStatus();
   }
-  // A task is down (it may come back and be restored): this save is lost,
-  // training is not. The unfinished folder never counts as a checkpoint.
-  if (!absl::IsUnavailable(saved.status()) && !absl::IsFailedPrecondition(saved.status())) return saved.status();
+  // A task is down (it may come back and be restored), or too slow or busy
+  // this time (checkpoint.timeout_s; a flood of waiting calls): this save
+  // is lost, training is not. The unfinished folder never counts as a
+  // checkpoint, and the session's final save still fails the job.
+  const absl::Status& error = saved.status();
+  if (!absl::IsUnavailable(error) && !absl::IsFailedPrecondition(error) && !absl::IsDeadlineExceeded(error) &&
+      !absl::IsResourceExhausted(error)) {
+    return error;
+  }
   absl::FPrintF(stderr, "checkpoint at global step %d not saved: %s\n", step, saved.status().message());
   return absl::OkStatus();
 }

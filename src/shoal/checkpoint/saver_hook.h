@@ -55,8 +55,8 @@ class CheckpointSaverHook : public TrainingHook {
   // it): its outcome, as Account says.
   absl::Status Collect(bool wait);
   // Counts a save that ended: a lost task's error (UNAVAILABLE, or a task
-  // that does not hold what it should) loses that save, not training; any
-  // other is returned.
+  // that does not hold what it should), a deadline or a busy server loses
+  // that save, not training; any other (a full disk) is returned.
   absl::Status Account(int64_t step, absl::Duration took, const absl::StatusOr<std::string>& saved);
 
   Client* client_;

@@ -125,8 +125,9 @@ uint64_t Client::RequestNumbers::DrawClientId() {
   return id;
 }
 
-absl::Status Client::RunAll(TaskCalls& calls) {
-  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+absl::Status Client::RunAll(TaskCalls& calls, absl::Duration answer_timeout) {
+  const absl::Time retry_until = absl::Now() + options_.rpc_timeout;
+  const absl::Time deadline = absl::Now() + std::max(options_.rpc_timeout, answer_timeout);
   std::vector<std::pair<Channel*, TaskCall*>> pending;
   for (auto& [task, call] : calls) {
     SHOAL_ASSIGN_OR_RETURN(Channel* channel, ChannelFor(task));
@@ -139,7 +140,7 @@ absl::Status Client::RunAll(TaskCalls& calls) {
     call->request.header.set_request_id(numbers_->Open());
   }
   // A call that found its task unreachable (a dropped connection, a task
-  // still starting) is sent again, with the same number, until the deadline:
+  // still starting) is sent again, with the same number, until rpc_timeout:
   // servers apply a numbered request once, so a retry never doubles an update.
   const absl::Time start = absl::Now();
   absl::Duration backoff = absl::Milliseconds(20);
@@ -158,7 +159,7 @@ absl::Status Client::RunAll(TaskCalls& calls) {
     }
     answered.Wait();  // each transport enforces `deadline`
     std::vector<std::pair<Channel*, TaskCall*>> again;
-    const bool time_left = absl::Now() + backoff < deadline;
+    const bool time_left = absl::Now() + backoff < retry_until;
     for (size_t i = 0; i < pending.size(); ++i) {
       if (absl::IsUnavailable(statuses[i]) && time_left) {
         again.push_back(pending[i]);
@@ -642,7 +643,7 @@ absl::StatusOr<std::map<TaskId, Client::SavedShard>> Client::SaveShards(const st
     calls[task].request.header.mutable_save_shard()->set_step(step);
     calls[task].request.header.mutable_save_shard()->set_shard(shard);
   }
-  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  SHOAL_RETURN_IF_ERROR(RunAll(calls, options_.checkpoint_timeout));
   std::map<TaskId, SavedShard> saved;
   for (const auto& [task, call] : calls) {
     const auto& answer = call.response.header.save_shard();
@@ -690,7 +691,7 @@ absl::StatusOr<int64_t> Client::RestoreTables(int64_t step, const std::vector<in
     restore->set_step(step);
     for (int shard : shards) restore->add_shards(shard);
   }
-  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  SHOAL_RETURN_IF_ERROR(RunAll(calls, options_.checkpoint_timeout));
   int64_t rows = 0;
   for (const auto& [task, call] : calls) rows += call.response.header.restore_tables().rows();
   return rows;

@@ -37,6 +37,10 @@ namespace shoal {
 
 struct ClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(60);  // every call's deadline
+  // The deadline for the answer to a checkpoint save or restore, which
+  // takes as long as the shard is big (checkpoint.timeout_s); an
+  // unreachable task is still tried again only within rpc_timeout.
+  absl::Duration checkpoint_timeout = absl::Seconds(1800);
 };
 
 // A variable to create: its name, initial value and how it is trained.
@@ -266,7 +270,9 @@ class Client {
   absl::StatusOr<std::vector<TaskId>> LocateWhole(const std::vector<std::string>& names, absl::string_view what) const;
   // Sends every call in parallel and waits for all, sending again those whose
   // task was unreachable until the deadline; returns the first error.
-  absl::Status RunAll(TaskCalls& calls);
+  // `answer_timeout`, when longer than rpc_timeout, is how long an answer
+  // may take once a call is sent (saves, restores).
+  absl::Status RunAll(TaskCalls& calls, absl::Duration answer_timeout = absl::ZeroDuration());
   absl::StatusOr<Channel*> ChannelFor(const TaskId& task) const;
   // Reads every shard of the named variables, each request shaped by
   // `configure`, into `calls`; `placements` gets where each variable lives.

@@ -353,6 +353,7 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(checkpoint.Get("restore", &c->checkpoint.restore));
   SHOAL_RETURN_IF_ERROR(checkpoint.Get("on_corrupt", &c->checkpoint.on_corrupt));
   SHOAL_RETURN_IF_ERROR(checkpoint.Get("background", &c->checkpoint.background));
+  SHOAL_RETURN_IF_ERROR(checkpoint.Get("timeout_s", &c->checkpoint.timeout_s));
   SHOAL_RETURN_IF_ERROR(checkpoint.CheckNoUnknownKeys());
 
   Section security = top.Child("security");
@@ -513,6 +514,7 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   SHOAL_RETURN_IF_ERROR(mode->Validate(c, c.cluster.cluster_file.empty() ? c.cluster.workers : 0));
   SHOAL_RETURN_IF_ERROR(OneOf("checkpoint.on_corrupt", c.checkpoint.on_corrupt, {"fail", "fall_back"}));
   SHOAL_RETURN_IF_ERROR(OneOf("checkpoint.background", c.checkpoint.background, {"auto", "true", "false"}));
+  SHOAL_RETURN_IF_ERROR(Positive("checkpoint.timeout_s", c.checkpoint.timeout_s));
   SHOAL_RETURN_IF_ERROR(OneOf("hooks.nan_guard", c.hooks.nan_guard, {"fail", "stop", "off"}));
   SHOAL_RETURN_IF_ERROR(OneOf("hooks.metrics_format", c.hooks.metrics_format, {"jsonl", "csv"}));
   if (c.hooks.log_every_steps < 0 || c.hooks.stop_at_step < 0) {
@@ -745,7 +747,8 @@ std::string JobConfigToYaml(const JobConfig& c) {
       << "every_seconds" << YAML::Value << c.checkpoint.every_seconds << YAML::Key << "keep" << YAML::Value
       << c.checkpoint.keep << YAML::Key << "restore" << YAML::Value << c.checkpoint.restore
       << YAML::Key << "on_corrupt" << YAML::Value << c.checkpoint.on_corrupt << YAML::Key << "background"
-      << YAML::Value << c.checkpoint.background << YAML::EndMap;
+      << YAML::Value << c.checkpoint.background << YAML::Key << "timeout_s" << YAML::Value << c.checkpoint.timeout_s
+      << YAML::EndMap;
   const SecurityConfig& sec = c.security;  // the token itself is never written out
   out << YAML::Key << "security" << YAML::Value << YAML::BeginMap << YAML::Key << "token_file" << YAML::Value
       << sec.token_file << YAML::Key << "tls_ca_file" << YAML::Value << sec.tls_ca_file << YAML::Key

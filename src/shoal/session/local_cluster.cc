@@ -65,7 +65,7 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
   for (size_t i = 0; i < workers.size(); ++i) {
     worker_threads.emplace_back([&, i] {
       UseComputeThreadsInThisThread();
-      auto client = Client::Create(cluster, &transport, placement, ClientOptions{absl::Seconds(config.transport.rpc_timeout_s)});
+      auto client = Client::Create(cluster, &transport, placement, ClientOptionsFor(config));
       if (!client.ok()) {
         statuses[i] = client.status();
         return;

@@ -117,6 +117,10 @@ std::unique_ptr<VariableService> MakeVariableService(const JobConfig& config, co
                                                                   config.checkpoint.dir, std::move(is_job_peer)});
 }
 
+ClientOptions ClientOptionsFor(const JobConfig& config) {
+  return ClientOptions{absl::Seconds(config.transport.rpc_timeout_s), absl::Seconds(config.checkpoint.timeout_s)};
+}
+
 absl::StatusOr<std::shared_ptr<const Placement>> MakePlacement(const JobConfig& config, const ClusterSpec& cluster) {
   SHOAL_ASSIGN_OR_RETURN(const TrainingMode* mode, FindMode(config.training.mode));
   const std::vector<TaskId> workers = cluster.TrainingTasks();
@@ -242,8 +246,8 @@ absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, 
   SHOAL_RETURN_IF_ERROR(
       Serve(config, cluster, task, options, *transport, &service, &server, !grpc_options.token.empty()));
   SHOAL_ASSIGN_OR_RETURN(auto placement, MakePlacement(config, cluster));
-  SHOAL_ASSIGN_OR_RETURN(auto client, Client::Create(cluster, transport.get(), placement,
-                                                     ClientOptions{absl::Seconds(config.transport.rpc_timeout_s)}));
+  SHOAL_ASSIGN_OR_RETURN(auto client,
+                         Client::Create(cluster, transport.get(), placement, ClientOptionsFor(config)));
   const int64_t max_steps = MaxSteps(config, data.train.size(), static_cast<int>(cluster.TrainingTasks().size()));
   WorkerContext context = MakeWorkerContext(config, cluster, task, client.get(), data.train, max_steps);
   if (options.signal != nullptr) context.extra_hooks.push_back(std::make_shared<StopOnSignalHook>(options.signal));

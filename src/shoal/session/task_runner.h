@@ -16,6 +16,10 @@ namespace shoal {
 // The placement of the configured model's variables on `cluster`.
 absl::StatusOr<std::shared_ptr<const Placement>> MakePlacement(const JobConfig& config, const ClusterSpec& cluster);
 
+// A training task's client's deadlines: transport.rpc_timeout_s, and
+// checkpoint.timeout_s for saves and restores.
+ClientOptions ClientOptionsFor(const JobConfig& config);
+
 // The server every task runs, with the job's message size limit;
 // `is_job_peer` as in VariableServiceOptions.
 std::unique_ptr<VariableService> MakeVariableService(const JobConfig& config, const TaskId& task,

@@ -112,7 +112,8 @@ class CallReactor final : public grpc::ServerGenericBidiReactor {
       });
       if (!queued) {
         Answer(absl::ResourceExhaustedError(absl::StrCat(
-                   "already serving ", executor_->max_pending(), " calls that wait or take long (the most at once); try again")),
+                   "already serving ", executor_->max_pending(),
+                   " calls that wait or take long (the most at once); try again")),
                *request);
       }
       return;
