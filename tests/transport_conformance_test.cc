@@ -306,6 +306,29 @@ TEST_P(TransportConformanceTest, ASaveThatTakesLongDoesNotHoldUpTheCallsBehindIt
   EXPECT_FALSE(saved->at(ps0).wrote_tables);  // ps:0 holds no table
 }
 
+// A client asks every task for its shard at once: ps:1 writes its own
+// while ps:0's save is held at its tables' checkpoint lock.
+TEST_P(TransportConformanceTest, ASaveAsksEveryTaskAtOnce) {
+  const TaskId ps0{"ps", 0}, ps1{"ps", 1};
+  std::unique_lock<std::mutex> no_save = services_[ps0]->tables().LockForCheckpoint();
+  absl::StatusOr<std::map<TaskId, Client::SavedShard>> saved;
+  std::thread saver([&] { saved = client_->SaveShards({{ps0, 0}, {ps1, 1}}, 9); });
+  auto let_the_save_finish = absl::MakeCleanup([&] {
+    if (no_save.owns_lock()) no_save.unlock();
+    saver.join();
+  });
+  const std::filesystem::path ps1_written =
+      std::filesystem::path(CheckpointFolder(checkpoint_dir_, 9)) / ShardFileName(1);
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(10);
+       !std::filesystem::exists(ps1_written) && absl::Now() < give_up;) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(std::filesystem::exists(ps1_written)) << "ps:1 waited for ps:0's save";
+  std::move(let_the_save_finish).Invoke();
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->size(), 2u);
+}
+
 // A save may take longer than the RPC deadline (a big table shard): its
 // answer is given checkpoint_timeout, which still bounds it.
 TEST_P(TransportConformanceTest, ASaveMayTakeLongerThanTheRpcDeadlineButNotItsOwn) {

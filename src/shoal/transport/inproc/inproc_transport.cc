@@ -3,6 +3,8 @@
 #include "absl/strings/str_cat.h"
 #include "shoal/core/codec.h"
 #include "shoal/core/status.h"
+#include "shoal/server/variable_service.h"
+#include "shoal/transport/blocking_executor.h"
 
 namespace shoal {
 namespace {
@@ -39,6 +41,14 @@ class InProcChannel final : public Channel {
 
   void Call(const Request& request, Response* response, absl::Time deadline,
             std::function<void(absl::Status)> done) override {
+    // A save, restore or table creation (long, never a wait) runs on a
+    // thread of its own, as it would over a network, so that one client's
+    // calls to several tasks overlap: every ps task writes its shard at once.
+    if (VariableService::TakesLong(request) && !VariableService::MayWait(request) &&
+        BlockingExecutor::Shared()->TrySubmit(
+            [this, &request, response, deadline, done] { done(CallNow(request, response, deadline)); })) {
+      return;
+    }
     done(CallNow(request, response, deadline));
   }
 
