@@ -6,7 +6,6 @@
 
 #include <thread>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "shoal/client/client.h"
 #include "shoal/server/checkpoint_shard.h"
@@ -277,54 +276,62 @@ TEST_P(TransportConformanceTest, OverlappingCallsOfOneClientEachGetTheirOwnAnswe
   EXPECT_TRUE(Read("big").equal(torch::arange(512, torch::kFloat32).reshape({64, 8}) + kThreads * kSteps));
 }
 
-// A save that takes long (here: held at ps:0's tables' checkpoint lock,
-// after it wrote the task's variables) runs off the transport's serving
-// threads: the calls behind it, on its connection and on another client's,
-// are served meanwhile (with one UCX lane, they share its one loop).
+// Runs `client`'s save of `shards` at `step` on a thread of its own while
+// ps:0's save is held at its tables' checkpoint lock (after it wrote the
+// task's variables). Finish() lets it go on and waits for its answer; so
+// does the destructor, also when a check throws.
+class SaveHeldAtPs0 {
+ public:
+  SaveHeldAtPs0(VariableService& ps0, Client& client, std::map<TaskId, int> shards, int64_t step)
+      : held_(ps0.tables().LockForCheckpoint()),
+        thread_([this, &client, shards, step] { saved_ = client.SaveShards(shards, step); }) {}
+  ~SaveHeldAtPs0() { Finish(); }
+
+  const absl::StatusOr<std::map<TaskId, Client::SavedShard>>& Finish() {
+    if (held_.owns_lock()) held_.unlock();
+    if (thread_.joinable()) thread_.join();
+    return saved_;
+  }
+
+ private:
+  std::unique_lock<std::mutex> held_;
+  absl::StatusOr<std::map<TaskId, Client::SavedShard>> saved_;
+  std::thread thread_;  // last: it writes saved_
+};
+
+// Whether the shard file `shard` of the checkpoint at `step` is written
+// within 10 s.
+bool ShardWrittenSoon(const std::string& dir, int64_t step, int shard) {
+  const std::filesystem::path path = std::filesystem::path(CheckpointFolder(dir, step)) / ShardFileName(shard);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!std::filesystem::exists(path) && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  return std::filesystem::exists(path);
+}
+
+// A save that takes long (here: held at ps:0's tables' checkpoint lock)
+// runs off the transport's serving threads: the calls behind it, on its
+// connection and on another client's, are served meanwhile (with one UCX
+// lane, they share its one loop).
 TEST_P(TransportConformanceTest, ASaveThatTakesLongDoesNotHoldUpTheCallsBehindIt) {
   const TaskId ps0{"ps", 0};
-  std::unique_lock<std::mutex> no_save = services_[ps0]->tables().LockForCheckpoint();
-  absl::StatusOr<std::map<TaskId, Client::SavedShard>> saved;
-  std::thread saver([&] { saved = client_->SaveShards({{ps0, 0}}, 7); });
-  auto let_the_save_finish = absl::MakeCleanup([&] {  // also when a check below throws
-    if (no_save.owns_lock()) no_save.unlock();
-    saver.join();
-  });
-  const std::filesystem::path variables_written =
-      std::filesystem::path(CheckpointFolder(checkpoint_dir_, 7)) / ShardFileName(0);
-  for (const absl::Time give_up = absl::Now() + absl::Seconds(10);
-       !std::filesystem::exists(variables_written) && absl::Now() < give_up;) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  EXPECT_TRUE(std::filesystem::exists(variables_written)) << "the save never reached ps:0";
+  SaveHeldAtPs0 save(*services_[ps0], *client_, {{ps0, 0}}, 7);
+  EXPECT_TRUE(ShardWrittenSoon(checkpoint_dir_, 7, 0)) << "the save never reached ps:0";
   EXPECT_TRUE(Read("big").equal(torch::arange(512, torch::kFloat32).reshape({64, 8})));
   auto other = MakeClient(absl::Seconds(5));
   auto pushed = other->ApplyGradients({"big"}, {torch::ones({64, 8})}, {{"global_step", 1}});
   EXPECT_TRUE(pushed.ok()) << pushed.status();
-  std::move(let_the_save_finish).Invoke();
+  const auto& saved = save.Finish();
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_FALSE(saved->at(ps0).wrote_tables);  // ps:0 holds no table
 }
 
 // A client asks every task for its shard at once: ps:1 writes its own
-// while ps:0's save is held at its tables' checkpoint lock.
+// while ps:0's save is held.
 TEST_P(TransportConformanceTest, ASaveAsksEveryTaskAtOnce) {
   const TaskId ps0{"ps", 0}, ps1{"ps", 1};
-  std::unique_lock<std::mutex> no_save = services_[ps0]->tables().LockForCheckpoint();
-  absl::StatusOr<std::map<TaskId, Client::SavedShard>> saved;
-  std::thread saver([&] { saved = client_->SaveShards({{ps0, 0}, {ps1, 1}}, 9); });
-  auto let_the_save_finish = absl::MakeCleanup([&] {
-    if (no_save.owns_lock()) no_save.unlock();
-    saver.join();
-  });
-  const std::filesystem::path ps1_written =
-      std::filesystem::path(CheckpointFolder(checkpoint_dir_, 9)) / ShardFileName(1);
-  for (const absl::Time give_up = absl::Now() + absl::Seconds(10);
-       !std::filesystem::exists(ps1_written) && absl::Now() < give_up;) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  EXPECT_TRUE(std::filesystem::exists(ps1_written)) << "ps:1 waited for ps:0's save";
-  std::move(let_the_save_finish).Invoke();
+  SaveHeldAtPs0 save(*services_[ps0], *client_, {{ps0, 0}, {ps1, 1}}, 9);
+  EXPECT_TRUE(ShardWrittenSoon(checkpoint_dir_, 9, 1)) << "ps:1 waited for ps:0's save";
+  const auto& saved = save.Finish();
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_EQ(saved->size(), 2u);
 }
@@ -338,15 +345,9 @@ TEST_P(TransportConformanceTest, ASaveMayTakeLongerThanTheRpcDeadlineButNotItsOw
     auto quick = Client::Create(cluster_, transport_.get(), placement_,
                                 ClientOptions{absl::Milliseconds(300), checkpoint_timeout})
                      .value();
-    std::unique_lock<std::mutex> no_save = services_[ps0]->tables().LockForCheckpoint();
-    absl::StatusOr<std::map<TaskId, Client::SavedShard>> saved;
-    std::thread saver([&] { saved = quick->SaveShards({{ps0, 0}}, 8); });
-    auto let_the_save_finish = absl::MakeCleanup([&] {
-      if (no_save.owns_lock()) no_save.unlock();
-      saver.join();
-    });
+    SaveHeldAtPs0 save(*services_[ps0], *quick, {{ps0, 0}}, 8);
     absl::SleepFor(absl::Seconds(1));  // past the RPC deadline
-    std::move(let_the_save_finish).Invoke();
+    const auto& saved = save.Finish();
     if (checkpoint_timeout > absl::Seconds(1) || !deadlines_cut_calls) {
       EXPECT_TRUE(saved.ok()) << saved.status();
     } else {
