@@ -15,17 +15,13 @@ CheckpointSaverHook::CheckpointSaverHook(Client* client, CheckpointConfig config
   if (config_.every_steps <= 0 && config_.every_seconds <= 0) config_.every_seconds = 60;
 }
 
-CheckpointSaverHook::~CheckpointSaverHook() {
-  if (in_flight_ != nullptr) in_flight_->thread.join();
-}
-
 absl::Status CheckpointSaverHook::AfterStep(const StepInfo& step, StopRequest* stop) {
   SHOAL_RETURN_IF_ERROR(Collect(/*wait=*/false));
   if (last_step_ < 0) last_step_ = step.global_step - 1;  // the step the job started (or resumed) at
   const bool steps_due = config_.every_steps > 0 && step.global_step - last_step_ >= config_.every_steps;
   const bool time_due = config_.every_seconds > 0 && absl::Now() - last_time_ >= absl::Seconds(config_.every_seconds);
   if (!steps_due && !time_due) return absl::OkStatus();
-  if (in_flight_ != nullptr) return absl::OkStatus();  // due again once the one being written is in
+  if (in_flight_.has_value()) return absl::OkStatus();  // due again once the one being written is in
   last_step_ = step.global_step;
   last_time_ = absl::Now();
   if (!background_) {
@@ -35,32 +31,32 @@ absl::Status CheckpointSaverHook::AfterStep(const StepInfo& step, StopRequest* s
     seconds_waited_ += absl::ToDoubleSeconds(took);
     return Account(step.global_step, took, saved);
   }
-  in_flight_ = std::make_unique<InFlight>();
-  InFlight* save = in_flight_.get();
-  save->step = step.global_step;
-  save->start = absl::Now();
-  save->thread = std::thread([this, save] {
-    save->result = SaveAndPrune(*client_, config_, save->step, counters_);
-    save->took = absl::Now() - save->start;
-    save->done.Notify();
-  });
+  const int64_t at = step.global_step;
+  in_flight_ = InFlight{at, std::async(std::launch::async, [this, at] {
+                          const absl::Time start = absl::Now();
+                          absl::StatusOr<std::string> saved = SaveAndPrune(*client_, config_, at, counters_);
+                          return Outcome{std::move(saved), absl::Now() - start};
+                        })};
   return absl::OkStatus();
 }
 
 void CheckpointSaverHook::End(const StepInfo& last, const absl::Status& status) {
   const absl::Time start = absl::Now();
-  const bool waited = in_flight_ != nullptr;
+  const bool waited = in_flight_.has_value();
   absl::Status collected = Collect(/*wait=*/true);
   if (waited) seconds_waited_ += absl::ToDoubleSeconds(absl::Now() - start);
   if (!collected.ok()) absl::FPrintF(stderr, "checkpoint not saved: %s\n", collected.message());
 }
 
 absl::Status CheckpointSaverHook::Collect(bool wait) {
-  if (in_flight_ == nullptr) return absl::OkStatus();
-  if (!wait && !in_flight_->done.HasBeenNotified()) return absl::OkStatus();
-  in_flight_->thread.join();  // the save's RPCs have deadlines: bounded
-  const std::unique_ptr<InFlight> save = std::move(in_flight_);
-  return Account(save->step, save->took, save->result);
+  if (!in_flight_.has_value()) return absl::OkStatus();
+  if (!wait && in_flight_->outcome.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    return absl::OkStatus();
+  }
+  const int64_t step = in_flight_->step;
+  const Outcome outcome = in_flight_->outcome.get();  // the save's RPCs have deadlines: bounded
+  in_flight_.reset();
+  return Account(step, outcome.took, outcome.saved);
 }
 
 absl::Status CheckpointSaverHook::Account(int64_t step, absl::Duration took, const absl::StatusOr<std::string>& saved) {

@@ -11,10 +11,10 @@
 #ifndef SHOAL_CHECKPOINT_SAVER_HOOK_H_
 #define SHOAL_CHECKPOINT_SAVER_HOOK_H_
 
+#include <future>
+#include <optional>
 #include <memory>
-#include <thread>
 
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/hooks/hook.h"
@@ -26,8 +26,6 @@ class CheckpointSaverHook : public TrainingHook {
   // `client` must outlive the hook; `counters` are saved with each checkpoint.
   CheckpointSaverHook(Client* client, CheckpointConfig config, std::vector<std::string> counters = {},
                       bool background = false);
-  // Waits for a save in flight.
-  ~CheckpointSaverHook() override;
 
   // A background save's error that is not a lost task's (a full disk) fails
   // the chief here, at the first step after it.
@@ -43,13 +41,13 @@ class CheckpointSaverHook : public TrainingHook {
   bool background() const { return background_; }
 
  private:
+  struct Outcome {
+    absl::StatusOr<std::string> saved;
+    absl::Duration took;
+  };
   struct InFlight {
     int64_t step = 0;
-    absl::Time start;
-    absl::Duration took;  // set with result, before done
-    absl::StatusOr<std::string> result;
-    absl::Notification done;
-    std::thread thread;
+    std::future<Outcome> outcome;  // std::async's: destroying it waits for the save
   };
   // Collects the save in flight once it has ended (with `wait`, waits for
   // it): its outcome, as Account says.
@@ -68,7 +66,7 @@ class CheckpointSaverHook : public TrainingHook {
   int64_t saved_ = 0;
   double seconds_waited_ = 0;
   double seconds_saving_ = 0;
-  std::unique_ptr<InFlight> in_flight_;
+  std::optional<InFlight> in_flight_;
 };
 
 // Saves a checkpoint at `step` under config.dir and prunes to config.keep;
