@@ -549,6 +549,81 @@ TEST(CheckpointTrainingTest, AJobStoppedEarlyTrainsOnWhenStartedAgain) {
   fs::remove_all(dir);
 }
 
+// The examples of each step a worker takes, in order.
+class BatchSizeRecorder : public TrainingHook {
+ public:
+  absl::Status AfterStep(const StepInfo& step, StopRequest* /*stop*/) override {
+    absl::MutexLock lock(&mu);
+    sizes.push_back(step.examples);
+    return absl::OkStatus();
+  }
+  absl::Mutex mu;
+  std::vector<int64_t> sizes ABSL_GUARDED_BY(mu);
+};
+
+class DataPositionTest : public ::testing::TestWithParam<std::string> {};
+
+// A job started again over a checkpoint reads its data on from where the
+// checkpoint left it, in every mode on the step driver: one pass over a log
+// stays one pass. The shard of 100 examples in batches of 30 ends each
+// epoch with a batch of 10, which shows where in its epoch a step is.
+TEST_P(DataPositionTest, AJobStartedAgainReadsOnFromWhereItsCheckpointLeftIt) {
+  const fs::path dir = TempDir("position_" + GetParam());
+  JobConfig config = QuickJob(GetParam());
+  config.cluster.workers = 1;
+  config.data.train_examples = 100;
+  config.training.batch_size = 30;
+  config.training.max_steps = 5;  // 30, 30, 30, 10 | 30: 130 examples drawn
+  config.local.n_fetch = config.local.n_push = config.local.interval_steps = config.local.tau = 1;
+  config.checkpoint.dir = dir.string();
+  const std::string position = DataPositionCounter(0, 1);
+  // Each worker's batch sizes, in order.
+  auto run = [&](std::vector<std::vector<int64_t>>* sizes) {
+    std::vector<std::shared_ptr<BatchSizeRecorder>> recorders;
+    for (int w = 0; w < config.cluster.workers; ++w) recorders.push_back(std::make_shared<BatchSizeRecorder>());
+    auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
+      context.extra_hooks.push_back(recorders[context.worker_index]);
+    });
+    sizes->clear();
+    for (auto& recorder : recorders) {
+      absl::MutexLock lock(&recorder->mu);
+      sizes->push_back(recorder->sizes);
+    }
+    return report;
+  };
+  std::vector<std::vector<int64_t>> sizes;
+  auto first = run(&sizes);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(sizes[0], (std::vector<int64_t>{30, 30, 30, 10, 30}));
+  EXPECT_EQ(ReadCheckpointIndex(first->last_checkpoint).value().counters.at(position), 130);
+
+  config.training.max_steps = 9;
+  auto second = run(&sizes);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->restored_from, first->last_checkpoint);
+  EXPECT_EQ(sizes[0], (std::vector<int64_t>{30, 30, 10, 30}));  // from the first one's 130th example on
+  EXPECT_EQ(ReadCheckpointIndex(second->last_checkpoint).value().counters.at(position), 230);
+
+  // Another worker count shards the data otherwise (50 examples each: 30,
+  // 20): each worker starts its shard afresh.
+  config.cluster.workers = 2;
+  config.training.max_steps = 13;
+  auto third = run(&sizes);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->restored_from, second->last_checkpoint);
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_FALSE(sizes[w].empty()) << "worker " << w;
+    EXPECT_EQ(sizes[w][0], 30) << "worker " << w;
+  }
+  const CheckpointIndex index = ReadCheckpointIndex(third->last_checkpoint).value();
+  EXPECT_GT(index.counters.at(DataPositionCounter(0, 2)), 0);
+  EXPECT_EQ(index.counters.count(position), 0u);  // the job's own workers' only
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, DataPositionTest,
+                         ::testing::Values("async", "sync", "ssp", "downpour", "model_average", "easgd"));
+
 TEST(CheckpointTrainingTest, AJobStartedAgainResumesFromItsLastCheckpoint) {
   const fs::path dir = TempDir("resume");
   JobConfig config = QuickJob("sync");

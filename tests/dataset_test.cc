@@ -81,6 +81,45 @@ TEST_F(DatasetTest, BatchesVisitEveryExampleEachEpoch) {
   EXPECT_EQ(batches.epoch(), 1);
 }
 
+// A restarted worker seeks to where it was: from there it draws what it
+// would have drawn, whatever its batch size.
+TEST_F(DatasetTest, AnIteratorSoughtToAPositionDrawsOnAsTheOneThatGotThere) {
+  WriteSplit("train", 10);
+  const Dataset data = LoadMnistFormat(dir_, "train").value();
+  BatchIterator original(data, 4, 7);
+  std::vector<int64_t> drawn;  // every label the original draws, in order
+  std::vector<int64_t> positions;
+  torch::Tensor x, y;
+  for (int i = 0; i < 12; ++i) {  // 4 epochs of 3 batches
+    positions.push_back(original.examples_drawn());
+    original.Next(&x, &y);
+    for (int64_t j = 0; j < y.size(0); ++j) drawn.push_back(y[j].item<int64_t>());
+  }
+  EXPECT_EQ(original.examples_drawn(), 40);
+  // Every position, an epoch's end included, and one within a batch.
+  positions.push_back(40);
+  positions.push_back(13);
+  for (int64_t at : positions) {
+    for (int64_t batch : {4, 3}) {
+      BatchIterator resumed(data, batch, 7);
+      resumed.SeekTo(at);
+      EXPECT_EQ(resumed.examples_drawn(), at);
+      std::vector<int64_t> next;
+      while (resumed.examples_drawn() < 40) {
+        resumed.Next(&x, &y);
+        for (int64_t j = 0; j < y.size(0); ++j) next.push_back(y[j].item<int64_t>());
+      }
+      EXPECT_EQ(next, std::vector<int64_t>(drawn.begin() + at, drawn.end())) << "at " << at << ", batch " << batch;
+    }
+  }
+  // A place a hundred trillion epochs in costs one shuffle, as any other.
+  BatchIterator far(data, 4, 7);
+  far.SeekTo(1'000'000'000'000'003);
+  far.Next(&x, &y);
+  EXPECT_EQ(y.size(0), 4);
+  EXPECT_EQ(far.examples_drawn(), 1'000'000'000'000'007);
+}
+
 TEST_F(DatasetTest, MissingFileIsNotFoundNamingIt) {
   auto data = LoadMnistFormat(dir_, "train");
   EXPECT_EQ(data.status().code(), absl::StatusCode::kNotFound);

@@ -395,9 +395,11 @@ def test_client_reaches_a_shoal_server_process_over_grpc(tmp_path):
             shoal.Client(str(cluster), {"w": [4]}, rpc_timeout_s=5).read(["missing"])
         assert "missing" in str(error.value)
         client.shutdown_servers()
-        assert ps.wait(timeout=30) == 0, ps.stderr.read()
+        assert ps.wait(timeout=30) == 0
     finally:
         ps.kill()
+        # Shown when the test fails: how the server ended and what it said.
+        print(f"ps exit status {ps.wait()}; its stderr:\n{ps.stderr.read()}")
 
 
 def test_ctrl_c_stops_the_job_cleanly():

@@ -116,12 +116,26 @@ absl::StatusOr<Dataset> LoadMnistFormat(const std::string& dir, const std::strin
 }
 
 BatchIterator::BatchIterator(Dataset data, int64_t batch_size, uint64_t seed)
-    : data_(std::move(data)), batch_size_(std::max<int64_t>(1, batch_size)),
-      generator_(at::make_generator<at::CPUGeneratorImpl>(seed)) {
+    : data_(std::move(data)), batch_size_(std::max<int64_t>(1, batch_size)), seed_(seed) {
   Shuffle();
 }
 
-void BatchIterator::Shuffle() { order_ = torch::randperm(data_.size(), generator_, torch::kInt64); }
+void BatchIterator::SeekTo(int64_t examples) {
+  const int64_t size = data_.size();
+  // An epoch's last example drawn leaves the iterator at the end of that
+  // epoch (its next draw shuffles), as drawing would.
+  epoch_ = size > 0 && examples > 0 ? (examples - 1) / size : 0;
+  position_ = size > 0 ? examples - epoch_ * size : 0;
+  Shuffle();
+}
+
+void BatchIterator::Shuffle() {
+  // Each epoch's order from its own seed, so that seeking to any epoch
+  // costs one shuffle, whatever the position (epoch 0's seed is `seed`).
+  const uint64_t epoch_seed = seed_ + static_cast<uint64_t>(epoch_) * 0x9E3779B97F4A7C15ull;
+  torch::Generator generator = at::make_generator<at::CPUGeneratorImpl>(epoch_seed);
+  order_ = torch::randperm(data_.size(), generator, torch::kInt64);
+}
 
 void BatchIterator::Next(torch::Tensor* images, torch::Tensor* labels) {
   if (position_ >= data_.size()) {

@@ -49,7 +49,8 @@ absl::StatusOr<RawMnist> ReadMnistFormat(const std::string& dir, const std::stri
 // mean and deviation.
 absl::StatusOr<Dataset> LoadMnistFormat(const std::string& dir, const std::string& split);
 
-// Yields shuffled mini-batches, reshuffling at every epoch.
+// Yields shuffled mini-batches, reshuffling at every epoch (each epoch's
+// order drawn from the seed and the epoch).
 class BatchIterator {
  public:
   BatchIterator(Dataset data, int64_t batch_size, uint64_t seed);
@@ -57,13 +58,19 @@ class BatchIterator {
   void Next(torch::Tensor* images, torch::Tensor* labels);
   int64_t epoch() const { return epoch_; }
   int64_t batches_per_epoch() const { return (data_.size() + batch_size_ - 1) / batch_size_; }
+  // Examples drawn so far, over every epoch (an epoch draws each example once).
+  int64_t examples_drawn() const { return epoch_ * data_.size() + position_; }
+  // Goes to where an iterator over the same data with the same seed stands
+  // once it has drawn `examples` (>= 0) examples, in batches of any size:
+  // from there on both draw the same examples.
+  void SeekTo(int64_t examples);
 
  private:
   void Shuffle();
 
   Dataset data_;
   int64_t batch_size_;
-  torch::Generator generator_;
+  uint64_t seed_;
   torch::Tensor order_;
   int64_t position_ = 0;
   int64_t epoch_ = 0;

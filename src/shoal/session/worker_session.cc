@@ -28,6 +28,9 @@ std::vector<std::string> SavedCounters(const TrainingMode& mode, const WorkerCon
   for (std::string& own : mode.SavedCounters(*context.config, context.num_workers)) {
     counters.push_back(std::move(own));
   }
+  if (mode.KeepsDataPosition()) {
+    for (int w = 0; w < context.num_workers; ++w) counters.push_back(DataPositionCounter(w, context.num_workers));
+  }
   return counters;
 }
 

@@ -27,9 +27,9 @@ class AsyncPolicy : public StepPolicy {
     pushed_values_.clear();
     SHOAL_ASSIGN_OR_RETURN(bool send, check(model.variable_names(), gradients));
     if (!send) return PushOutcome::kStopped;
+    const std::vector<CounterDelta> counters = {{kGlobalStep, 1}, {kStopRequested, 0}, TakeDataPosition(context_)};
     SHOAL_ASSIGN_OR_RETURN(Client::AppliedValues applied,
-                           context_.client->ApplyGradientsAndRead(model.variable_names(), gradients,
-                                                                  {{kGlobalStep, 1}, {kStopRequested, 0}}));
+                           context_.client->ApplyGradientsAndRead(model.variable_names(), gradients, counters));
     step.global_step = global_step_ = applied.counters[0];
     ++local_step_;
     done_ = applied.counters[1] != 0 || global_step_ >= context_.max_steps;

@@ -447,6 +447,7 @@ class Gated final : public TrainingMode {
  public:
   std::string name() const override { return "gated"; }
   bool CheckpointsHoldOneStep() const override { return true; }
+  bool KeepsDataPosition() const override { return false; }  // not yet: the lockstep keeps an iterator of its own
   std::unique_ptr<TrainingStrategy> MakeStrategy() const override { return std::make_unique<GatedStrategy>(); }
   bool ClassifiesOnly() const override { return true; }
   // A real cluster's size is known only when it starts: checked against one

@@ -82,7 +82,7 @@ namespace {
 absl::StatusOr<bool> PushExchange(WorkerContext& context, const std::vector<std::string>& names,
                                   const std::vector<torch::Tensor>& update, wire::UpdateRule rule, int64_t steps,
                                   StepInfo& info) {
-  const std::vector<CounterDelta> counters = {{kGlobalStep, steps}, {kStopRequested, 0}};
+  const std::vector<CounterDelta> counters = {{kGlobalStep, steps}, {kStopRequested, 0}, TakeDataPosition(context)};
   SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> values, rule == wire::UPDATE_ADD
                                                           ? context.client->AddToVariables(names, update, counters)
                                                           : context.client->ApplyGradients(names, update, counters));
@@ -227,10 +227,13 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
       const wire::AccumulatedRule rule = local_.block_momentum > 0 ? wire::BLOCK_MOMENTUM : wire::ASSIGN_MEAN;
       SHOAL_ASSIGN_OR_RETURN(bool applied, ApplyAccumulatedOrStop(context_, names, workers_, round_ + 1, rule));
       if (!applied) return PushOutcome::kStopped;
-      // Both counters in one call (no variables to update).
+      // The counters in one call (no variables to update).
       SHOAL_RETURN_IF_ERROR(
-          client_.ApplyGradients({}, {}, {{kGlobalStep, steps * workers_}, {kAverageRound, 1}}).status());
+          client_
+              .AddToCounters({{kGlobalStep, steps * workers_}, {kAverageRound, 1}, TakeDataPosition(context_)})
+              .status());
     } else {
+      SHOAL_RETURN_IF_ERROR(client_.AddToCounters({TakeDataPosition(context_)}).status());
       SHOAL_ASSIGN_OR_RETURN(int64_t done, WaitForCounter(context_, kAverageRound, round_ + 1, timeout_,
                                                           absl::StrCat("averaging round ", round_ + 1)));
       if (done == 0) return PushOutcome::kStopped;

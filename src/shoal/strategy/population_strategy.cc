@@ -659,6 +659,7 @@ class Population final : public TrainingMode {
  public:
   std::string name() const override { return "population"; }
   std::unique_ptr<TrainingStrategy> MakeStrategy() const override { return std::make_unique<PopulationStrategy>(); }
+  bool KeepsDataPosition() const override { return false; }  // a member draws from a seed of its own step
   bool ClassifiesOnly() const override { return true; }
   // The learning-rate prior (population.learning_rate_range, 1e-4 to 0.1) is
   // an SGD-scale one: Adam, the async default, diverges at its top end.

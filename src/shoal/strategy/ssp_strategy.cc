@@ -116,7 +116,8 @@ class SspPolicy : public StepPolicy {
                                    const UpdateCheck& check) override {
     SHOAL_ASSIGN_OR_RETURN(bool send, check(model.variable_names(), gradients));
     if (!send) return PushOutcome::kStopped;
-    const std::vector<CounterDelta> counters = {{kGlobalStep, 1}, {kStopRequested, 0}, {kRestores, 0}};
+    const std::vector<CounterDelta> counters = {
+        {kGlobalStep, 1}, {kStopRequested, 0}, {kRestores, 0}, TakeDataPosition(context_)};
     Client::AppliedValues applied;
     if (read_at_push_) {
       SHOAL_ASSIGN_OR_RETURN(applied, client_.ApplyGradientsAndRead(model.variable_names(), gradients, counters));

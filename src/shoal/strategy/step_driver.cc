@@ -1,5 +1,7 @@
 #include "shoal/strategy/step_driver.h"
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "shoal/core/status.h"
 #include "shoal/model/row_tables.h"
 
@@ -30,9 +32,25 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
   // the variables were there, is recovered from as one lost mid-step is,
   // rather than ending the worker; a rejoin after a restore joins again.
   bool joined = false;
+  const std::string position_counter = DataPositionCounter(context.worker_index, context.num_workers);
   auto join = [&]() -> absl::Status {
     SHOAL_RETURN_IF_ERROR(LoadJobBuffers(context, model));
     SHOAL_RETURN_IF_ERROR(policy.Join(model));
+    // Where this worker's data stands for the job: the examples of its steps
+    // the ps took in (those drawn since, undone or never sent, are drawn again).
+    SHOAL_ASSIGN_OR_RETURN(const int64_t position, context.client->AddToCounter(position_counter, 0));
+    if (position < 0) {
+      return absl::DataLossError(absl::StrCat("counter '", position_counter, "' holds ", position,
+                                              ", not a place in ", context.task.ToString(), "'s data"));
+    }
+    if (position != batches.examples_drawn() || context.unpublished_examples != 0) {
+      batches.SeekTo(position);
+      context.unpublished_examples = 0;
+      if (!joined && position > 0) {
+        absl::FPrintF(stderr, "%s: reads its data on from where the job left it, %d examples in (its shard holds %d)\n",
+                      context.task.ToString(), position, context.train_shard.size());
+      }
+    }
     joined = true;
     return absl::OkStatus();
   };
@@ -46,6 +64,7 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
     SHOAL_RETURN_IF_ERROR(policy.Pull(model));
     torch::Tensor input, labels;
     batches.Next(&input, &labels);
+    context.unpublished_examples += labels.size(0);
     if (tables != nullptr) SHOAL_RETURN_IF_ERROR(tables->Pull(input));
     const BatchResult batch = ComputeGradients(model, input, labels);
     StepInfo step = MakeStepInfo(result.local_steps + 1, policy.GlobalStep(), batch, model);

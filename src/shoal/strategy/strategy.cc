@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/core/dtype.h"
@@ -15,6 +16,16 @@
 namespace shoal {
 
 std::string SspGapCounter(int64_t gap) { return absl::StrCat("ssp_gap/", gap); }
+
+std::string DataPositionCounter(int worker_index, int num_workers) {
+  return absl::StrCat("data_position/worker_", worker_index, "_of_", num_workers);
+}
+
+CounterDelta TakeDataPosition(WorkerContext& context) {
+  CounterDelta delta{DataPositionCounter(context.worker_index, context.num_workers), context.unpublished_examples};
+  context.unpublished_examples = 0;
+  return delta;
+}
 
 int ReplicasToAggregate(const StrategyConfig& config, int num_workers) {
   return config.training.replicas_to_aggregate > 0 ? config.training.replicas_to_aggregate : num_workers;
@@ -163,7 +174,12 @@ absl::StatusOr<Restored> RestoreOnto(WorkerContext& context, const std::string& 
   CheckpointIndex index;
   SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored, LoadVariables(checkpoint, names, shapes, &index));
   SHOAL_RETURN_IF_ERROR(client.SetCounter(kGlobalStep, index.step).status());
-  if (mid_job) SHOAL_RETURN_IF_ERROR(RestoreSavedCounters(client, index));
+  if (mid_job) {
+    SHOAL_RETURN_IF_ERROR(RestoreSavedCounters(client, index));
+  } else {
+    SHOAL_ASSIGN_OR_RETURN(const std::string not_restored, RestoreDataPositions(client, index, context.num_workers));
+    if (!not_restored.empty()) absl::FPrintF(stderr, "%s: %s\n", context.task.ToString(), not_restored);
+  }
   // Counted before any variable comes back, so that a worker that finds the
   // variables again also finds the count moved; the other workers wait for
   // restore_in_progress to fall before they read.
@@ -208,6 +224,25 @@ absl::Status RestoreSavedCounters(Client& client, const CheckpointIndex& index) 
     if (saved > live) SHOAL_RETURN_IF_ERROR(client.SetCounter(name, saved).status());
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> RestoreDataPositions(Client& client, const CheckpointIndex& index, int num_workers) {
+  const std::string any_count = "data_position/";
+  auto first = index.counters.lower_bound(any_count);
+  if (first == index.counters.end() || !absl::StartsWith(first->first, any_count)) {
+    return std::string();  // a mode that keeps none (populations), or a checkpoint older than them
+  }
+  for (int w = 0; w < num_workers; ++w) {
+    if (index.counters.count(DataPositionCounter(w, num_workers)) == 0) {
+      return absl::StrCat("the checkpoint keeps its workers' places in the data for another number of workers: ",
+                          "each of these ", num_workers, " reads its shard from the start");
+    }
+  }
+  for (int w = 0; w < num_workers; ++w) {
+    const std::string name = DataPositionCounter(w, num_workers);
+    SHOAL_RETURN_IF_ERROR(client.SetCounter(name, index.counters.at(name)).status());
+  }
+  return std::string();
 }
 
 absl::StatusOr<std::vector<bool>> VariablesOnceAnswered(WorkerContext& context, const std::vector<std::string>& names,

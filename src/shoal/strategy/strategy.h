@@ -40,6 +40,15 @@ inline constexpr char kRestoredStep[] = "restored_step";
 // at its next exchange with the ps.
 inline constexpr char kStopRequested[] = "stop_requested";
 
+// How far worker `worker_index` of `num_workers` has read its shard of the
+// training set: the examples it drew for the steps it sent, over every epoch
+// (BatchIterator::examples_drawn). Kept on the counter task and saved with
+// checkpoints, so that a restarted worker, a job rewound to a checkpoint
+// and a job started again over one read on from there, not from the
+// shard's start: one pass over a click log stays one pass. Named by the
+// worker count, since another count shards the data otherwise.
+std::string DataPositionCounter(int worker_index, int num_workers);
+
 // Called after each step a worker finishes (from that worker's thread);
 // `auc` is the batch's for a click model, else -1.
 using StepCallback = std::function<void(int64_t global_step, double loss, double auc)>;
@@ -92,6 +101,10 @@ struct WorkerContext {
   // The model's embedding tables (CreateRowTables), which a restore creates
   // again on a restarted ps task before it restores their rows.
   std::vector<wire::TableDef> table_defs;
+  // Examples this worker drew since it last added them to its
+  // DataPositionCounter: its mode's next exchange with the counter task
+  // carries them (TakeDataPosition).
+  int64_t unpublished_examples = 0;
   // Set by the step driver (async, sync, ssp): the chief publishes its
   // buffers every training.buffer_publish_steps steps (PublishChiefBuffers).
   bool chief_publishes_buffers = false;
@@ -104,6 +117,11 @@ struct WorkerResult {
   RowTables::CacheStats row_cache;  // a model with row tables: its cache's figures
   std::vector<std::string> tables;  // ... and their names
 };
+
+// The counter delta that adds the examples drawn since the last one to this
+// worker's DataPositionCounter (0 when none were), for its mode's next
+// counter request; they count as published from now on.
+CounterDelta TakeDataPosition(WorkerContext& context);
 
 // Counters of the SSP clock gaps seen: "ssp_gap/<g>" counts steps that began
 // g steps ahead of the slowest worker.
@@ -255,6 +273,13 @@ absl::StatusOr<std::unique_ptr<CheckpointInUse>> CheckpointToRecoverFrom(const W
 // has fewer (it was lost): they only grow, so the larger value is the truer
 // one.
 absl::Status RestoreSavedCounters(Client& client, const CheckpointIndex& index);
+
+// A job started again over the checkpoint `index`: its workers' data
+// positions (DataPositionCounter) as saved, for `num_workers` workers. A
+// checkpoint of another worker count has none for this one: the workers
+// then read their shards from the start, and the answer says so (empty
+// otherwise, and for a checkpoint that keeps no positions at all).
+absl::StatusOr<std::string> RestoreDataPositions(Client& client, const CheckpointIndex& index, int num_workers);
 
 // A training loop: runs `step` until it returns false; after a failure that
 // is Recoverable, `recover` (the strategy's way back) and on; any other
