@@ -149,5 +149,6 @@ PYBIND11_MODULE(_shoal, m) {
   py::class_<shoal::VariableServer>(m, "VariableServer")
       .def(py::init<const std::string&, const std::string&, const std::string&>(), py::arg("address"),
            py::arg("token") = "", py::arg("checkpoint_dir") = "", py::call_guard<py::gil_scoped_release>())
-      .def("wait", &shoal::VariableServer::Wait, py::call_guard<py::gil_scoped_release>());
+      .def("wait", &shoal::VariableServer::Wait, py::call_guard<py::gil_scoped_release>())
+      .def("address", &shoal::VariableServer::address);
 }

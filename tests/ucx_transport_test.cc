@@ -861,13 +861,18 @@ TEST(FastPathTransportTest, WithoutRouteTrialsEveryCallStaysOnTheFastRoute) {
   EXPECT_EQ(fast_seen->calls, calls);
 }
 
-// A loopback port that nothing listens on (one was free a moment ago).
-int ClosedPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  const int port = BindToFreeLoopbackPort(fd);
-  close(fd);
-  return port;
-}
+// A loopback port that nothing listens on while it lives: bound and never
+// listening, so that connections to it are refused and no other process
+// (a UCX listener's bind to port 0) can take it meanwhile.
+class ClosedPort {
+ public:
+  ClosedPort() : fd_(socket(AF_INET, SOCK_STREAM, 0)), port_(BindToFreeLoopbackPort(fd_)) {}
+  ~ClosedPort() { close(fd_); }
+  int port() const { return port_; }
+
+ private:
+  int fd_, port_;
+};
 
 TEST(FastPathTransportTest, ATaskWhoseFastEndpointCannotBeReachedIsCalledOverGrpc) {
   // As when a firewall lets the cluster's gRPC ports through and nothing
@@ -875,7 +880,8 @@ TEST(FastPathTransportTest, ATaskWhoseFastEndpointCannotBeReachedIsCalledOverGrp
   GrpcTransport grpc_only;
   VariableService service(VariableServiceOptions{"/job:ps/task:0"});
   auto server = grpc_only.Serve("127.0.0.1:0", &service).value();
-  service.AdvertiseFastEndpoint("ucx", ClosedPort());
+  const ClosedPort closed;
+  service.AdvertiseFastEndpoint("ucx", closed.port());
   FastPathTransport transport(std::make_unique<GrpcTransport>(), MakeUcx(), "ucx");
   auto channel = transport.Connect({"ps", 0}, server->address()).value();
   const Request create = CreateSgdVariable("v", torch::ones({3}));

@@ -12,7 +12,6 @@ newest checkpoint there (a `shoal server` given --ps needs the same
 """
 import argparse
 import gzip
-import socket
 
 import numpy as np
 import torch
@@ -29,12 +28,6 @@ def read_idx(path):
     return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
 
 
-def free_address():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=500)
@@ -45,8 +38,9 @@ def main():
     images = torch.from_numpy(read_idx(f"{FASHION}/train-images-idx3-ubyte.gz").astype(np.float32) / 255).flatten(1)
     labels = torch.from_numpy(read_idx(f"{FASHION}/train-labels-idx1-ubyte.gz").astype(np.int64))
 
-    address = args.ps or free_address()
-    server = None if args.ps else shoal.Server(address, checkpoint_dir=args.checkpoint_dir or None)
+    # A ps in this process, on a port the system picks, unless --ps names one.
+    server = None if args.ps else shoal.Server(checkpoint_dir=args.checkpoint_dir or None)
+    address = args.ps or server.address
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
     client = shoal.Client({"ps": [address]}, model.named_parameters())

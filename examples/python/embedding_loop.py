@@ -10,19 +10,12 @@ model, so the AUC the data allows is known.
     PYTHONPATH=build/python /usr/bin/python3 examples/python/embedding_loop.py [--steps 400] [--ps HOST:PORT,...]
 """
 import argparse
-import socket
 
 import numpy as np
 import torch
 import shoal
 
 FEATURES, IDS_PER_FEATURE, DIM = 8, 5000, 8
-
-
-def free_address():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def planted_log(examples, rng, weights):
@@ -64,8 +57,8 @@ def main():
     train_ids, train_labels, _ = planted_log(args.steps * args.batch_size, rng, weights)
     test_ids, test_labels, test_logits = planted_log(20000, rng, weights)
 
-    addresses = args.ps.split(",") if args.ps else [free_address(), free_address()]
-    servers = [] if args.ps else [shoal.Server(address) for address in addresses]
+    servers = [] if args.ps else [shoal.Server(), shoal.Server()]  # each on a port the system picks
+    addresses = args.ps.split(",") if args.ps else [server.address for server in servers]
     client = shoal.Client({"ps": addresses}, {})  # no dense variables: the table only
     client.create_table("embeddings", rows=FEATURES * IDS_PER_FEATURE, dim=DIM, seed=1, init_scale=0.01,
                         optimizer={"kind": "adagrad", "learning_rate": 0.1, "initial_accumulator_value": 1e-8})

@@ -261,7 +261,8 @@ class ClusterClient {
 // directly, without sockets (its reads are still copies).
 class VariableServer {
  public:
-  // Listens on `address` ("127.0.0.1:2222"). Without a token it serves
+  // Listens on `address` ("127.0.0.1:2222"; port 0: one the system picks,
+  // which address() then names). Without a token it serves
   // only a loopback address, as every shoal server does. With a
   // `checkpoint_dir` it writes and reads checkpoints there
   // (ClusterClient::Save and Restore); without one it refuses them.
@@ -274,6 +275,8 @@ class VariableServer {
   // Waits until a client asks this server to shut down, at most
   // `timeout_s`; returns whether one did.
   bool Wait(double timeout_s);
+  // Where clients reach it: the address it was given, its port as bound.
+  std::string address() const;
 
  private:
   struct State;

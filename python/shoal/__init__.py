@@ -362,14 +362,16 @@ class EmbeddingBag(Embedding):
 class Server:
     """A parameter server (a ps task) in this process, over gRPC, until closed.
 
-    Without a token it serves only a loopback address. With a checkpoint_dir it
+    It listens on `address`; by default, or with port 0, on a port the system
+    picks, which `server.address` names. Without a token it serves only a
+    loopback address. With a checkpoint_dir it
     writes and reads the checkpoints Client.save and Client.restore ask for there
     (the same folder the client names); without one it refuses them.
     """
 
-    def __init__(self, address, *, token="", checkpoint_dir=None):
-        self.address = address
+    def __init__(self, address="127.0.0.1:0", *, token="", checkpoint_dir=None):
         self._server = _shoal.VariableServer(address, token, os.fspath(checkpoint_dir) if checkpoint_dir else "")
+        self.address = self._server.address()  # port 0: the one the system picked
 
     def wait(self, timeout_s):
         """Waits until a client shuts the server down, at most timeout_s; returns whether one did."""

@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -41,7 +42,23 @@ def separable(n, features, dtype=np.float32):
 
 
 def free_port():
-    with socket.socket() as s:
+    # Below the kernel's ephemeral range, as shoal's launcher picks its
+    # tasks' ports: a port the kernel handed out here (bind to port 0) may
+    # go next to another test's UCX listener or gRPC server before this
+    # test's server binds it, and the test's client would then reach that
+    # one (it happened: a ps that talked until the other test ended).
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+        lowest_ephemeral = int(ports.read().split()[0])
+    candidates = list(range(10000, lowest_ephemeral))
+    random.shuffle(candidates)
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no room below the range
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
@@ -103,8 +120,9 @@ def test_bad_config_and_data_raise_shoals_message():
 
 
 def test_client_drives_a_server_by_hand_without_holding_the_gil():
-    address = f"127.0.0.1:{free_port()}"
-    server = shoal.Server(address)
+    server = shoal.Server()  # on a port the system picks
+    address = server.address
+    assert re.fullmatch(r"127\.0\.0\.1:[1-9][0-9]*", address), address
     model = torch.nn.Linear(3, 2)
     client = shoal.Client({"ps": [address]}, model.named_parameters())
     client.create(dict(model.named_parameters()), optimizer={"kind": "sgd", "learning_rate": 0.5})
@@ -158,8 +176,8 @@ def test_client_drives_a_server_by_hand_without_holding_the_gil():
 
 
 def test_client_pulls_and_pushes_embedding_rows_by_id():
-    addresses = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
-    servers = [shoal.Server(address) for address in addresses]
+    servers = [shoal.Server(), shoal.Server()]
+    addresses = [server.address for server in servers]
     client = shoal.Client({"ps": addresses}, {})  # a table needs no dense variable
     client.create_table("emb", rows=100, dim=4, optimizer={"kind": "sgd", "learning_rate": 1.0})
     client.create_table("emb", rows=100, dim=4, optimizer={"kind": "sgd", "learning_rate": 1.0})  # the same: kept
@@ -230,8 +248,8 @@ def test_client_pulls_and_pushes_embedding_rows_by_id():
 
 
 def test_embedding_layers_pull_by_id_and_push_their_gradients_on_backward():
-    addresses = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
-    servers = [shoal.Server(address) for address in addresses]
+    servers = [shoal.Server(), shoal.Server()]
+    addresses = [server.address for server in servers]
     client = shoal.Client({"ps": addresses}, {})
     client.create_table("emb", rows=100, dim=4, optimizer={"kind": "sgd", "learning_rate": 1.0})
     every = torch.arange(100)
@@ -317,8 +335,8 @@ def test_embedding_layers_pull_by_id_and_push_their_gradients_on_backward():
 
 
 def test_client_saves_and_restores_variables_slots_and_tables(tmp_path):
-    addresses = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
-    servers = [shoal.Server(address, checkpoint_dir=tmp_path) for address in addresses]
+    servers = [shoal.Server(checkpoint_dir=tmp_path), shoal.Server(checkpoint_dir=tmp_path)]
+    addresses = [server.address for server in servers]
     client = shoal.Client({"ps": addresses}, {"w": [4], "b": [2]})
     assert client.restore(tmp_path) is None  # nothing saved yet
     client.create({"w": torch.zeros(4), "b": torch.zeros(2)},
@@ -345,8 +363,8 @@ def test_client_saves_and_restores_variables_slots_and_tables(tmp_path):
     del servers
 
     # Onto another number of ps tasks: one, holding what two held.
-    address = f"127.0.0.1:{free_port()}"
-    server = shoal.Server(address, checkpoint_dir=tmp_path)
+    server = shoal.Server(checkpoint_dir=tmp_path)
+    address = server.address
     other = shoal.Client({"ps": [address]}, {"w": [4], "b": [2]})
     other.create({"w": torch.zeros(4), "b": torch.zeros(2)},
                  optimizer={"kind": "momentum", "learning_rate": 1.0, "momentum": 0.5})
@@ -364,8 +382,8 @@ def test_client_saves_and_restores_variables_slots_and_tables(tmp_path):
             assert word in str(error.value), (words, str(error.value))
     assert torch.equal(other.read(["w"])[0], before)
     # A server without a checkpoint directory refuses to write one.
-    bare_address = f"127.0.0.1:{free_port()}"
-    bare = shoal.Server(bare_address)
+    bare = shoal.Server()
+    bare_address = bare.address
     bare_client = shoal.Client({"ps": [bare_address]}, {"w": [4]})
     bare_client.create({"w": torch.zeros(4)})
     with pytest.raises(shoal.Error) as error:

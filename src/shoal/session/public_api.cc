@@ -583,8 +583,10 @@ VariableServer::VariableServer(const std::string& address, const std::string& to
       ValueOrThrow(ClusterSpec::FromJson(nlohmann::json{{"ps", {address}}}.dump(), ClusterUse::kPsClient));
   state_->served = ValueOrThrow(ServeTask(config, cluster, TaskId{"ps", 0}, TaskOptions{}));
   InProcTransport local(&ProcessNetwork());
-  state_->local = ValueOrThrow(local.Serve(address, state_->served.service.get()));
+  state_->local = ValueOrThrow(local.Serve(this->address(), state_->served.service.get()));
 }
+
+std::string VariableServer::address() const { return state_->served.server->address(); }
 
 VariableServer::~VariableServer() = default;
 
