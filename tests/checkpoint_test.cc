@@ -14,6 +14,7 @@
 
 #include "inproc_servers.h"
 #include "quick_job.h"
+#include "step_recorder.h"
 #include "temp_dir.h"
 #include "shoal/checkpoint/saver_hook.h"
 #include "shoal/core/crc32c.h"
@@ -549,18 +550,6 @@ TEST(CheckpointTrainingTest, AJobStoppedEarlyTrainsOnWhenStartedAgain) {
   fs::remove_all(dir);
 }
 
-// The examples of each step a worker takes, in order.
-class BatchSizeRecorder : public TrainingHook {
- public:
-  absl::Status AfterStep(const StepInfo& step, StopRequest* /*stop*/) override {
-    absl::MutexLock lock(&mu);
-    sizes.push_back(step.examples);
-    return absl::OkStatus();
-  }
-  absl::Mutex mu;
-  std::vector<int64_t> sizes ABSL_GUARDED_BY(mu);
-};
-
 class DataPositionTest : public ::testing::TestWithParam<std::string> {};
 
 // A job started again over a checkpoint reads its data on from where the
@@ -579,16 +568,13 @@ TEST_P(DataPositionTest, AJobStartedAgainReadsOnFromWhereItsCheckpointLeftIt) {
   const std::string position = DataPositionCounter(0, 1);
   // Each worker's batch sizes, in order.
   auto run = [&](std::vector<std::vector<int64_t>>* sizes) {
-    std::vector<std::shared_ptr<BatchSizeRecorder>> recorders;
-    for (int w = 0; w < config.cluster.workers; ++w) recorders.push_back(std::make_shared<BatchSizeRecorder>());
+    std::vector<std::shared_ptr<StepRecorder>> recorders;
+    for (int w = 0; w < config.cluster.workers; ++w) recorders.push_back(std::make_shared<StepRecorder>());
     auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
       context.extra_hooks.push_back(recorders[context.worker_index]);
     });
     sizes->clear();
-    for (auto& recorder : recorders) {
-      absl::MutexLock lock(&recorder->mu);
-      sizes->push_back(recorder->sizes);
-    }
+    for (auto& recorder : recorders) sizes->push_back(recorder->BatchSizes());
     return report;
   };
   std::vector<std::vector<int64_t>> sizes;

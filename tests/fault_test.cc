@@ -119,6 +119,7 @@ constexpr int64_t kMustStillBeBefore = kJobSteps - 300;
 
 TEST(FaultTest, AWorkerKilledMidJobIsRestartedAndEveryStepIsAccountedFor) {
   LongAsyncJob setup(1, "shoal_fault_worker");
+  testing::internal::CaptureStderr();  // the tasks' too: they write to this process's
   auto job = setup.Start();
   const pid_t worker = FindChild("--task /job:worker/task:1");
   ASSERT_GT(worker, 0) << LongAsyncJob::Outcome(job);
@@ -127,7 +128,12 @@ TEST(FaultTest, AWorkerKilledMidJobIsRestartedAndEveryStepIsAccountedFor) {
   ASSERT_LT(at, kMustStillBeBefore);
   ASSERT_EQ(kill(worker, SIGKILL), 0);
   auto report = job.get();
+  const std::string said = testing::internal::GetCapturedStderr();
   ASSERT_TRUE(report.ok()) << report.status();
+  // The restarted worker reads its shard on from the examples of the steps
+  // it had sent, not from its start.
+  EXPECT_NE(said.find("/job:worker/task:1: reads its data on from where the job left it"), std::string::npos)
+      << said;
   ASSERT_EQ(report->restarts.size(), 1u);
   EXPECT_NE(report->restarts[0].find("/job:worker/task:1 was killed by signal 9, restarted (1 of 1)"),
             std::string::npos)

@@ -16,6 +16,7 @@
 #include "quick_job.h"
 #include "saved_values.h"
 #include "scripted_modules.h"
+#include "step_recorder.h"
 #include "temp_dir.h"
 #include "shoal/server/variable_service.h"
 #include "shoal/session/local_cluster.h"
@@ -488,6 +489,41 @@ TEST(GatedTrainingTest, HooksSeeTheMastersUpdateWithItsBatchAndNoAuc) {
     EXPECT_LE(step.examples, config.training.batch_size) << "step " << step.global_step;
     EXPECT_EQ(step.auc, -1) << "step " << step.global_step;  // a click model's batch AUC only
     EXPECT_GT(step.loss, 0) << "step " << step.global_step;
+  }
+}
+
+// A gated job started again over a checkpoint reads its data on from where
+// the checkpoint's step left it: the chief draws a batch a lockstep step.
+// The set of 100 examples in batches of 30 ends each epoch with a batch of
+// 10, which shows where in its epoch a step is. Over 3 tasks (one per
+// network) and on one task (the whole ensemble).
+TEST(GatedTrainingTest, AJobStartedAgainReadsOnFromItsCheckpointsStep) {
+  for (int workers : {3, 1}) {
+    const fs::path dir = FreshTempDir("shoal_gated_", "resume");
+    JobConfig config = SmallGatedJob(false);
+    config.cluster.workers = workers;
+    config.data.train_examples = 100;
+    config.training.batch_size = 30;
+    config.training.max_steps = 5;  // 30, 30, 30, 10 | 30
+    config.checkpoint.dir = dir.string();
+    auto run = [&](std::vector<int64_t>* sizes) {
+      auto recorder = std::make_shared<StepRecorder>();
+      auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
+        if (context.is_chief) context.extra_hooks.push_back(recorder);
+      });
+      *sizes = recorder->BatchSizes();
+      return report;
+    };
+    std::vector<int64_t> sizes;
+    auto first = run(&sizes);
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_EQ(sizes, (std::vector<int64_t>{30, 30, 30, 10, 30})) << workers << " workers";
+    config.training.max_steps = 9;
+    auto second = run(&sizes);
+    ASSERT_TRUE(second.ok()) << second.status();
+    EXPECT_EQ(second->restored_from, first->last_checkpoint);
+    EXPECT_EQ(sizes, (std::vector<int64_t>{30, 30, 10, 30})) << workers << " workers";
+    fs::remove_all(dir);
   }
 }
 

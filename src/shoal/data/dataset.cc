@@ -129,6 +129,12 @@ void BatchIterator::SeekTo(int64_t examples) {
   Shuffle();
 }
 
+int64_t BatchIterator::ExamplesInBatches(int64_t batches) const {
+  const int64_t per_epoch = batches_per_epoch();
+  if (per_epoch == 0) return 0;
+  return batches / per_epoch * data_.size() + batches % per_epoch * batch_size_;
+}
+
 void BatchIterator::Shuffle() {
   // Each epoch's order from its own seed, so that seeking to any epoch
   // costs one shuffle, whatever the position (epoch 0's seed is `seed`).

@@ -64,6 +64,9 @@ class BatchIterator {
   // once it has drawn `examples` (>= 0) examples, in batches of any size:
   // from there on both draw the same examples.
   void SeekTo(int64_t examples);
+  // The examples drawn by `batches` batches of this iterator's size from
+  // the start (each epoch's last batch may be smaller), for SeekTo.
+  int64_t ExamplesInBatches(int64_t batches) const;
 
  private:
   void Shuffle();

@@ -97,7 +97,9 @@ class LockstepWorker {
     WorkerResult result;
     // The job's step: at the start (a restarted network joins the step the
     // chief waits in) and after a restore, which put every counter there.
+    // The chief draws a batch a step, so the step says where its data stands.
     SHOAL_ASSIGN_OR_RETURN(int64_t t, client_.AddToCounter(kGlobalStep, 0));
+    if (batches) batches->SeekTo(batches->ExamplesInBatches(t));
     SHOAL_RETURN_IF_ERROR(StepUntilDone(
         context_,
         [&]() -> absl::StatusOr<bool> {
@@ -115,6 +117,7 @@ class LockstepWorker {
           // moved): only a restore, which puts them back, lets the job go on.
           if (context_.restores_known == restores) return error;
           SHOAL_ASSIGN_OR_RETURN(t, client_.AddToCounter(kGlobalStep, 0));
+          if (batches) batches->SeekTo(batches->ExamplesInBatches(t));
           return absl::OkStatus();
         }));
     return result;
@@ -316,6 +319,7 @@ absl::StatusOr<WorkerResult> RunWholeEnsemble(WorkerContext& context, GatedEnsem
   int64_t t = 0;
   auto join = [&]() -> absl::Status {
     SHOAL_ASSIGN_OR_RETURN(t, client.AddToCounter(kGlobalStep, 0));
+    batches.SeekTo(batches.ExamplesInBatches(t));  // a batch a step: the step says where the data stands
     return absl::OkStatus();
   };
   SHOAL_RETURN_IF_ERROR(join());
@@ -447,7 +451,7 @@ class Gated final : public TrainingMode {
  public:
   std::string name() const override { return "gated"; }
   bool CheckpointsHoldOneStep() const override { return true; }
-  bool KeepsDataPosition() const override { return false; }  // not yet: the lockstep keeps an iterator of its own
+  bool KeepsDataPosition() const override { return false; }  // a batch a lockstep step: the step says where it is
   std::unique_ptr<TrainingStrategy> MakeStrategy() const override { return std::make_unique<GatedStrategy>(); }
   bool ClassifiesOnly() const override { return true; }
   // A real cluster's size is known only when it starts: checked against one
