@@ -586,6 +586,78 @@ TEST(UcxTransportTest, AFloodOfLongPollsIsBoundedAndCallsThatDoNotWaitAreStillSe
   EXPECT_LE(served.load(), 4 * (1000 / 200 + 2));
 }
 
+// What the requests being received may hold at once is bounded: a request
+// beyond the budget is refused naming the task, before its data is fetched,
+// and changes nothing; requests within it are served, one at a time or many
+// at once, and each gives its share back (a leak would refuse the last one).
+TEST(UcxTransportTest, RequestsBeyondTheReceiveBudgetAreRefusedAndTheBudgetComesBack) {
+  for (const char* transports : {"", "tcp"}) {  // UCX's pick (shared memory here), TCP
+    SCOPED_TRACE(absl::StrCat("UCX_TLS '", transports, "'"));
+    UcxOptions options;
+    options.ucx_transports = transports;
+    options.receive_budget_bytes = 1 << 20;
+    auto transport = MakeUcx(options);
+    VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+    auto server = transport->Serve("127.0.0.1:0", &service).value();
+    auto channel = transport->Connect({"ps", 0}, server->address()).value();
+    const absl::Duration deadline = absl::Seconds(20);
+    auto create = [&](const std::string& name, int64_t floats) {
+      Response response;
+      return CallAndWait(*channel, CreateSgdVariable(name, torch::ones({floats})), &response, absl::Now() + deadline);
+    };
+    const absl::Status big = create("big", 512 * 1024);  // 2 MiB
+    EXPECT_TRUE(absl::IsResourceExhausted(big)) << big;
+    EXPECT_NE(big.message().find("/job:ps/task:0 is receiving"), std::string::npos) << big;
+    EXPECT_FALSE(service.store().Lookup({"big"})[0].present);
+    for (int i = 0; i < 20; ++i) ASSERT_TRUE(create(absl::StrCat("one_", i), 64 * 1024).ok()) << i;  // 256 KiB
+    std::atomic<int> served{0}, refused{0}, other{0};
+    std::vector<std::thread> many;
+    for (int t = 0; t < 8; ++t) {
+      many.emplace_back([&, t] {
+        for (int i = 0; i < 5; ++i) {
+          const absl::Status status = create(absl::StrCat("many_", t, "_", i), 75 * 1024);  // 300 KiB
+          if (status.ok()) {
+            ++served;
+          } else if (absl::IsResourceExhausted(status) && status.message().find("is receiving") != std::string::npos) {
+            ++refused;
+          } else {
+            ++other;
+          }
+        }
+      });
+    }
+    for (auto& t : many) t.join();
+    EXPECT_GT(served.load(), 0);
+    EXPECT_EQ(other.load(), 0);
+    EXPECT_TRUE(create("last", 225 * 1024).ok());  // 900 KiB: the whole budget is back
+  }
+}
+
+// Answers that come after their call gave up (large ones come by
+// rendezvous) are dropped, and the client goes on calling.
+TEST(UcxTransportTest, LargeAnswersThatComeTooLateAreDroppedAndTheClientGoesOn) {
+  auto transport = MakeUcx();
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  auto server = transport->Serve("127.0.0.1:0", &service).value();
+  auto channel = transport->Connect({"ps", 0}, server->address()).value();
+  Response created;
+  ASSERT_TRUE(CallAndWait(*channel, CreateSgdVariable("big", torch::ones({8 << 20})), &created,
+                          absl::Now() + absl::Seconds(20))
+                  .ok());
+  Request read;
+  read.header.mutable_read()->add_names("big");
+  int late = 0;
+  for (int i = 0; i < 10; ++i) {  // 32 MiB answers to calls that give up after 1 ms
+    Response response;
+    if (absl::IsDeadlineExceeded(CallAndWait(*channel, read, &response, absl::Now() + absl::Milliseconds(1)))) ++late;
+  }
+  EXPECT_GT(late, 0);
+  absl::SleepFor(absl::Milliseconds(500));  // the late answers arrive meanwhile
+  Response response;
+  ASSERT_TRUE(CallAndWait(*channel, read, &response, absl::Now() + absl::Seconds(20)).ok());
+  EXPECT_TRUE(response.tensors[0].equal(torch::ones({8 << 20})));
+}
+
 // No spinning: a server and a client that have talked, then wait, use no CPU.
 // Each connection costs the server a UCX worker: past its limit it refuses
 // the next, naming itself, and takes one again once a client has gone.

@@ -30,7 +30,8 @@ namespace {
 
 constexpr size_t kHeaderSlack = 16 << 20;  // room for headers beyond the tensor payload
 constexpr int kMaxPendingHandshakes = 64;
-// A server fetches at most this many largest messages' worth of requests at once.
+// By default a server fetches at most this many largest messages' worth of
+// requests at once (UcxOptions::receive_budget_bytes).
 constexpr size_t kReceiveBudgetMessages = 2;
 constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
 // How long closing endpoints may take when a loop stops.
@@ -172,8 +173,7 @@ void Receive(UcxLoop* loop, UcxWorker* worker, void* data, size_t length, const 
   auto* in = new Incoming{AllocateAligned(length), length, std::move(deliver), loop, worker};
   const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   if (in->buffer == nullptr) {
-    if (rendezvous) ucp_am_data_release(worker->get(), data);
-    in->Finish(false);
+    in->Finish(false);  // no memory: returning from the callback drops the data
     return;
   }
   if (!rendezvous) {
@@ -200,10 +200,6 @@ void Receive(UcxLoop* loop, UcxWorker* worker, void* data, size_t length, const 
   }
 }
 
-// Drops an active message's data without fetching it.
-void Drop(UcxWorker* worker, void* data, const ucp_am_recv_param_t* param) {
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ucp_am_data_release(worker->get(), data);
-}
 
 // The codec's header frame of a message whose active-message header is
 // `header` (`fixed` bytes of shoal's header, then perhaps the frame): a
@@ -360,6 +356,9 @@ class UcxServer final : public ServerHandle {
   UcxServer(std::vector<std::unique_ptr<UcxLoop>> loops, int listen_fd, std::string address,
             VariableService* service, const UcxOptions& options)
       : listen_fd_(listen_fd), address_(std::move(address)), service_(service), options_(options),
+        receive_budget_bytes_(options.receive_budget_bytes > 0
+                                  ? options.receive_budget_bytes
+                                  : kReceiveBudgetMessages * (options.max_message_bytes + kHeaderSlack)),
         host_id_(HostId()), shared_memory_(MayUseSharedMemory(options.ucx_transports)) {
     executor_ = options.executor ? options.executor : BlockingExecutor::Shared();
     for (auto& loop : loops) {
@@ -613,30 +612,29 @@ class UcxServer final : public ServerHandle {
     Answer(lane, connection_id, call_id, std::move(refusal));
   }
 
-  // A request on connection `id`'s worker.
+  // A request on connection `id`'s worker, in its active message's callback.
+  // Returning without Receive drops its data, eager or rendezvous: UCX
+  // drops a rendezvous descriptor that the callback neither received nor
+  // kept. (ucp_am_data_release is for data kept past the callback; called
+  // here, it crashed the process in UCX 1.13, so a refused large request
+  // killed its server.)
   void OnRequest(Lane* lane, uint64_t id, UcxWorker* worker, const void* header, size_t header_length, void* data,
                  size_t length, const ucp_am_recv_param_t* param) {
     RequestAmHeader h;
-    if (header_length < sizeof(h) || lane->closing) {
-      Drop(worker, data, param);
-      return;
-    }
+    if (header_length < sizeof(h) || lane->closing) return;
     std::memcpy(&h, header, sizeof(h));
     auto it = lane->connections.find(h.connection_id);
     if (h.connection_id != id || it == lane->connections.end() || !SecretsEqual(it->second.secret, h.secret)) {
-      Drop(worker, data, param);  // not a client that passed the handshake: nothing is read
-      return;
+      return;  // not a client that passed the handshake: nothing is read
     }
     absl::StatusOr<std::shared_ptr<char>> header_frame =
         FrameFromHeader(header, header_length, sizeof(h), h.frame_bytes);
     if (!header_frame.ok()) {
-      Drop(worker, data, param);
       Refuse(lane, h.connection_id, h.call_id,
              Annotate(header_frame.status(), absl::StrCat("request to ", service_->options().task_name)));
       return;
     }
     if (length > options_.max_message_bytes + kHeaderSlack) {
-      Drop(worker, data, param);
       Refuse(lane, h.connection_id, h.call_id,
              absl::ResourceExhaustedError(absl::StrCat("message of ", length, " bytes to ",
                                                        service_->options().task_name, " exceeds the limit of ",
@@ -646,9 +644,8 @@ class UcxServer final : public ServerHandle {
     // What all requests being received, on every lane, may hold at once: a
     // flood of large messages is refused, not buffered.
     const size_t receiving = receiving_bytes_.fetch_add(length);
-    if (receiving + length > kReceiveBudgetMessages * (options_.max_message_bytes + kHeaderSlack)) {
+    if (receiving + length > receive_budget_bytes_) {
       receiving_bytes_ -= length;
-      Drop(worker, data, param);
       Refuse(lane, h.connection_id, h.call_id,
              absl::ResourceExhaustedError(absl::StrCat(service_->options().task_name, " is receiving ", receiving,
                                                        " bytes already; try again")));
@@ -734,6 +731,7 @@ class UcxServer final : public ServerHandle {
   std::string address_;
   VariableService* service_;
   UcxOptions options_;
+  const size_t receive_budget_bytes_;  // options_.receive_budget_bytes, resolved
   std::string host_id_;
   bool shared_memory_;
   std::shared_ptr<BlockingExecutor> executor_;
@@ -997,22 +995,18 @@ class UcxClientSide {
     }
   }
 
-  // An answer on `worker`'s connection.
+  // An answer on `worker`'s connection, in its active message's callback
+  // (returning without Receive drops its data: see UcxServer::OnRequest).
   void OnResponse(UcxWorker* worker, const void* header, size_t header_length, void* data, size_t length,
                   const ucp_am_recv_param_t* param) {
     ResponseAmHeader h;
-    if (header_length < sizeof(h)) {
-      Drop(worker, data, param);
-      return;
-    }
+    if (header_length < sizeof(h)) return;
     std::memcpy(&h, header, sizeof(h));
     auto it = calls_.find(h.call_id);
     if (it == calls_.end() || it->second->channel->worker != worker) {
-      Drop(worker, data, param);  // late (its deadline passed), unknown, or a call to another task
-      return;
+      return;  // late (its deadline passed), unknown, or a call to another task
     }
     if (length > options_.max_message_bytes + kHeaderSlack) {
-      Drop(worker, data, param);
       Finish(h.call_id, absl::ResourceExhaustedError(absl::StrCat("answer of ", length, " bytes from ",
                                                                   it->second->channel->where, " exceeds the limit")));
       return;
@@ -1020,7 +1014,6 @@ class UcxClientSide {
     absl::StatusOr<std::shared_ptr<char>> header_frame =
         FrameFromHeader(header, header_length, sizeof(h), h.frame_bytes);
     if (!header_frame.ok()) {
-      Drop(worker, data, param);
       Finish(h.call_id, Annotate(header_frame.status(), absl::StrCat("answer from ", it->second->channel->where)));
       return;
     }

@@ -61,6 +61,10 @@ struct UcxOptions {
   // with the cores for it; one call at a time keeps to lane 0. As gRPC's
   // connections_per_peer, and its default.
   int connections_per_peer = 2;
+  // What the requests a server is receiving, over every connection, may
+  // hold at once; a request beyond it is refused (RESOURCE_EXHAUSTED naming
+  // the task) before its data is fetched. 0: two of the largest messages.
+  size_t receive_budget_bytes = 0;
 };
 
 class UcxTransport final : public Transport {
