@@ -200,7 +200,6 @@ void Receive(UcxLoop* loop, UcxWorker* worker, void* data, size_t length, const 
   }
 }
 
-
 // The codec's header frame of a message whose active-message header is
 // `header` (`fixed` bytes of shoal's header, then perhaps the frame): a
 // copy of it (the header lives only during UCX's callback), or null when
