@@ -112,6 +112,12 @@ TEST_F(DatasetTest, AnIteratorSoughtToAPositionDrawsOnAsTheOneThatGotThere) {
       EXPECT_EQ(next, std::vector<int64_t>(drawn.begin() + at, drawn.end())) << "at " << at << ", batch " << batch;
     }
   }
+  // Batches count as the iterator draws them: 3 a 10-example epoch (4, 4, 2).
+  EXPECT_EQ(original.ExamplesInBatches(0), 0);
+  EXPECT_EQ(original.ExamplesInBatches(2), 8);
+  EXPECT_EQ(original.ExamplesInBatches(3), 10);
+  EXPECT_EQ(original.ExamplesInBatches(7), 24);
+  EXPECT_EQ(original.ExamplesInBatches(INT64_MAX), INT64_MAX);  // saturates, never wraps below 0
   // A place a hundred trillion epochs in costs one shuffle, as any other.
   BatchIterator far(data, 4, 7);
   far.SeekTo(1'000'000'000'000'003);

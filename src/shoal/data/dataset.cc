@@ -122,6 +122,7 @@ BatchIterator::BatchIterator(Dataset data, int64_t batch_size, uint64_t seed)
 
 void BatchIterator::SeekTo(int64_t examples) {
   const int64_t size = data_.size();
+  examples = std::max<int64_t>(0, examples);
   // An epoch's last example drawn leaves the iterator at the end of that
   // epoch (its next draw shuffles), as drawing would.
   epoch_ = size > 0 && examples > 0 ? (examples - 1) / size : 0;
@@ -131,8 +132,13 @@ void BatchIterator::SeekTo(int64_t examples) {
 
 int64_t BatchIterator::ExamplesInBatches(int64_t batches) const {
   const int64_t per_epoch = batches_per_epoch();
-  if (per_epoch == 0) return 0;
-  return batches / per_epoch * data_.size() + batches % per_epoch * batch_size_;
+  if (per_epoch == 0 || batches <= 0) return 0;
+  int64_t examples = 0;
+  if (__builtin_mul_overflow(batches / per_epoch, data_.size(), &examples) ||
+      __builtin_add_overflow(examples, batches % per_epoch * batch_size_, &examples)) {
+    return INT64_MAX;  // a count of batches no job reaches: a far place, not a negative one
+  }
+  return examples;
 }
 
 void BatchIterator::Shuffle() {

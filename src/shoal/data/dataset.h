@@ -61,8 +61,8 @@ class BatchIterator {
   // Examples drawn so far, over every epoch (an epoch draws each example once).
   int64_t examples_drawn() const { return epoch_ * data_.size() + position_; }
   // Goes to where an iterator over the same data with the same seed stands
-  // once it has drawn `examples` (>= 0) examples, in batches of any size:
-  // from there on both draw the same examples.
+  // once it has drawn `examples` examples (below 0: none), in batches of any
+  // size: from there on both draw the same examples.
   void SeekTo(int64_t examples);
   // The examples drawn by `batches` batches of this iterator's size from
   // the start (each epoch's last batch may be smaller), for SeekTo.
