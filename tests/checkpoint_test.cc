@@ -590,18 +590,28 @@ TEST_P(DataPositionTest, AJobStartedAgainReadsOnFromWhereItsCheckpointLeftIt) {
   EXPECT_EQ(sizes[0], (std::vector<int64_t>{30, 30, 10, 30}));  // from the first one's 130th example on
   EXPECT_EQ(ReadCheckpointIndex(second->last_checkpoint).value().counters.at(position), 230);
 
-  // Another worker count shards the data otherwise (50 examples each: 30,
-  // 20): each worker starts its shard afresh.
-  config.cluster.workers = 2;
-  config.training.max_steps = 13;
+  // Other data (the next day's log; here 80 examples: 30, 30, 20) starts
+  // afresh: not 230 examples in, which would draw 30, 20 first.
+  config.data.train_examples = 80;
+  config.training.max_steps = 12;
   auto third = run(&sizes);
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_EQ(third->restored_from, second->last_checkpoint);
+  EXPECT_EQ(sizes[0], (std::vector<int64_t>{30, 30, 20}));
+  EXPECT_EQ(ReadCheckpointIndex(third->last_checkpoint).value().counters.at(position), 80);
+
+  // Another worker count shards the data otherwise (40 examples each: 30,
+  // 10): each worker starts its shard afresh.
+  config.cluster.workers = 2;
+  config.training.max_steps = 14;
+  auto fourth = run(&sizes);
+  ASSERT_TRUE(fourth.ok()) << fourth.status();
+  EXPECT_EQ(fourth->restored_from, third->last_checkpoint);
   for (int w = 0; w < 2; ++w) {
     ASSERT_FALSE(sizes[w].empty()) << "worker " << w;
     EXPECT_EQ(sizes[w][0], 30) << "worker " << w;
   }
-  const CheckpointIndex index = ReadCheckpointIndex(third->last_checkpoint).value();
+  const CheckpointIndex index = ReadCheckpointIndex(fourth->last_checkpoint).value();
   EXPECT_GT(index.counters.at(DataPositionCounter(0, 2)), 0);
   EXPECT_EQ(index.counters.count(position), 0u);  // the job's own workers' only
   fs::remove_all(dir);

@@ -518,11 +518,19 @@ TEST(GatedTrainingTest, AJobStartedAgainReadsOnFromItsCheckpointsStep) {
     auto first = run(&sizes);
     ASSERT_TRUE(first.ok()) << first.status();
     EXPECT_EQ(sizes, (std::vector<int64_t>{30, 30, 30, 10, 30})) << workers << " workers";
-    config.training.max_steps = 9;
+    config.training.max_steps = 10;
     auto second = run(&sizes);
     ASSERT_TRUE(second.ok()) << second.status();
     EXPECT_EQ(second->restored_from, first->last_checkpoint);
-    EXPECT_EQ(sizes, (std::vector<int64_t>{30, 30, 10, 30})) << workers << " workers";
+    EXPECT_EQ(sizes, (std::vector<int64_t>{30, 30, 10, 30, 30})) << workers << " workers";
+    // Other data (80 examples: 30, 30, 20) starts afresh, not at step 10's
+    // place in it (which would draw 30, 20 first).
+    config.data.train_examples = 80;
+    config.training.max_steps = 13;
+    auto third = run(&sizes);
+    ASSERT_TRUE(third.ok()) << third.status();
+    EXPECT_EQ(third->restored_from, second->last_checkpoint);
+    EXPECT_EQ(sizes, (std::vector<int64_t>{30, 30, 20})) << workers << " workers";
     fs::remove_all(dir);
   }
 }

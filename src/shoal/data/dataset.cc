@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "shoal/core/crc32c.h"
 #include "shoal/core/status.h"
 
 namespace shoal {
@@ -113,6 +114,33 @@ absl::StatusOr<Dataset> LoadMnistFormat(const std::string& dir, const std::strin
   data.images = raw.images.to(torch::kFloat32).div_(255.0f).sub_(kFashionMnistMean).div_(kFashionMnistStd);
   data.labels = raw.labels;
   return data;
+}
+
+int64_t DataFingerprint(const Dataset& data) {
+  // Two CRCs from different starts make 64 bits.
+  uint32_t low = 0, high = 0x9E3779B9u;
+  auto add = [&](const void* bytes, size_t size) {
+    low = Crc32c(bytes, size, low);
+    high = Crc32c(bytes, size, high);
+  };
+  const int64_t size = data.size();
+  add(&size, sizeof(size));
+  if (size > 0) {
+    for (const torch::Tensor& part : {data.images, data.labels}) {
+      const std::vector<int64_t> shape = part.sizes().vec();
+      add(shape.data(), shape.size() * sizeof(int64_t));
+    }
+    const int64_t samples = std::min<int64_t>(64, size);
+    for (int64_t k = 0; k < samples; ++k) {
+      const int64_t at = k * size / samples;
+      for (const torch::Tensor& part : {data.images, data.labels}) {
+        const torch::Tensor example = part[at].contiguous();
+        add(example.data_ptr(), example.nbytes());
+      }
+    }
+  }
+  const uint64_t both = (static_cast<uint64_t>(high) << 32) | low;
+  return static_cast<int64_t>(both & 0x7FFFFFFFFFFFFFFFull) | 1;
 }
 
 BatchIterator::BatchIterator(Dataset data, int64_t batch_size, uint64_t seed)

@@ -34,6 +34,13 @@ struct Dataset {
   Dataset Shard(int index, int count) const;
 };
 
+// A fingerprint of `data` (positive, never 0): its size and shapes, and the
+// bytes of up to 64 examples spread over it. Training sets that differ in
+// size or in one of those examples differ in it: a job started again over
+// other data (the next day's log) must not read on from the old data's
+// place.
+int64_t DataFingerprint(const Dataset& data);
+
 // Fashion-MNIST's pixel mean and deviation (of values scaled to [0, 1]).
 inline constexpr float kFashionMnistMean = 0.2860f;
 inline constexpr float kFashionMnistStd = 0.3530f;

@@ -143,6 +143,7 @@ WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& clus
   context.client = client;
   context.config = &config;
   context.train_examples = train.size();
+  context.data_fingerprint = DataFingerprint(train);
   // The mode's share of the training set (mode names are checked before any task starts).
   FindMode(config.training.mode).value()->SplitData(config, train, context);
   context.max_steps = max_steps;

@@ -23,8 +23,9 @@ constexpr char kRowCacheHits[] = "row_cache_hits";
 // The job's counters a checkpoint keeps, for a counter task that is lost
 // (global_step is the checkpoint's own step).
 std::vector<std::string> SavedCounters(const TrainingMode& mode, const WorkerContext& context) {
-  std::vector<std::string> counters = {kStopRequested,  kWorkersDone,     kStaleGradients, kRestores,    kBytesSent,
-                                       kBytesReceived,  kTensorBytesSent, kWorkerSteps,    kCallsRetried};
+  std::vector<std::string> counters = {kStopRequested, kWorkersDone,     kStaleGradients, kRestores,
+                                       kBytesSent,     kBytesReceived,   kTensorBytesSent, kWorkerSteps,
+                                       kCallsRetried,  kDataFingerprint};
   for (std::string& own : mode.SavedCounters(*context.config, context.num_workers)) {
     counters.push_back(std::move(own));
   }

@@ -97,9 +97,10 @@ class LockstepWorker {
     WorkerResult result;
     // The job's step: at the start (a restarted network joins the step the
     // chief waits in) and after a restore, which put every counter there.
-    // The chief draws a batch a step, so the step says where its data stands.
+    // The chief draws a batch a step, so the step says where its data stands
+    // (at the start, for the data the job was on before).
     SHOAL_ASSIGN_OR_RETURN(int64_t t, client_.AddToCounter(kGlobalStep, 0));
-    if (batches) batches->SeekTo(batches->ExamplesInBatches(t));
+    if (batches && context_.data_as_before) batches->SeekTo(batches->ExamplesInBatches(t));
     SHOAL_RETURN_IF_ERROR(StepUntilDone(
         context_,
         [&]() -> absl::StatusOr<bool> {
@@ -317,9 +318,13 @@ absl::StatusOr<WorkerResult> RunWholeEnsemble(WorkerContext& context, GatedEnsem
   const std::vector<std::string>& names = ensemble.variable_names();
   WorkerResult result;
   int64_t t = 0;
+  bool joined = false;
   auto join = [&]() -> absl::Status {
     SHOAL_ASSIGN_OR_RETURN(t, client.AddToCounter(kGlobalStep, 0));
-    batches.SeekTo(batches.ExamplesInBatches(t));  // a batch a step: the step says where the data stands
+    // A batch a step: the step says where the data stands (at the start,
+    // for the data the job was on before).
+    if (joined || context.data_as_before) batches.SeekTo(batches.ExamplesInBatches(t));
+    joined = true;
     return absl::OkStatus();
   };
   SHOAL_RETURN_IF_ERROR(join());

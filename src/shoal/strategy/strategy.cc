@@ -179,6 +179,7 @@ absl::StatusOr<Restored> RestoreOnto(WorkerContext& context, const std::string& 
   } else {
     SHOAL_ASSIGN_OR_RETURN(const std::string not_restored, RestoreDataPositions(client, index, context.num_workers));
     if (!not_restored.empty()) absl::FPrintF(stderr, "%s: %s\n", context.task.ToString(), not_restored);
+    SHOAL_RETURN_IF_ERROR(MatchDataPositions(context));  // before any worker can read its place
   }
   // Counted before any variable comes back, so that a worker that finds the
   // variables again also finds the count moved; the other workers wait for
@@ -227,22 +228,40 @@ absl::Status RestoreSavedCounters(Client& client, const CheckpointIndex& index) 
 }
 
 absl::StatusOr<std::string> RestoreDataPositions(Client& client, const CheckpointIndex& index, int num_workers) {
+  auto fingerprint = index.counters.find(kDataFingerprint);
+  if (fingerprint == index.counters.end()) return std::string();  // a checkpoint older than places in the data
+  SHOAL_RETURN_IF_ERROR(client.SetCounter(kDataFingerprint, fingerprint->second).status());
   const std::string any_count = "data_position/";
   auto first = index.counters.lower_bound(any_count);
   if (first == index.counters.end() || !absl::StartsWith(first->first, any_count)) {
-    return std::string();  // a mode that keeps none (populations), or a checkpoint older than them
+    return std::string();  // a mode that keeps none (populations, the gated ensemble)
   }
-  for (int w = 0; w < num_workers; ++w) {
-    if (index.counters.count(DataPositionCounter(w, num_workers)) == 0) {
-      return absl::StrCat("the checkpoint keeps its workers' places in the data for another number of workers: ",
-                          "each of these ", num_workers, " reads its shard from the start");
-    }
-  }
+  bool all_kept = true;
+  for (int w = 0; w < num_workers; ++w) all_kept = all_kept && index.counters.count(DataPositionCounter(w, num_workers)) > 0;
   for (int w = 0; w < num_workers; ++w) {
     const std::string name = DataPositionCounter(w, num_workers);
-    SHOAL_RETURN_IF_ERROR(client.SetCounter(name, index.counters.at(name)).status());
+    SHOAL_RETURN_IF_ERROR(client.SetCounter(name, all_kept ? index.counters.at(name) : 0).status());
   }
-  return std::string();
+  if (all_kept) return std::string();
+  return absl::StrCat("the checkpoint keeps its workers' places in the data for another number of workers: ",
+                      "each of these ", num_workers, " reads its shard from the start");
+}
+
+absl::Status MatchDataPositions(WorkerContext& context) {
+  Client& client = *context.client;
+  SHOAL_ASSIGN_OR_RETURN(const int64_t kept_for, client.AddToCounter(kDataFingerprint, 0));
+  context.data_as_before = kept_for == context.data_fingerprint;
+  if (context.data_as_before) return absl::OkStatus();
+  if (kept_for != 0) {
+    absl::FPrintF(stderr,
+                  "%s: the training data is not the data the job's places in it were kept for: each worker reads "
+                  "its shard from the start\n",
+                  context.task.ToString());
+  }
+  for (int w = 0; w < context.num_workers; ++w) {
+    SHOAL_RETURN_IF_ERROR(client.SetCounter(DataPositionCounter(w, context.num_workers), 0).status());
+  }
+  return client.SetCounter(kDataFingerprint, context.data_fingerprint).status();
 }
 
 absl::StatusOr<std::vector<bool>> VariablesOnceAnswered(WorkerContext& context, const std::vector<std::string>& names,
@@ -622,6 +641,8 @@ absl::Status InitializeAsChief(WorkerContext& context, const std::vector<std::st
   const auto [all_names, all_values] = WithBuffers(context, names, values);
   SHOAL_ASSIGN_OR_RETURN(std::string checkpoint, CheckpointToRestore(context, all_names));
   if (checkpoint.empty()) {
+    // Before the variables exist, which is when the other workers start.
+    SHOAL_RETURN_IF_ERROR(MatchDataPositions(context));
     std::vector<VariableInit> inits;
     for (size_t i = 0; i < all_values.size(); ++i) {
       inits.push_back({all_names[i], all_values[i].detach(), optimizer, context.config->training.use_locking,

@@ -40,6 +40,10 @@ inline constexpr char kRestoredStep[] = "restored_step";
 // at its next exchange with the ps.
 inline constexpr char kStopRequested[] = "stop_requested";
 
+// The fingerprint (DataFingerprint) of the training set the job's places in
+// it (DataPositionCounter) are for; kept with them in checkpoints.
+inline constexpr char kDataFingerprint[] = "data_fingerprint";
+
 // How far worker `worker_index` of `num_workers` has read its shard of the
 // training set: the examples it drew for the steps it sent, over every epoch
 // (BatchIterator::examples_drawn). Kept on the counter task and saved with
@@ -65,6 +69,10 @@ struct WorkerContext {
   Dataset train_shard;
   Dataset validation;          // populations: carved from the training set, never trained on
   int64_t train_examples = 0;  // in the whole training set (for epochs)
+  int64_t data_fingerprint = 0;  // DataFingerprint of the whole training set
+  // Set by the chief's start (MatchDataPositions): whether the job's places
+  // in the data, live or restored, are for this training set.
+  bool data_as_before = false;
   int64_t max_steps = 0;       // global steps to train for
   StepCallback on_step;   // may be empty
   // Runs before each local step (may be empty): tests slow a worker down with it.
@@ -274,12 +282,19 @@ absl::StatusOr<std::unique_ptr<CheckpointInUse>> CheckpointToRecoverFrom(const W
 // one.
 absl::Status RestoreSavedCounters(Client& client, const CheckpointIndex& index);
 
-// A job started again over the checkpoint `index`: its workers' data
-// positions (DataPositionCounter) as saved, for `num_workers` workers. A
-// checkpoint of another worker count has none for this one: the workers
-// then read their shards from the start, and the answer says so (empty
-// otherwise, and for a checkpoint that keeps no positions at all).
+// A job started again over the checkpoint `index`: its data fingerprint
+// and its workers' places in the data (DataPositionCounter) as saved, for
+// `num_workers` workers. A checkpoint of another worker count has none for
+// this one: this count's places start at 0, and the answer says so (empty
+// otherwise, and for a checkpoint that keeps no places at all).
 absl::StatusOr<std::string> RestoreDataPositions(Client& client, const CheckpointIndex& index, int num_workers);
+
+// The chief, starting the job before any worker reads its place: keeps the
+// places (live, or restored just before) when they are for this training
+// set (context.data_fingerprint), and sets context.data_as_before;
+// otherwise, other data (the next day's log), puts every worker's place at
+// its shard's start, saying so.
+absl::Status MatchDataPositions(WorkerContext& context);
 
 // A training loop: runs `step` until it returns false; after a failure that
 // is Recoverable, `recover` (the strategy's way back) and on; any other
