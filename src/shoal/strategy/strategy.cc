@@ -237,7 +237,9 @@ absl::StatusOr<std::string> RestoreDataPositions(Client& client, const Checkpoin
     return std::string();  // a mode that keeps none (populations, the gated ensemble)
   }
   bool all_kept = true;
-  for (int w = 0; w < num_workers; ++w) all_kept = all_kept && index.counters.count(DataPositionCounter(w, num_workers)) > 0;
+  for (int w = 0; w < num_workers; ++w) {
+    if (index.counters.count(DataPositionCounter(w, num_workers)) == 0) all_kept = false;
+  }
   for (int w = 0; w < num_workers; ++w) {
     const std::string name = DataPositionCounter(w, num_workers);
     SHOAL_RETURN_IF_ERROR(client.SetCounter(name, all_kept ? index.counters.at(name) : 0).status());
