@@ -44,6 +44,18 @@ Request LookupRequest() {
 
 std::unique_ptr<UcxTransport> MakeUcx(UcxOptions options = {}) { return UcxTransport::Create(options).value(); }
 
+// A ps task served over UCX in this process, and a channel to it.
+struct ServedPs {
+  explicit ServedPs(UcxOptions options = {})
+      : transport(MakeUcx(std::move(options))),
+        server(transport->Serve("127.0.0.1:0", &service).value()),
+        channel(transport->Connect({"ps", 0}, server->address()).value()) {}
+  std::unique_ptr<UcxTransport> transport;
+  VariableService service{VariableServiceOptions{"/job:ps/task:0"}};
+  std::unique_ptr<ServerHandle> server;
+  std::shared_ptr<Channel> channel;
+};
+
 // A request creating variable `name` with `initial`'s shape and value,
 // trained by SGD (at `learning_rate`, or the default when 0).
 Request CreateSgdVariable(const std::string& name, const torch::Tensor& initial, double learning_rate = 0) {
@@ -553,10 +565,7 @@ TEST(UcxTransportTest, AServerRestartedAtTheSameAddressIsReachedAgain) {
 TEST(UcxTransportTest, AFloodOfLongPollsIsBoundedAndCallsThatDoNotWaitAreStillServed) {
   UcxOptions options;
   options.executor = std::make_shared<BlockingExecutor>(4, 4);
-  auto transport = MakeUcx(options);
-  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
-  auto server = transport->Serve("127.0.0.1:0", &service).value();
-  auto channel = transport->Connect({"ps", 0}, server->address()).value();
+  ServedPs ps(options);
   const Request poll = NeverReachedCounterPoll(200);
   std::atomic<int> served{0}, refused{0}, other{0};
   std::vector<std::thread> flood;
@@ -565,7 +574,7 @@ TEST(UcxTransportTest, AFloodOfLongPollsIsBoundedAndCallsThatDoNotWaitAreStillSe
     flood.emplace_back([&] {
       while (absl::Now() < until) {
         Response response;
-        absl::Status status = CallAndWait(*channel, poll, &response, absl::Now() + absl::Seconds(10));
+        absl::Status status = CallAndWait(*ps.channel, poll, &response, absl::Now() + absl::Seconds(10));
         if (status.ok()) {
           ++served;
         } else if (absl::IsResourceExhausted(status) &&
@@ -578,7 +587,7 @@ TEST(UcxTransportTest, AFloodOfLongPollsIsBoundedAndCallsThatDoNotWaitAreStillSe
     });
   }
   Response lookup;
-  EXPECT_TRUE(CallAndWait(*channel, LookupRequest(), &lookup, absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_TRUE(CallAndWait(*ps.channel, LookupRequest(), &lookup, absl::Now() + absl::Seconds(5)).ok());
   for (auto& t : flood) t.join();
   EXPECT_GT(served.load(), 0);
   EXPECT_GT(refused.load(), 0);
@@ -596,19 +605,17 @@ TEST(UcxTransportTest, RequestsBeyondTheReceiveBudgetAreRefusedAndTheBudgetComes
     UcxOptions options;
     options.ucx_transports = transports;
     options.receive_budget_bytes = 1 << 20;
-    auto transport = MakeUcx(options);
-    VariableService service(VariableServiceOptions{"/job:ps/task:0"});
-    auto server = transport->Serve("127.0.0.1:0", &service).value();
-    auto channel = transport->Connect({"ps", 0}, server->address()).value();
+    ServedPs ps(options);
     const absl::Duration deadline = absl::Seconds(20);
     auto create = [&](const std::string& name, int64_t floats) {
       Response response;
-      return CallAndWait(*channel, CreateSgdVariable(name, torch::ones({floats})), &response, absl::Now() + deadline);
+      return CallAndWait(*ps.channel, CreateSgdVariable(name, torch::ones({floats})), &response,
+                         absl::Now() + deadline);
     };
     const absl::Status big = create("big", 512 * 1024);  // 2 MiB
     EXPECT_TRUE(absl::IsResourceExhausted(big)) << big;
     EXPECT_NE(big.message().find("/job:ps/task:0 is receiving"), std::string::npos) << big;
-    EXPECT_FALSE(service.store().Lookup({"big"})[0].present);
+    EXPECT_FALSE(ps.service.store().Lookup({"big"})[0].present);
     for (int i = 0; i < 20; ++i) ASSERT_TRUE(create(absl::StrCat("one_", i), 64 * 1024).ok()) << i;  // 256 KiB
     std::atomic<int> served{0}, refused{0}, other{0};
     std::vector<std::thread> many;
@@ -636,12 +643,9 @@ TEST(UcxTransportTest, RequestsBeyondTheReceiveBudgetAreRefusedAndTheBudgetComes
 // Answers that come after their call gave up (large ones come by
 // rendezvous) are dropped, and the client goes on calling.
 TEST(UcxTransportTest, LargeAnswersThatComeTooLateAreDroppedAndTheClientGoesOn) {
-  auto transport = MakeUcx();
-  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
-  auto server = transport->Serve("127.0.0.1:0", &service).value();
-  auto channel = transport->Connect({"ps", 0}, server->address()).value();
+  ServedPs ps;
   Response created;
-  ASSERT_TRUE(CallAndWait(*channel, CreateSgdVariable("big", torch::ones({8 << 20})), &created,
+  ASSERT_TRUE(CallAndWait(*ps.channel, CreateSgdVariable("big", torch::ones({8 << 20})), &created,
                           absl::Now() + absl::Seconds(20))
                   .ok());
   Request read;
@@ -649,12 +653,13 @@ TEST(UcxTransportTest, LargeAnswersThatComeTooLateAreDroppedAndTheClientGoesOn) 
   int late = 0;
   for (int i = 0; i < 10; ++i) {  // 32 MiB answers to calls that give up after 1 ms
     Response response;
-    if (absl::IsDeadlineExceeded(CallAndWait(*channel, read, &response, absl::Now() + absl::Milliseconds(1)))) ++late;
+    const absl::Status status = CallAndWait(*ps.channel, read, &response, absl::Now() + absl::Milliseconds(1));
+    if (absl::IsDeadlineExceeded(status)) ++late;
   }
   EXPECT_GT(late, 0);
   absl::SleepFor(absl::Milliseconds(500));  // the late answers arrive meanwhile
   Response response;
-  ASSERT_TRUE(CallAndWait(*channel, read, &response, absl::Now() + absl::Seconds(20)).ok());
+  ASSERT_TRUE(CallAndWait(*ps.channel, read, &response, absl::Now() + absl::Seconds(20)).ok());
   EXPECT_TRUE(response.tensors[0].equal(torch::ones({8 << 20})));
 }
 
@@ -772,12 +777,9 @@ TEST(UcxLoopTest, YieldsThatKeepItOffItsCoreMakeItSleepWhenIdleInsteadOfPolling)
 }
 
 TEST(UcxTransportTest, IdleLoopsUseNoCpu) {
-  auto transport = MakeUcx();
-  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
-  auto server = transport->Serve("127.0.0.1:0", &service).value();
-  auto channel = transport->Connect({"ps", 0}, server->address()).value();
+  ServedPs ps;
   Response response;
-  ASSERT_TRUE(CallAndWait(*channel, LookupRequest(), &response, absl::Now() + absl::Seconds(5)).ok());
+  ASSERT_TRUE(CallAndWait(*ps.channel, LookupRequest(), &response, absl::Now() + absl::Seconds(5)).ok());
   absl::SleepFor(absl::Milliseconds(100));  // past the loops' stay-awake moment
   const double before = CpuSeconds();
   absl::SleepFor(absl::Seconds(2));

@@ -177,8 +177,7 @@ absl::StatusOr<Restored> RestoreOnto(WorkerContext& context, const std::string& 
   if (mid_job) {
     SHOAL_RETURN_IF_ERROR(RestoreSavedCounters(client, index));
   } else {
-    SHOAL_ASSIGN_OR_RETURN(const std::string not_restored, RestoreDataPositions(client, index, context.num_workers));
-    if (!not_restored.empty()) absl::FPrintF(stderr, "%s: %s\n", context.task.ToString(), not_restored);
+    SHOAL_RETURN_IF_ERROR(RestoreDataPositions(context, index));
     SHOAL_RETURN_IF_ERROR(MatchDataPositions(context));  // before any worker can read its place
   }
   // Counted before any variable comes back, so that a worker that finds the
@@ -227,14 +226,16 @@ absl::Status RestoreSavedCounters(Client& client, const CheckpointIndex& index) 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> RestoreDataPositions(Client& client, const CheckpointIndex& index, int num_workers) {
+absl::Status RestoreDataPositions(WorkerContext& context, const CheckpointIndex& index) {
+  Client& client = *context.client;
+  const int num_workers = context.num_workers;
   auto fingerprint = index.counters.find(kDataFingerprint);
-  if (fingerprint == index.counters.end()) return std::string();  // a checkpoint older than places in the data
+  if (fingerprint == index.counters.end()) return absl::OkStatus();  // a checkpoint older than places in the data
   SHOAL_RETURN_IF_ERROR(client.SetCounter(kDataFingerprint, fingerprint->second).status());
   const std::string any_count = "data_position/";
   auto first = index.counters.lower_bound(any_count);
   if (first == index.counters.end() || !absl::StartsWith(first->first, any_count)) {
-    return std::string();  // a mode that keeps none (populations, the gated ensemble)
+    return absl::OkStatus();  // a mode that keeps none (populations, the gated ensemble)
   }
   bool all_kept = true;
   for (int w = 0; w < num_workers; ++w) {
@@ -244,9 +245,13 @@ absl::StatusOr<std::string> RestoreDataPositions(Client& client, const Checkpoin
     const std::string name = DataPositionCounter(w, num_workers);
     SHOAL_RETURN_IF_ERROR(client.SetCounter(name, all_kept ? index.counters.at(name) : 0).status());
   }
-  if (all_kept) return std::string();
-  return absl::StrCat("the checkpoint keeps its workers' places in the data for another number of workers: ",
-                      "each of these ", num_workers, " reads its shard from the start");
+  if (!all_kept) {
+    absl::FPrintF(stderr,
+                  "%s: the checkpoint keeps its workers' places in the data for another number of workers: each of "
+                  "these %d reads its shard from the start\n",
+                  context.task.ToString(), num_workers);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status MatchDataPositions(WorkerContext& context) {

@@ -282,12 +282,11 @@ absl::StatusOr<std::unique_ptr<CheckpointInUse>> CheckpointToRecoverFrom(const W
 // one.
 absl::Status RestoreSavedCounters(Client& client, const CheckpointIndex& index);
 
-// A job started again over the checkpoint `index`: its data fingerprint
-// and its workers' places in the data (DataPositionCounter) as saved, for
-// `num_workers` workers. A checkpoint of another worker count has none for
-// this one: this count's places start at 0, and the answer says so (empty
-// otherwise, and for a checkpoint that keeps no places at all).
-absl::StatusOr<std::string> RestoreDataPositions(Client& client, const CheckpointIndex& index, int num_workers);
+// The chief of a job started again over the checkpoint `index`: its data
+// fingerprint and its workers' places in the data (DataPositionCounter) as
+// saved. A checkpoint of another worker count has none for this one: this
+// count's places start at 0, and the chief says so.
+absl::Status RestoreDataPositions(WorkerContext& context, const CheckpointIndex& index);
 
 // The chief, starting the job before any worker reads its place: keeps the
 // places (live, or restored just before) when they are for this training
