@@ -126,6 +126,45 @@ TEST(EmbeddingBagTest, ACachedRowServesStalenessStepsThenIsPulledAgain) {
                               before - 1));
 }
 
+// Ids [n] as a tensor; rows [n, 2] whose values name their id and step.
+torch::Tensor Ids(std::vector<int64_t> ids) { return torch::tensor(ids, torch::kInt64); }
+torch::Tensor RowsOf(const torch::Tensor& ids, int64_t step) {
+  return torch::stack({ids.to(torch::kFloat32), torch::full({ids.numel()}, static_cast<float>(step))}, 1);
+}
+
+TEST(RowCacheTest, ARowPulledTakesThePlaceOfTheStalestInItsSet) {
+  RowCache cache(/*capacity=*/4, /*dim=*/2, /*staleness=*/10);  // one set of 4
+  cache.Insert(Ids({1, 2}), RowsOf(Ids({1, 2}), 1), 1);
+  cache.Insert(Ids({3}), RowsOf(Ids({3}), 2), 2);
+  cache.Insert(Ids({1, 4}), RowsOf(Ids({1, 4}), 3), 3);  // 1 pulled again: its row and step are new
+  cache.Insert(Ids({5}), RowsOf(Ids({5}), 4), 4);        // full: 2 (pulled at step 1) goes, not 1
+  const torch::Tensor asked = Ids({1, 2, 3, 4, 5});
+  torch::Tensor rows = torch::zeros({5, 2});
+  const torch::Tensor hit = cache.Lookup(asked, 5, rows);
+  EXPECT_TRUE(hit.equal(torch::tensor({true, false, true, true, true})));
+  EXPECT_TRUE(rows.equal(torch::tensor(std::vector<float>{1, 3, 0, 0, 3, 2, 4, 3, 5, 4}).view({5, 2})));
+  EXPECT_EQ(cache.hits(), 4);
+  EXPECT_EQ(cache.lookups(), 5);
+}
+
+TEST(RowCacheTest, EveryRowItServesIsTheOnePulledForItsIdWithinStaleness) {
+  RowCache cache(/*capacity=*/1000, /*dim=*/2, /*staleness=*/2);
+  std::mt19937_64 random(7);
+  std::vector<int64_t> drawn(700);
+  for (int64_t& id : drawn) id = static_cast<int64_t>(random() >> 20);
+  const torch::Tensor ids = std::get<0>(torch::_unique(Ids(drawn)));
+  cache.Insert(ids, RowsOf(ids, 1), 1);
+  torch::Tensor rows = torch::zeros({ids.numel(), 2});
+  torch::Tensor hit = cache.Lookup(ids, 3, rows);  // within staleness: pulled at 1, serves 1 .. 3
+  const torch::Tensor served = hit.nonzero().view({-1});
+  EXPECT_TRUE(rows.index_select(0, served).equal(RowsOf(ids.index_select(0, served), 1)));
+  // 700 ids in 250 sets of 4: a set drawn more than 4 times keeps 4 (about
+  // 60 ids lost on average), so most are held.
+  EXPECT_GT(hit.sum().item<int64_t>(), 600);
+  EXPECT_TRUE(cache.Lookup(ids, 4, rows).logical_not().all().item<bool>());  // past staleness: all missed
+  EXPECT_EQ(cache.lookups(), 2 * ids.numel());
+}
+
 ModelConfig SmallClickModel(const std::string& arch) {
   ModelConfig config;
   config.kind = "click";

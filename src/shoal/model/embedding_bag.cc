@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,51 +14,68 @@
 namespace shoal {
 
 RowCache::RowCache(int64_t capacity, int64_t dim, int64_t staleness)
-    : capacity_(capacity),
+    : ways_(std::min(capacity, kWays)),
+      sets_((capacity + ways_ - 1) / ways_),
       staleness_(staleness),
-      rows_(torch::empty({capacity, dim})),
-      slot_id_(capacity, -1),
-      slot_step_(capacity, 0) {
-  slot_of_.reserve(static_cast<size_t>(capacity));
+      dim_(dim),
+      rows_(static_cast<size_t>(sets_ * ways_ * dim)),
+      slot_id_(static_cast<size_t>(sets_ * ways_), -1),
+      slot_step_(static_cast<size_t>(sets_ * ways_), 0) {}
+
+int64_t RowCache::SetStart(int64_t id) const {
+  // Fibonacci hashing spreads neighbouring ids; the high half of hash * sets
+  // maps it onto [0, sets) without a division.
+  const uint64_t hash = static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ULL;
+  return static_cast<int64_t>((static_cast<unsigned __int128>(hash) * static_cast<uint64_t>(sets_)) >> 64) * ways_;
 }
 
 torch::Tensor RowCache::Lookup(const torch::Tensor& ids, int64_t step, torch::Tensor& rows) {
   const int64_t n = ids.numel();
   torch::Tensor hit = torch::zeros({n}, torch::kBool);
-  std::vector<int64_t> from, to;
-  const int64_t* id = ids.data_ptr<int64_t>();
+  const torch::Tensor keys = ids.contiguous();
+  const int64_t* id = keys.data_ptr<int64_t>();
   bool* hit_data = hit.data_ptr<bool>();
+  float* out = rows.data_ptr<float>();
+  const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
+  int64_t hits = 0;
   for (int64_t i = 0; i < n; ++i) {
-    auto found = slot_of_.find(id[i]);
-    if (found == slot_of_.end() || slot_step_[found->second] + staleness_ < step) continue;
-    hit_data[i] = true;
-    from.push_back(found->second);
-    to.push_back(i);
+    const int64_t start = SetStart(id[i]);
+    for (int64_t slot = start; slot < start + ways_; ++slot) {
+      if (slot_id_[slot] != id[i]) continue;
+      if (slot_step_[slot] + staleness_ >= step) {
+        hit_data[i] = true;
+        ++hits;
+        std::memcpy(out + i * dim_, rows_.data() + slot * dim_, row_bytes);
+      }
+      break;
+    }
   }
-  if (!from.empty()) {
-    rows.index_copy_(0, torch::tensor(to, torch::kInt64), rows_.index_select(0, torch::tensor(from, torch::kInt64)));
-  }
-  hits_ += static_cast<int64_t>(from.size());
+  hits_ += hits;
   lookups_ += n;
   return hit;
 }
 
 void RowCache::Insert(const torch::Tensor& ids, const torch::Tensor& rows, int64_t step) {
-  const int64_t n = std::min(ids.numel(), capacity_);  // more than fit: keep the first
-  const int64_t* id = ids.data_ptr<int64_t>();
-  std::vector<int64_t> slots(static_cast<size_t>(n));
+  const int64_t n = ids.numel();
+  const torch::Tensor keys = ids.contiguous();
+  const int64_t* id = keys.data_ptr<int64_t>();
+  const torch::Tensor source = rows.contiguous();
+  const float* in = source.data_ptr<float>();
+  const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
   for (int64_t i = 0; i < n; ++i) {
-    auto [it, added] = slot_of_.try_emplace(id[i], next_slot_);
-    if (added) {
-      const int64_t slot = next_slot_;
-      next_slot_ = (next_slot_ + 1) % capacity_;
-      if (slot_id_[slot] >= 0) slot_of_.erase(slot_id_[slot]);  // the ring overwrites the oldest
-      slot_id_[slot] = id[i];
+    const int64_t start = SetStart(id[i]);
+    int64_t chosen = start;  // its own slot if held, else the stalest (a free slot's step 0 precedes every pull)
+    for (int64_t slot = start; slot < start + ways_; ++slot) {
+      if (slot_id_[slot] == id[i]) {
+        chosen = slot;
+        break;
+      }
+      if (slot_step_[slot] < slot_step_[chosen]) chosen = slot;
     }
-    slots[i] = it->second;
-    slot_step_[it->second] = step;
+    slot_id_[chosen] = id[i];
+    slot_step_[chosen] = step;
+    std::memcpy(rows_.data() + chosen * dim_, in + i * dim_, row_bytes);
   }
-  rows_.index_copy_(0, torch::tensor(slots, torch::kInt64), rows.narrow(0, 0, n));
 }
 
 RemoteEmbeddingBag::RemoteEmbeddingBag(wire::TableDef table, int64_t bag_size, Pooling pooling,

@@ -20,7 +20,6 @@
 
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,25 +35,31 @@ enum class Pooling { kSum, kMean };
 // Rows a worker pulled, kept for `staleness` steps: a row pulled at step s
 // serves steps s .. s + staleness without a pull (it then misses the other
 // workers' pushes and this worker's own, up to staleness steps' worth).
-// Holds at most `capacity` rows; a full cache overwrites the rows it took in
-// longest ago (a ring), which are the stalest.
+// Holds at most `capacity` rows in sets of kWays, an id's set chosen by its
+// hash; a row pulled takes the place of the stalest row in its set (one
+// pulled longest ago), so the rows that can still serve stay. A lookup or
+// an insert reads one set: no hash map, nothing allocated per row, which is
+// what lets the cache cost less than the pull it spares on a fast network.
 class RowCache {
  public:
+  static constexpr int64_t kWays = 4;
+
   RowCache(int64_t capacity, int64_t dim, int64_t staleness);
   // For distinct `ids` [U] at `step`: the rows of those it holds fresh, into
-  // `rows` [U, dim]; returns which ids hit (bool [U]).
+  // `rows` [U, dim] (float, contiguous); returns which ids hit (bool [U]).
   torch::Tensor Lookup(const torch::Tensor& ids, int64_t step, torch::Tensor& rows);
-  // Keeps `rows` [n, dim] of `ids` [n], pulled at `step`.
+  // Keeps `rows` [n, dim] of distinct `ids` [n], pulled at `step`.
   void Insert(const torch::Tensor& ids, const torch::Tensor& rows, int64_t step);
   int64_t hits() const { return hits_; }
   int64_t lookups() const { return lookups_; }
 
  private:
-  int64_t capacity_, staleness_;
-  torch::Tensor rows_;                         // [capacity, dim]
+  // The first slot of `id`'s set.
+  int64_t SetStart(int64_t id) const;
+
+  int64_t ways_, sets_, staleness_, dim_;
+  std::vector<float> rows_;                    // [sets * ways, dim]
   std::vector<int64_t> slot_id_, slot_step_;   // each slot's id (-1: free) and the step it was pulled at
-  std::unordered_map<int64_t, int64_t> slot_of_;
-  int64_t next_slot_ = 0;                      // the ring's hand
   int64_t hits_ = 0, lookups_ = 0;
 };
 
