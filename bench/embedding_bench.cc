@@ -34,6 +34,15 @@
 // a plain write of as many bytes to the same folder (the disk's ceiling
 // here) and the restore's with the file's size read twice (its check pass,
 // then its set pass). One JSON line.
+//
+//   build/bench/embedding_bench --worker_side 1 [--steps 200] [--batch 1024]
+//
+// What a worker does with a batch's ids before it pulls, per step of batch
+// x 26 Zipf ids over 10M rows (the click job's shape): finding the distinct
+// ids (FindDistinctIds) against torch::_unique, which it replaced, in the
+// same run, alternating; and the row cache's lookups and inserts (200,000
+// rows of 17 floats, staleness 4) with its hit rate. One JSON line.
+#include <algorithm>
 #include <atomic>
 #include <unistd.h>
 
@@ -51,6 +60,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "shoal/client/client.h"
+#include "shoal/core/distinct_ids.h"
+#include "shoal/model/embedding_bag.h"
 #include "shoal/placement/placement.h"
 #include "shoal/server/embedding_table.h"
 #include "shoal/server/table_checkpoint.h"
@@ -182,6 +193,66 @@ int RunEviction(int argc, char** argv) {
   return 0;
 }
 
+// Microseconds per call of `work` over `batches`, the median of 5 rounds.
+double MedianMicros(const std::vector<torch::Tensor>& batches, const std::function<void(const torch::Tensor&)>& work) {
+  std::vector<double> rounds;
+  for (int round = 0; round < 5; ++round) {
+    const auto start = std::chrono::steady_clock::now();
+    for (const torch::Tensor& batch : batches) work(batch);
+    rounds.push_back(SecondsSince(start) * 1e6 / static_cast<double>(batches.size()));
+  }
+  std::sort(rounds.begin(), rounds.end());
+  return rounds[2];
+}
+
+int RunWorkerSide(int argc, char** argv) {
+  int64_t steps = 200, batch = 1024;
+  (void)absl::SimpleAtoi(Flag(argc, argv, "steps", "200"), &steps);
+  (void)absl::SimpleAtoi(Flag(argc, argv, "batch", "1024"), &batch);
+  torch::set_num_threads(1);  // as a worker runs
+  ZipfIds draw(10'000'000, 1.05, 42);
+  std::vector<torch::Tensor> batches;
+  for (int64_t step = 0; step < steps; ++step) {
+    torch::Tensor ids = torch::empty({batch * kFeatures}, torch::kInt64);
+    for (int64_t i = 0; i < ids.numel(); ++i) ids.data_ptr<int64_t>()[i] = draw.Next();
+    batches.push_back(ids);
+  }
+  // Both must find the same ids, and map every id back to itself.
+  int64_t distinct_ids = 0;
+  for (const torch::Tensor& ids : batches) {
+    const DistinctIds found = FindDistinctIds(ids);
+    const torch::Tensor torch_found = std::get<0>(torch::_unique(ids, /*sorted=*/false));
+    if (found.values.numel() != torch_found.numel() || !found.values.index_select(0, found.inverse).equal(ids)) {
+      std::fprintf(stderr, "FindDistinctIds disagrees with torch::_unique\n");
+      return 1;
+    }
+    distinct_ids += found.values.numel();
+  }
+  const double shoal_micros = MedianMicros(batches, [](const torch::Tensor& ids) { (void)FindDistinctIds(ids); });
+  const double torch_micros = MedianMicros(
+      batches, [](const torch::Tensor& ids) { (void)torch::_unique(ids, /*sorted=*/false, /*return_inverse=*/true); });
+  // The row cache: each step looks up its distinct ids and takes in the rows it missed.
+  constexpr int64_t kCachedDim = kDim + 1;  // the wide & deep table's row: 16 + the wide weight
+  std::vector<torch::Tensor> distinct;
+  for (const torch::Tensor& ids : batches) distinct.push_back(FindDistinctIds(ids).values);
+  RowCache cache(200'000, kCachedDim, /*staleness=*/4);
+  int64_t step = 0;
+  const double cache_micros = MedianMicros(distinct, [&](const torch::Tensor& ids) {
+    torch::Tensor rows = torch::empty({ids.numel(), kCachedDim});
+    const torch::Tensor missed = ids.masked_select(cache.Lookup(ids, ++step, rows).logical_not());
+    cache.Insert(missed, torch::ones({missed.numel(), kCachedDim}), step);
+  });
+  std::printf(
+      "{\"batch\": %lld, \"ids_per_step\": %lld, \"distinct_ids_per_step\": %.0f, \"distinct_micros\": "
+      "{\"shoal\": %.1f, \"torch_unique\": %.1f}, \"torch_unique_vs_shoal\": %.2f, \"row_cache\": "
+      "{\"rows\": 200000, \"staleness\": 4, \"micros_per_step\": %.1f, \"hit_rate\": %.4f}}\n",
+      static_cast<long long>(batch), static_cast<long long>(batch * kFeatures),
+      static_cast<double>(distinct_ids) / static_cast<double>(steps), shoal_micros, torch_micros,
+      torch_micros / shoal_micros, cache_micros,
+      static_cast<double>(cache.hits()) / static_cast<double>(cache.lookups()));
+  return 0;
+}
+
 // GB/s of writing `bytes` to a new file at `path` with plain fwrite calls
 // of 4 MiB, closed (not synced: the save is not either), then removed.
 double PlainWriteGbps(const std::string& path, int64_t bytes) {
@@ -300,6 +371,7 @@ int RunCheckpoint(int argc, char** argv) {
 int Run(int argc, char** argv) {
   if (Flag(argc, argv, "eviction", "0") == "1") return RunEviction(argc, argv);
   if (Flag(argc, argv, "checkpoint", "0") == "1") return RunCheckpoint(argc, argv);
+  if (Flag(argc, argv, "worker_side", "0") == "1") return RunWorkerSide(argc, argv);
   int64_t steps = 20, batch = 1024;
   (void)absl::SimpleAtoi(Flag(argc, argv, "steps", "20"), &steps);
   (void)absl::SimpleAtoi(Flag(argc, argv, "batch", "1024"), &batch);

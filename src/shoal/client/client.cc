@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
+#include "shoal/core/distinct_ids.h"
 #include "shoal/core/dtype.h"
 #include "shoal/core/status.h"
 
@@ -738,9 +739,9 @@ absl::StatusOr<torch::Tensor> Client::PullRows(const std::string& table, const t
   SHOAL_ASSIGN_OR_RETURN(const std::vector<TaskId> shards, TableShards());
   torch::Tensor unique_ids = ids.contiguous(), inverse;  // inverse: undefined when the ids are distinct
   if (ids_are == Ids::kAny) {
-    auto [distinct, where, counts] = torch::_unique2(ids, /*sorted=*/false, /*return_inverse=*/true);
-    unique_ids = distinct;
-    inverse = where;
+    DistinctIds distinct = FindDistinctIds(ids);
+    unique_ids = distinct.values;
+    inverse = distinct.inverse;
   }
   const std::vector<torch::Tensor> positions = PositionsByShard(unique_ids, static_cast<int64_t>(shards.size()));
   TaskCalls calls;
@@ -799,7 +800,7 @@ absl::Status Client::PushRows(const std::string& table, const torch::Tensor& ids
   torch::Tensor unique_ids = ids.contiguous(), combined = gradients;
   if (ids_are == Ids::kAny) {
     // One gradient row per distinct id: the sum of its rows in the batch.
-    auto [distinct, inverse, counts] = torch::_unique2(ids, /*sorted=*/false, /*return_inverse=*/true);
+    auto [distinct, inverse] = FindDistinctIds(ids);
     unique_ids = distinct;
     combined = torch::zeros({distinct.size(0), gradients.size(1)}, gradients.options()).index_add_(0, inverse, gradients);
   }

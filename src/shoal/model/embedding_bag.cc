@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "shoal/client/client.h"
+#include "shoal/core/distinct_ids.h"
 #include "shoal/core/status.h"
 #include "shoal/model/model.h"
 
@@ -19,8 +20,7 @@ RowCache::RowCache(int64_t capacity, int64_t dim, int64_t staleness)
       staleness_(staleness),
       dim_(dim),
       rows_(static_cast<size_t>(sets_ * ways_ * dim)),
-      slot_id_(static_cast<size_t>(sets_ * ways_), -1),
-      slot_step_(static_cast<size_t>(sets_ * ways_), 0) {}
+      slots_(static_cast<size_t>(sets_ * ways_)) {}
 
 int64_t RowCache::SetStart(int64_t id) const {
   // Fibonacci hashing spreads neighbouring ids; the high half of hash * sets
@@ -41,8 +41,8 @@ torch::Tensor RowCache::Lookup(const torch::Tensor& ids, int64_t step, torch::Te
   for (int64_t i = 0; i < n; ++i) {
     const int64_t start = SetStart(id[i]);
     for (int64_t slot = start; slot < start + ways_; ++slot) {
-      if (slot_id_[slot] != id[i]) continue;
-      if (slot_step_[slot] + staleness_ >= step) {
+      if (slots_[slot].id != id[i]) continue;
+      if (slots_[slot].step + staleness_ >= step) {
         hit_data[i] = true;
         ++hits;
         std::memcpy(out + i * dim_, rows_.data() + slot * dim_, row_bytes);
@@ -66,14 +66,13 @@ void RowCache::Insert(const torch::Tensor& ids, const torch::Tensor& rows, int64
     const int64_t start = SetStart(id[i]);
     int64_t chosen = start;  // its own slot if held, else the stalest (a free slot's step 0 precedes every pull)
     for (int64_t slot = start; slot < start + ways_; ++slot) {
-      if (slot_id_[slot] == id[i]) {
+      if (slots_[slot].id == id[i]) {
         chosen = slot;
         break;
       }
-      if (slot_step_[slot] < slot_step_[chosen]) chosen = slot;
+      if (slots_[slot].step < slots_[chosen].step) chosen = slot;
     }
-    slot_id_[chosen] = id[i];
-    slot_step_[chosen] = step;
+    slots_[chosen] = Slot{id[i], step};
     std::memcpy(rows_.data() + chosen * dim_, in + i * dim_, row_bytes);
   }
 }
@@ -105,13 +104,13 @@ absl::Status RemoteEmbeddingBag::Keys(const torch::Tensor& ids, torch::Tensor* k
 absl::StatusOr<torch::Tensor> RemoteEmbeddingBag::DistinctKeys(const torch::Tensor& ids) const {
   torch::Tensor keys, present;
   SHOAL_RETURN_IF_ERROR(Keys(ids, &keys, &present));
-  return std::get<0>(torch::_unique(keys, /*sorted=*/false));
+  return FindDistinctIds(keys).values;
 }
 
 absl::Status RemoteEmbeddingBag::Pull(Client& client, const torch::Tensor& ids) {
   torch::Tensor keys, present;
   SHOAL_RETURN_IF_ERROR(Keys(ids, &keys, &present));
-  auto [distinct, inverse] = torch::_unique(keys, /*sorted=*/false, /*return_inverse=*/true);
+  auto [distinct, inverse] = FindDistinctIds(keys);
   const int64_t step = ++pulls_;
   torch::Tensor rows = torch::empty({distinct.numel(), table_.dim()});
   torch::Tensor missed = distinct;

@@ -57,9 +57,13 @@ class RowCache {
   // The first slot of `id`'s set.
   int64_t SetStart(int64_t id) const;
 
+  struct Slot {
+    int64_t id = -1;    // -1: free
+    int64_t step = 0;   // the step its row was pulled at
+  };
   int64_t ways_, sets_, staleness_, dim_;
-  std::vector<float> rows_;                    // [sets * ways, dim]
-  std::vector<int64_t> slot_id_, slot_step_;   // each slot's id (-1: free) and the step it was pulled at
+  std::vector<float> rows_;   // [sets * ways, dim]
+  std::vector<Slot> slots_;   // [sets * ways]: a set of 4 is one 64-byte line
   int64_t hits_ = 0, lookups_ = 0;
 };
 
