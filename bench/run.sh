@@ -97,6 +97,8 @@ echo "(f) lru against lfu eviction, long enough for them to part: a 100k-row sha
 build/bench/embedding_bench --eviction 1 --steps 200 --max_rows 100000 > "$out/embedding_eviction_long.json"
 echo "(f) a 5M-row table shard saved while pushes go on, against a plain write of as many bytes" >&2
 build/bench/embedding_bench --checkpoint 1 > "$out/table_checkpoint.json"
+echo "(f) a worker's work on a batch's ids: distinct ids against torch::_unique, the row cache's lookups and inserts" >&2
+build/bench/embedding_bench --worker_side 1 > "$out/embedding_worker_side.json"
 
 echo "(g) click-through training, 10M x 16 table, 2 ps + 2 workers as processes vs the PyTorch EmbeddingBag peer" >&2
 bench/click.sh >&2
