@@ -3,6 +3,7 @@
 #include "shoal/embedding.h"
 
 #include "absl/strings/str_cat.h"
+#include "shoal/core/distinct_ids.h"
 
 namespace shoal {
 
@@ -21,14 +22,15 @@ EmbeddingImpl::Pulled EmbeddingImpl::Pull(const torch::Tensor& ids, const char* 
   const torch::Tensor flat = ids.reshape(-1).to(torch::kInt64);
   torch::Tensor distinct, where;
   if (!padding_idx_) {
-    std::tie(distinct, where, std::ignore) = torch::_unique2(flat, /*sorted=*/true, /*return_inverse=*/true);
+    DistinctIds found = FindDistinctIds(flat);
+    distinct = found.values;
+    where = found.inverse;
   } else {
     const torch::Tensor real = flat != *padding_idx_;
-    torch::Tensor where_real;
-    std::tie(distinct, where_real, std::ignore) =
-        torch::_unique2(flat.masked_select(real), /*sorted=*/true, /*return_inverse=*/true);
+    DistinctIds found = FindDistinctIds(flat.masked_select(real));
+    distinct = found.values;
     where = torch::full_like(flat, distinct.size(0));  // padding: the zero row after the pulled ones
-    where.masked_scatter_(real, where_real);
+    where.masked_scatter_(real, found.inverse);
   }
   torch::Tensor rows = client_->PullRows(table_, distinct);
   if (torch::GradMode::is_enabled()) {
