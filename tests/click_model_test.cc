@@ -151,11 +151,11 @@ TEST(RowCacheTest, EveryRowItServesIsTheOnePulledForItsIdWithinStaleness) {
   RowCache cache(/*capacity=*/1000, /*dim=*/2, /*staleness=*/2);
   std::mt19937_64 random(7);
   std::vector<int64_t> drawn(700);
-  for (int64_t& id : drawn) id = static_cast<int64_t>(random() >> 20);
+  for (int64_t& id : drawn) id = static_cast<int64_t>(random() % 10'000'000);  // exact as floats
   const torch::Tensor ids = std::get<0>(torch::_unique(Ids(drawn)));
   cache.Insert(ids, RowsOf(ids, 1), 1);
   torch::Tensor rows = torch::zeros({ids.numel(), 2});
-  torch::Tensor hit = cache.Lookup(ids, 3, rows);  // within staleness: pulled at 1, serves 1 .. 3
+  const torch::Tensor hit = cache.Lookup(ids, 3, rows);  // within staleness: pulled at 1, serves 1 .. 3
   const torch::Tensor served = hit.nonzero().view({-1});
   EXPECT_TRUE(rows.index_select(0, served).equal(RowsOf(ids.index_select(0, served), 1)));
   // 700 ids in 250 sets of 4: a set drawn more than 4 times keeps 4 (about

@@ -38,8 +38,8 @@ enum class Pooling { kSum, kMean };
 // Holds at most `capacity` rows in sets of kWays, an id's set chosen by its
 // hash; a row pulled takes the place of the stalest row in its set (one
 // pulled longest ago), so the rows that can still serve stay. A lookup or
-// an insert reads one set: no hash map, nothing allocated per row, which is
-// what lets the cache cost less than the pull it spares on a fast network.
+// an insert reads one set: no hash map, nothing allocated per row (a hash
+// map's per-row work cost more than the pulls it spared on one host).
 class RowCache {
  public:
   static constexpr int64_t kWays = 4;
@@ -63,7 +63,7 @@ class RowCache {
   };
   int64_t ways_, sets_, staleness_, dim_;
   std::vector<float> rows_;   // [sets * ways, dim]
-  std::vector<Slot> slots_;   // [sets * ways]: a set of 4 is one 64-byte line
+  std::vector<Slot> slots_;   // [sets * ways]: a set of 4 takes 64 bytes
   int64_t hits_ = 0, lookups_ = 0;
 };
 
