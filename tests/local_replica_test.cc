@@ -144,6 +144,39 @@ TEST(DownpourTest, FollowsItsUpdateRules) {
   ExpectNear(recorders[0]->local.back(), local, "local");
 }
 
+// How many requests the worker's client has sent by the end of each step.
+class RequestCounter : public TrainingHook {
+ public:
+  explicit RequestCounter(Client* client) : client_(client) {}
+  absl::Status AfterStep(const StepInfo&, StopRequest*) override {
+    after_step.push_back(client_->requests_sent());
+    return absl::OkStatus();
+  }
+  std::vector<int64_t> after_step;
+
+ private:
+  Client* client_;
+};
+
+TEST(DownpourTest, APushRightBeforeAFetchBringsTheValuesBackInOneRoundTrip) {
+  for (const bool fetch_after_push : {true, false}) {
+    JobConfig config = TinyJob("downpour", 1, 12);
+    config.local.n_push = 4;
+    config.local.n_fetch = fetch_after_push ? 4 : 3;
+    std::shared_ptr<RequestCounter> counter;
+    auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
+      counter = std::make_shared<RequestCounter>(context.client);
+      context.extra_hooks.push_back(counter);
+    });
+    ASSERT_TRUE(report.ok()) << report.status();
+    ASSERT_EQ(counter->after_step.size(), 12u);
+    // Steps 4-7 hold one push (step 7) and, with n_fetch 3, fetches at
+    // steps 6; with n_fetch 4, the fetch at step 4 came with step 3's push.
+    const int64_t requests = counter->after_step[7] - counter->after_step[3];
+    EXPECT_EQ(requests, fetch_after_push ? 1 : 2) << "n_fetch " << config.local.n_fetch;
+  }
+}
+
 TEST(ElasticAverageTest, FollowsTensorFlowsUpdateRulesWithTheRhoPenalty) {
   JobConfig config = TinyJob("easgd", 1, 12);
   config.local.tau = 3;

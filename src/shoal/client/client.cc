@@ -179,6 +179,7 @@ absl::Status Client::RunAll(TaskCalls& calls, absl::Duration answer_timeout) {
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(1));
   }
+  requests_sent_.fetch_add(static_cast<int64_t>(calls.size()), std::memory_order_relaxed);
   for (auto& [task, call] : calls) {
     numbers_->Close(call.request.header.request_id());
     bytes_sent_.fetch_add(MessageBytes(call.request.header, call.request.tensors), std::memory_order_relaxed);

@@ -235,6 +235,10 @@ class Client {
   // How many calls were sent again because their task was unreachable.
   int64_t retries() const { return retries_.load(std::memory_order_relaxed); }
 
+  // Requests this client has sent, one per task a call reaches (a retry
+  // counts once): its round trips.
+  int64_t requests_sent() const { return requests_sent_.load(std::memory_order_relaxed); }
+
   // Bytes this client has sent and received (frames: header and tensors),
   // counted alike over every transport; and of those, the tensor bytes sent.
   int64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
@@ -302,6 +306,7 @@ class Client {
   std::map<TaskId, std::shared_ptr<Channel>> channels_;
   std::shared_ptr<const Placement> placement_;
   ClientOptions options_;
+  std::atomic<int64_t> requests_sent_{0};
   std::atomic<int64_t> bytes_sent_{0};
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> tensor_bytes_sent_{0};

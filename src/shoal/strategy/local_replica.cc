@@ -77,15 +77,25 @@ int64_t AveragingRounds(const LocalReplicaConfig& config, int64_t max_steps, int
 namespace {
 
 // Sends `update` (gradients for the ps's optimizer, or deltas to add),
-// advancing global_step by `steps`. True when that was the job's last: it
-// is stopped or has reached max_steps.
+// advancing global_step by `steps`. With `values_after` (gradients only),
+// the answer also brings the variables' values right after this apply, so
+// that a fetch due next needs no round trip of its own. True when that was
+// the job's last: it is stopped or has reached max_steps.
 absl::StatusOr<bool> PushExchange(WorkerContext& context, const std::vector<std::string>& names,
                                   const std::vector<torch::Tensor>& update, wire::UpdateRule rule, int64_t steps,
-                                  StepInfo& info) {
+                                  StepInfo& info, std::vector<torch::Tensor>* values_after = nullptr) {
   const std::vector<CounterDelta> counters = {{kGlobalStep, steps}, {kStopRequested, 0}, TakeDataPosition(context)};
-  SHOAL_ASSIGN_OR_RETURN(std::vector<int64_t> values, rule == wire::UPDATE_ADD
-                                                          ? context.client->AddToVariables(names, update, counters)
-                                                          : context.client->ApplyGradients(names, update, counters));
+  std::vector<int64_t> values;
+  if (rule == wire::UPDATE_ADD) {
+    SHOAL_ASSIGN_OR_RETURN(values, context.client->AddToVariables(names, update, counters));
+  } else if (values_after == nullptr) {
+    SHOAL_ASSIGN_OR_RETURN(values, context.client->ApplyGradients(names, update, counters));
+  } else {
+    SHOAL_ASSIGN_OR_RETURN(Client::AppliedValues applied,
+                           context.client->ApplyGradientsAndRead(names, update, counters));
+    values = std::move(applied.counters);
+    *values_after = std::move(applied.values);
+  }
   info.global_step = values[0];
   info.exchanged = true;
   return values[1] > 0 || values[0] >= context.max_steps;
@@ -122,7 +132,9 @@ class LocalReplicaPolicy : public StepPolicy {
 };
 
 // Downpour (Dean et al., 2012): fetch every n_fetch steps, train locally, and
-// push the summed gradients every n_push steps for the ps's optimizer.
+// push the summed gradients every n_push steps for the ps's optimizer. A
+// push right before a fetch (every push when n_fetch == n_push) brings the
+// values back in its answer, as async's pushes do: one round trip, not two.
 class DownpourPolicy : public LocalReplicaPolicy {
  public:
   using LocalReplicaPolicy::LocalReplicaPolicy;
@@ -130,6 +142,7 @@ class DownpourPolicy : public LocalReplicaPolicy {
   // (At the start the first step fetches.)
   absl::Status Join(Model& model) override {
     pending_ = ZerosLike(model.variables());
+    pushed_values_.clear();
     if (!joined_) {
       joined_ = true;
       return absl::OkStatus();
@@ -138,7 +151,11 @@ class DownpourPolicy : public LocalReplicaPolicy {
   }
   bool HasStepsLeft() const override { return !done_; }
   absl::Status Pull(Model& /*model*/) override {
-    return step_ % local_.n_fetch == 0 ? FetchGlobal(client_, *replica_) : absl::OkStatus();
+    if (step_ % local_.n_fetch != 0) return absl::OkStatus();
+    if (pushed_values_.empty()) return FetchGlobal(client_, *replica_);
+    replica_->Load(pushed_values_);  // a model without buffers: nothing else to settle
+    pushed_values_.clear();
+    return absl::OkStatus();
   }
   absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients, StepInfo& step,
                                    const UpdateCheck& check) override {
@@ -148,8 +165,12 @@ class DownpourPolicy : public LocalReplicaPolicy {
     if ((step_ + 1) % local_.n_push == 0) {
       SHOAL_ASSIGN_OR_RETURN(bool send, check(model.variable_names(), pending_));
       if (!send) return PushOutcome::kStopped;
+      // Buffers' drift goes in after the push, so a model with buffers
+      // fetches them with the values in a read of its own.
+      const bool fetch_next = (step_ + 1) % local_.n_fetch == 0 && model.buffer_names().empty();
       SHOAL_ASSIGN_OR_RETURN(bool last, PushExchange(context_, model.variable_names(), pending_,
-                                                     wire::UPDATE_OPTIMIZER, local_.n_push, step));
+                                                     wire::UPDATE_OPTIMIZER, local_.n_push, step,
+                                                     fetch_next ? &pushed_values_ : nullptr));
       SHOAL_RETURN_IF_ERROR(PushBufferDrift(context_, *replica_));
       for (auto& p : pending_) p.zero_();
       global_step_ = step.global_step;
@@ -161,6 +182,7 @@ class DownpourPolicy : public LocalReplicaPolicy {
 
  private:
   std::vector<torch::Tensor> pending_;  // gradients not yet pushed
+  std::vector<torch::Tensor> pushed_values_;  // the last push's answer, for the fetch right after it
   bool joined_ = false;
   bool done_ = false;
 };
