@@ -16,6 +16,7 @@
 #include <optional>
 #include <thread>
 
+#include "shoal/embedding.h"
 #include "shoal/shoal.h"
 
 namespace py = pybind11;
@@ -69,6 +70,11 @@ py::tuple TrainJob(const shoal::Job& job, bool progress) {
   return py::make_tuple(report->json, interrupted);
 }
 
+// `distinct`: the caller found the ids' distinct values already (UniqueIds).
+shoal::ClusterClient::RowIds RowIds(bool distinct) {
+  return distinct ? shoal::ClusterClient::RowIds::kDistinct : shoal::ClusterClient::RowIds::kAny;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_shoal, m) {
@@ -84,6 +90,8 @@ PYBIND11_MODULE(_shoal, m) {
       PyErr_SetObject(error_type.ptr(), instance.ptr());
     }
   });
+
+  m.def("unique_ids", &shoal::UniqueIds, py::arg("ids"), py::call_guard<py::gil_scoped_release>());
 
   py::class_<shoal::Job>(m, "Job")
       .def(py::init<>())
@@ -132,8 +140,20 @@ PYBIND11_MODULE(_shoal, m) {
             client.CreateTable(name, options);
           },
           py::call_guard<py::gil_scoped_release>())
-      .def("pull_rows", &shoal::ClusterClient::PullRows, py::call_guard<py::gil_scoped_release>())
-      .def("push_rows", &shoal::ClusterClient::PushRows, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "pull_rows",
+          [](shoal::ClusterClient& client, const std::string& table, const torch::Tensor& ids, bool distinct) {
+            return client.PullRows(table, ids, RowIds(distinct));
+          },
+          py::arg("table"), py::arg("ids"), py::arg("distinct") = false, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "push_rows",
+          [](shoal::ClusterClient& client, const std::string& table, const torch::Tensor& ids,
+             const torch::Tensor& gradients, bool distinct) {
+            client.PushRows(table, ids, gradients, RowIds(distinct));
+          },
+          py::arg("table"), py::arg("ids"), py::arg("gradients"), py::arg("distinct") = false,
+          py::call_guard<py::gil_scoped_release>())
       .def(
           "table_stats",
           [](shoal::ClusterClient& client, const std::string& table) {

@@ -350,6 +350,23 @@ TEST(ApiTest, EmbeddingLayersPullByIdAndPushTheirGradientsOnBackward) {
   shoal::Embedding unknown(&client, "nope");
   EXPECT_EQ(ErrorOf([&] { unknown(torch::tensor({1}, torch::kInt64)); }).code(), "NOT_FOUND");
   EXPECT_TRUE(client.PullRows("emb", every).equal(before));
+
+  // The layers find their batch's distinct ids with UniqueIds (in order of
+  // first appearance) and say so, so the client does not look again; a
+  // push said to be distinct whose ids repeat is refused, naming the id.
+  const auto [unique, where] = shoal::UniqueIds(torch::tensor({7, 3, 7, 51, 3}, torch::kInt64).view({5, 1}));
+  EXPECT_TRUE(unique.equal(torch::tensor({7, 3, 51}, torch::kInt64))) << unique;
+  EXPECT_TRUE(where.equal(torch::tensor({0, 1, 0, 2, 1}, torch::kInt64).view({5, 1}))) << where;
+  constexpr auto kDistinct = shoal::ClusterClient::RowIds::kDistinct;
+  EXPECT_TRUE(client.PullRows("emb", unique, kDistinct).equal(before.index_select(0, unique)));
+  shoal::Error repeated = ErrorOf([&] {
+    client.PushRows("emb", torch::tensor({7, 3, 7}, torch::kInt64), torch::ones({3, 4}), kDistinct);
+  });
+  EXPECT_EQ(repeated.code(), "INVALID_ARGUMENT");
+  EXPECT_NE(std::string(repeated.what()).find("7"), std::string::npos) << repeated.what();
+  EXPECT_TRUE(client.PullRows("emb", every).equal(before));
+  client.PushRows("emb", unique, torch::ones({3, 4}), kDistinct);
+  EXPECT_TRUE(torch::allclose(moved_since(before), expected({7, 3, 51}, {1, 1, 1})));
   std::ostringstream printed;
   printed << *padded;
   EXPECT_EQ(printed.str(), "shoal::EmbeddingBag(table=emb, mode=mean, padding_idx=-1)");

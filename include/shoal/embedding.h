@@ -29,6 +29,12 @@
 
 namespace shoal {
 
+// The distinct values of `ids` (an int64 tensor of any shape) in the order
+// they first appear, [n], and where each id's value is among them, shaped
+// as `ids`: torch.unique(ids, sorted=False, return_inverse=True) in one
+// pass over a hash table. What the layers pull and push by.
+std::tuple<torch::Tensor, torch::Tensor> UniqueIds(const torch::Tensor& ids);
+
 class EmbeddingImpl : public torch::nn::Module {
  public:
   // `client` must outlive the layer and every graph its forward records.

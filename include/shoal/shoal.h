@@ -217,12 +217,18 @@ class ClusterClient {
   // Creates an embedding table on every ps task; one that exists with the
   // same definition is left alone, one with another is refused.
   void CreateTable(const std::string& name, const TableOptions& options);
-  // The rows of `ids` (int64 [n], repeats allowed) as float32 [n, dim]:
-  // each distinct id is pulled once, from its ps task.
-  torch::Tensor PullRows(const std::string& table, const torch::Tensor& ids);
-  // Pushes gradient rows (float32 [n, dim], one per id; rows of repeated ids
-  // are summed here) to the table's optimizer on the ps tasks.
-  void PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients);
+  // Whether the ids of a pull or push may repeat (kAny: the client finds
+  // the distinct ones) or are distinct already (kDistinct: found by the
+  // caller, as shoal::Embedding finds them with UniqueIds; not looked over
+  // again, and a push whose ids repeat anyway is refused, naming the id).
+  enum class RowIds { kAny, kDistinct };
+  // The rows of `ids` (int64 [n]) as float32 [n, dim]: each distinct id is
+  // pulled once, from its ps task.
+  torch::Tensor PullRows(const std::string& table, const torch::Tensor& ids, RowIds ids_are = RowIds::kAny);
+  // Pushes gradient rows (float32 [n, dim], one per id; with kAny the rows
+  // of repeated ids are summed here) to the table's optimizer on the ps tasks.
+  void PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients,
+                RowIds ids_are = RowIds::kAny);
   // How full a table is, over all its ps tasks: rows held, new ids a full
   // dynamic table turned away, rows evicted to make room (evict_when_full).
   struct TableStats {

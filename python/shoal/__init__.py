@@ -242,6 +242,14 @@ class Client:
         rows of repeated ids are summed here, so one row per id goes on the wire."""
         self._client.push_rows(table, ids, gradients.detach() if isinstance(gradients, torch.Tensor) else gradients)
 
+    def _pull_distinct_rows(self, table, ids):
+        """pull_rows for ids known to be distinct (the layers'): not looked over again."""
+        return self._client.pull_rows(table, ids, distinct=True)
+
+    def _push_distinct_rows(self, table, ids, gradients):
+        """push_rows for ids known to be distinct; a push whose ids repeat is refused."""
+        self._client.push_rows(table, ids, gradients, distinct=True)
+
     def table_stats(self, table):
         """How full a table is, over all its ps tasks: {"rows_held", "ids_refused" (new ids
         a full dynamic table turned away), "rows_evicted" (dropped to make room)}."""
@@ -304,17 +312,20 @@ class Embedding(torch.nn.Module):
             raise TypeError(f"shoal.{type(self).__name__} '{self.table}': ids must be an integer tensor, "
                             f"not {ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__}")
         flat = ids.reshape(-1).to(torch.int64)
+        # Each distinct id once (in one pass, in order of first appearance),
+        # so the client need not look for repeats again.
         if self.padding_idx is None:
-            distinct, where = torch.unique(flat, return_inverse=True)
+            distinct, where = _shoal.unique_ids(flat)
         else:
             real = flat != self.padding_idx
-            distinct, where_real = torch.unique(flat[real], return_inverse=True)
+            distinct, where_real = _shoal.unique_ids(flat[real])
             where = torch.full_like(flat, len(distinct))  # padding: the zero row after the pulled ones
             where[real] = where_real
-        rows = self.client.pull_rows(self.table, distinct)
+        rows = self.client._pull_distinct_rows(self.table, distinct)
         if torch.is_grad_enabled():
             rows.requires_grad_()
-            rows.register_hook(lambda gradient: self.client.push_rows(self.table, distinct, gradient.contiguous()))
+            rows.register_hook(
+                lambda gradient: self.client._push_distinct_rows(self.table, distinct, gradient.contiguous()))
         if self.padding_idx is not None:
             rows = torch.cat([rows, rows.new_zeros(1, rows.shape[1])])
         return rows, where

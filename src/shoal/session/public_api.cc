@@ -509,13 +509,22 @@ void ClusterClient::CreateTable(const std::string& name, const TableOptions& opt
   ThrowIfError(state_->client->CreateTables({table}));
 }
 
-torch::Tensor ClusterClient::PullRows(const std::string& table, const torch::Tensor& ids) {
-  torch::Tensor rows = ValueOrThrow(state_->client->PullRows(table, ids));
+namespace {
+
+Client::Ids InternalIds(ClusterClient::RowIds ids_are) {
+  return ids_are == ClusterClient::RowIds::kDistinct ? Client::Ids::kDistinct : Client::Ids::kAny;
+}
+
+}  // namespace
+
+torch::Tensor ClusterClient::PullRows(const std::string& table, const torch::Tensor& ids, RowIds ids_are) {
+  torch::Tensor rows = ValueOrThrow(state_->client->PullRows(table, ids, InternalIds(ids_are)));
   return state_->copy_reads ? rows.clone() : rows;
 }
 
-void ClusterClient::PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients) {
-  ThrowIfError(state_->client->PushRows(table, ids, gradients));
+void ClusterClient::PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients,
+                             RowIds ids_are) {
+  ThrowIfError(state_->client->PushRows(table, ids, gradients, InternalIds(ids_are)));
 }
 
 ClusterClient::TableStats ClusterClient::GetTableStats(const std::string& table) {

@@ -7,6 +7,11 @@
 
 namespace shoal {
 
+std::tuple<torch::Tensor, torch::Tensor> UniqueIds(const torch::Tensor& ids) {
+  DistinctIds found = FindDistinctIds(ids);
+  return {std::move(found.values), std::move(found.inverse)};
+}
+
 EmbeddingImpl::EmbeddingImpl(ClusterClient* client, std::string table, std::optional<int64_t> padding_idx)
     : client_(client), table_(std::move(table)), padding_idx_(padding_idx) {
   if (client_ == nullptr) throw Error("INVALID_ARGUMENT", absl::StrCat("shoal::Embedding '", table_, "': no client"));
@@ -32,12 +37,14 @@ EmbeddingImpl::Pulled EmbeddingImpl::Pull(const torch::Tensor& ids, const char* 
     where = torch::full_like(flat, distinct.size(0));  // padding: the zero row after the pulled ones
     where.masked_scatter_(real, found.inverse);
   }
-  torch::Tensor rows = client_->PullRows(table_, distinct);
+  // The ids are distinct now: the client need not look for repeats again.
+  constexpr ClusterClient::RowIds kDistinct = ClusterClient::RowIds::kDistinct;
+  torch::Tensor rows = client_->PullRows(table_, distinct, kDistinct);
   if (torch::GradMode::is_enabled()) {
     rows.requires_grad_();
     ClusterClient* client = client_;
     rows.register_hook([client, table = table_, distinct](const torch::Tensor& gradient) {
-      client->PushRows(table, distinct, gradient.contiguous());
+      client->PushRows(table, distinct, gradient.contiguous(), kDistinct);
     });
   }
   if (padding_idx_) rows = torch::cat({rows, rows.new_zeros({1, rows.size(1)})});
