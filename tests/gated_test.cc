@@ -531,6 +531,13 @@ TEST(GatedTrainingTest, AJobStartedAgainReadsOnFromItsCheckpointsStep) {
     ASSERT_TRUE(third.ok()) << third.status();
     EXPECT_EQ(third->restored_from, second->last_checkpoint);
     EXPECT_EQ(sizes, (std::vector<int64_t>{30, 30, 20})) << workers << " workers";
+    // On the same data again: its second epoch, counted from step 10 where
+    // it began (not step 13's place counted from 0, which draws 30, 20, 30).
+    config.training.max_steps = 16;
+    auto fourth = run(&sizes);
+    ASSERT_TRUE(fourth.ok()) << fourth.status();
+    EXPECT_EQ(fourth->restored_from, third->last_checkpoint);
+    EXPECT_EQ(sizes, (std::vector<int64_t>{30, 30, 20})) << workers << " workers";
     fs::remove_all(dir);
   }
 }

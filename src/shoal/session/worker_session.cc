@@ -25,7 +25,7 @@ constexpr char kRowCacheHits[] = "row_cache_hits";
 std::vector<std::string> SavedCounters(const TrainingMode& mode, const WorkerContext& context) {
   std::vector<std::string> counters = {kStopRequested, kWorkersDone,     kStaleGradients, kRestores,
                                        kBytesSent,     kBytesReceived,   kTensorBytesSent, kWorkerSteps,
-                                       kCallsRetried,  kDataFingerprint};
+                                       kCallsRetried,  kDataFingerprint, kDataStartStep};
   for (std::string& own : mode.SavedCounters(*context.config, context.num_workers)) {
     counters.push_back(std::move(own));
   }

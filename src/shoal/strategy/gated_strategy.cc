@@ -1,5 +1,6 @@
 #include "shoal/strategy/gated_strategy.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,14 @@ std::vector<VariableSpec> ExchangeSpecs(const GatedModelConfig& gated, int64_t b
     if (gated.master_loss_to_workers) specs.push_back({LogitGradVariable(k), {batch_size, classes}});
   }
   return specs;
+}
+
+// The chief draws a batch a lockstep step: puts `batches` where step `t`
+// of the job draws, counted from the step its training data began at.
+absl::Status SeekToStep(Client& client, int64_t t, BatchIterator& batches) {
+  SHOAL_ASSIGN_OR_RETURN(const int64_t data_start, client.AddToCounter(kDataStartStep, 0));
+  batches.SeekTo(batches.ExamplesInBatches(std::max<int64_t>(0, t - data_start)));
+  return absl::OkStatus();
 }
 
 torch::Tensor PadRows(const torch::Tensor& t, int64_t rows) {
@@ -97,10 +106,9 @@ class LockstepWorker {
     WorkerResult result;
     // The job's step: at the start (a restarted network joins the step the
     // chief waits in) and after a restore, which put every counter there.
-    // The chief draws a batch a step, so the step says where its data stands
-    // (at the start, for the data the job was on before).
+    // The chief draws a batch a step, so the step says where its data stands.
     SHOAL_ASSIGN_OR_RETURN(int64_t t, client_.AddToCounter(kGlobalStep, 0));
-    if (batches && context_.data_as_before) batches->SeekTo(batches->ExamplesInBatches(t));
+    if (batches) SHOAL_RETURN_IF_ERROR(SeekToStep(*context_.client, t, *batches));
     SHOAL_RETURN_IF_ERROR(StepUntilDone(
         context_,
         [&]() -> absl::StatusOr<bool> {
@@ -118,7 +126,7 @@ class LockstepWorker {
           // moved): only a restore, which puts them back, lets the job go on.
           if (context_.restores_known == restores) return error;
           SHOAL_ASSIGN_OR_RETURN(t, client_.AddToCounter(kGlobalStep, 0));
-          if (batches) batches->SeekTo(batches->ExamplesInBatches(t));
+          if (batches) SHOAL_RETURN_IF_ERROR(SeekToStep(*context_.client, t, *batches));
           return absl::OkStatus();
         }));
     return result;
@@ -318,14 +326,9 @@ absl::StatusOr<WorkerResult> RunWholeEnsemble(WorkerContext& context, GatedEnsem
   const std::vector<std::string>& names = ensemble.variable_names();
   WorkerResult result;
   int64_t t = 0;
-  bool joined = false;
   auto join = [&]() -> absl::Status {
     SHOAL_ASSIGN_OR_RETURN(t, client.AddToCounter(kGlobalStep, 0));
-    // A batch a step: the step says where the data stands (at the start,
-    // for the data the job was on before).
-    if (joined || context.data_as_before) batches.SeekTo(batches.ExamplesInBatches(t));
-    joined = true;
-    return absl::OkStatus();
+    return SeekToStep(client, t, batches);  // a batch a step: the step says where the data stands
   };
   SHOAL_RETURN_IF_ERROR(join());
   auto step_once = [&]() -> absl::StatusOr<bool> {

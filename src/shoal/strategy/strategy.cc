@@ -232,6 +232,9 @@ absl::Status RestoreDataPositions(WorkerContext& context, const CheckpointIndex&
   auto fingerprint = index.counters.find(kDataFingerprint);
   if (fingerprint == index.counters.end()) return absl::OkStatus();  // a checkpoint older than places in the data
   SHOAL_RETURN_IF_ERROR(client.SetCounter(kDataFingerprint, fingerprint->second).status());
+  auto data_start = index.counters.find(kDataStartStep);  // older checkpoints: their data began at step 0
+  SHOAL_RETURN_IF_ERROR(
+      client.SetCounter(kDataStartStep, data_start == index.counters.end() ? 0 : data_start->second).status());
   const std::string any_count = "data_position/";
   auto first = index.counters.lower_bound(any_count);
   if (first == index.counters.end() || !absl::StartsWith(first->first, any_count)) {
@@ -257,8 +260,7 @@ absl::Status RestoreDataPositions(WorkerContext& context, const CheckpointIndex&
 absl::Status MatchDataPositions(WorkerContext& context) {
   Client& client = *context.client;
   SHOAL_ASSIGN_OR_RETURN(const int64_t kept_for, client.AddToCounter(kDataFingerprint, 0));
-  context.data_as_before = kept_for == context.data_fingerprint;
-  if (context.data_as_before) return absl::OkStatus();
+  if (kept_for == context.data_fingerprint) return absl::OkStatus();
   if (kept_for != 0) {
     absl::FPrintF(stderr,
                   "%s: the training data is not the data the job's places in it were kept for: each worker reads "
@@ -268,6 +270,9 @@ absl::Status MatchDataPositions(WorkerContext& context) {
   for (int w = 0; w < context.num_workers; ++w) {
     SHOAL_RETURN_IF_ERROR(client.SetCounter(DataPositionCounter(w, context.num_workers), 0).status());
   }
+  // This data begins at the job's step now (0, or the restored checkpoint's).
+  SHOAL_ASSIGN_OR_RETURN(const int64_t step, client.AddToCounter(kGlobalStep, 0));
+  SHOAL_RETURN_IF_ERROR(client.SetCounter(kDataStartStep, step).status());
   return client.SetCounter(kDataFingerprint, context.data_fingerprint).status();
 }
 

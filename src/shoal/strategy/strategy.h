@@ -43,6 +43,11 @@ inline constexpr char kStopRequested[] = "stop_requested";
 // The fingerprint (DataFingerprint) of the training set the job's places in
 // it (DataPositionCounter) are for; kept with them in checkpoints.
 inline constexpr char kDataFingerprint[] = "data_fingerprint";
+// The global step at which the job began on its current training set: 0,
+// or the step of the checkpoint a job over other data started from. Modes
+// that draw a batch a global step (the gated ensemble) seek to the batch of
+// their step less this one. Kept in checkpoints.
+inline constexpr char kDataStartStep[] = "data_start_step";
 
 // How far worker `worker_index` of `num_workers` has read its shard of the
 // training set: the examples it drew for the steps it sent, over every epoch
@@ -70,9 +75,6 @@ struct WorkerContext {
   Dataset validation;          // populations: carved from the training set, never trained on
   int64_t train_examples = 0;  // in the whole training set (for epochs)
   int64_t data_fingerprint = 0;  // DataFingerprint of the whole training set
-  // Set by the chief's start (MatchDataPositions): whether the job's places
-  // in the data, live or restored, are for this training set.
-  bool data_as_before = false;
   int64_t max_steps = 0;       // global steps to train for
   StepCallback on_step;   // may be empty
   // Runs before each local step (may be empty): tests slow a worker down with it.
