@@ -170,8 +170,8 @@ TEST(DownpourTest, APushRightBeforeAFetchBringsTheValuesBackInOneRoundTrip) {
     });
     ASSERT_TRUE(report.ok()) << report.status();
     ASSERT_EQ(counter->after_step.size(), 12u);
-    // Steps 4-7 hold one push (step 7) and, with n_fetch 3, fetches at
-    // steps 6; with n_fetch 4, the fetch at step 4 came with step 3's push.
+    // Steps 4-7 hold one push (step 7) and, with n_fetch 3, a fetch at
+    // step 6; with n_fetch 4, the fetch at step 4 came with step 3's push.
     const int64_t requests = counter->after_step[7] - counter->after_step[3];
     EXPECT_EQ(requests, fetch_after_push ? 1 : 2) << "n_fetch " << config.local.n_fetch;
   }
