@@ -285,16 +285,16 @@ absl::StatusOr<std::unique_ptr<CheckpointInUse>> CheckpointToRecoverFrom(const W
 absl::Status RestoreSavedCounters(Client& client, const CheckpointIndex& index);
 
 // The chief of a job started again over the checkpoint `index`: its data
-// fingerprint and its workers' places in the data (DataPositionCounter) as
-// saved. A checkpoint of another worker count has none for this one: this
+// fingerprint, the step its data began at (kDataStartStep) and its
+// workers' places in the data (DataPositionCounter) as saved. A checkpoint of another worker count has none for this one: this
 // count's places start at 0, and the chief says so.
 absl::Status RestoreDataPositions(WorkerContext& context, const CheckpointIndex& index);
 
 // The chief, starting the job before any worker reads its place: keeps the
 // places (live, or restored just before) when they are for this training
-// set (context.data_fingerprint), and sets context.data_as_before;
-// otherwise, other data (the next day's log), puts every worker's place at
-// its shard's start, saying so.
+// set (context.data_fingerprint); otherwise, other data (the next day's
+// log), puts every worker's place at its shard's start, saying so, and
+// notes the global step now as where this data began (kDataStartStep).
 absl::Status MatchDataPositions(WorkerContext& context);
 
 // A training loop: runs `step` until it returns false; after a failure that
