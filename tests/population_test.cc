@@ -18,12 +18,14 @@
 #include "inproc_servers.h"
 #include "quick_job.h"
 #include "saved_values.h"
+#include "shoal/checkpoint/checkpoint.h"
 #include "shoal/model/model_factory.h"
 #include "shoal/population/lineage.h"
 #include "shoal/server/variable_service.h"
 #include "shoal/session/local_cluster.h"
 #include "shoal/session/task_runner.h"
 #include "shoal/transport/inproc/inproc_transport.h"
+#include "step_recorder.h"
 #include "temp_dir.h"
 
 namespace shoal {
@@ -462,6 +464,63 @@ TEST(PopulationTrainingTest, AStartedAgainPopulationResumesEveryMemberFromItsChe
     }
     EXPECT_TRUE(resumed) << "member " << member << " started afresh";
   }
+  std::filesystem::remove_all(dir);
+}
+
+// A population started again over its checkpoint: each member reads its
+// data on from where it left it, through exploits and restarts, so one pass
+// stays one pass. Each member's shard of 100 examples (120 less 20 for
+// validation) in batches of 30 ends each epoch with a batch of 10, which
+// shows where in its epoch a step is.
+TEST(PopulationTrainingTest, AStartedAgainMemberReadsItsDataOnFromWhereItLeftIt) {
+  const std::string dir = FreshTempDir("shoal_", "pop_position");
+  JobConfig config = QuickPopulation(2, dir + "/lineage");
+  config.data.train_examples = 120;
+  config.population.validation_examples = 20;
+  config.population.eval_steps = 2;  // exploits on the way
+  config.training.batch_size = 30;
+  config.training.max_steps = 10;  // 5 member steps each: 30, 30, 30, 10 | 30: 130 examples drawn
+  config.checkpoint.dir = dir + "/checkpoints";
+  config.checkpoint.every_steps = 1000;  // only the save at the end
+  auto run = [&](std::vector<std::vector<int64_t>>* sizes) {
+    std::vector<std::shared_ptr<StepRecorder>> recorders;
+    for (int w = 0; w < config.cluster.workers; ++w) recorders.push_back(std::make_shared<StepRecorder>());
+    auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
+      context.extra_hooks.push_back(recorders[context.worker_index]);
+    });
+    sizes->clear();
+    for (auto& recorder : recorders) sizes->push_back(recorder->BatchSizes());
+    return report;
+  };
+  auto positions = [&](const std::string& checkpoint) {
+    const CheckpointIndex index = ReadCheckpointIndex(checkpoint).value();
+    return std::vector<int64_t>{index.counters.at(DataPositionCounter(0, 2)),
+                                index.counters.at(DataPositionCounter(1, 2))};
+  };
+  std::vector<std::vector<int64_t>> sizes;
+  auto first = run(&sizes);
+  ASSERT_TRUE(first.ok()) << first.status();
+  for (int w = 0; w < 2; ++w) EXPECT_EQ(sizes[w], (std::vector<int64_t>{30, 30, 30, 10, 30})) << "member " << w;
+  EXPECT_EQ(positions(first->last_checkpoint), (std::vector<int64_t>{130, 130}));
+
+  config.training.max_steps = 18;  // 9 each
+  auto second = run(&sizes);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->restored_from, first->last_checkpoint);
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_EQ(sizes[w], (std::vector<int64_t>{30, 30, 10, 30})) << "member " << w;  // from the 130th example on
+  }
+  EXPECT_EQ(positions(second->last_checkpoint), (std::vector<int64_t>{230, 230}));
+
+  // Other data (80 examples a member: 30, 30, 20) starts afresh, not 230
+  // examples in, which would draw 30, 20 first.
+  config.data.train_examples = 100;
+  config.training.max_steps = 24;  // 12 each
+  auto third = run(&sizes);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->restored_from, second->last_checkpoint);
+  for (int w = 0; w < 2; ++w) EXPECT_EQ(sizes[w], (std::vector<int64_t>{30, 30, 20})) << "member " << w;
+  EXPECT_EQ(positions(third->last_checkpoint), (std::vector<int64_t>{80, 80}));
   std::filesystem::remove_all(dir);
 }
 

@@ -64,6 +64,7 @@ class BatchIterator {
   // Fills the next batch; the last one of an epoch may be smaller.
   void Next(torch::Tensor* images, torch::Tensor* labels);
   int64_t epoch() const { return epoch_; }
+  int64_t batch_size() const { return batch_size_; }
   int64_t batches_per_epoch() const { return (data_.size() + batch_size_ - 1) / batch_size_; }
   // Examples drawn so far, over every epoch (an epoch draws each example once).
   int64_t examples_drawn() const { return epoch_ * data_.size() + position_; }

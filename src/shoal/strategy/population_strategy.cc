@@ -172,6 +172,16 @@ absl::StatusOr<int64_t> RestoreMember(WorkerContext& context, const Member& memb
   const size_t trained = member.names.size(), kept = trained + member.buffers.size();
   const Hyperparameters h = FromTensor(restored[kept].value);
   const wire::OptimizerConfig optimizer = WithHyperparameters(base, h);
+  if (!mid_job) {
+    // The member's workers' places in the data, before its variables exist,
+    // which is when those workers read them.
+    const int per_member = context.config->population.workers_per_member;
+    for (int w = member.index * per_member; w < (member.index + 1) * per_member; ++w) {
+      SHOAL_RETURN_IF_ERROR(
+          client.SetCounter(DataPositionCounter(w, context.num_workers), KeptDataPosition(context, index, w))
+              .status());
+    }
+  }
   std::vector<VariableInit> inits;
   for (size_t i = 0; i < names.size(); ++i) {
     inits.push_back({names[i], restored[i].value, i < trained ? optimizer : Constant(),
@@ -334,6 +344,9 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     inits.push_back({own.hparams, HyperparametersTensor(start), Constant()});
     inits.push_back({own.fitness, torch::tensor({-1.0f, 0.0f, 0.0f}), Constant()});
     SHOAL_RETURN_IF_ERROR(client.WaitForTasksHolding(all_names, absl::Seconds(config.transport.startup_timeout_s)));
+    // What the places in the data are for, kept with them in checkpoints
+    // (every lead sets the same value).
+    SHOAL_RETURN_IF_ERROR(client.SetCounter(kDataFingerprint, context.data_fingerprint).status());
     SHOAL_ASSIGN_OR_RETURN(std::string checkpoint, CheckpointToRestore(context, all_names));
     if (checkpoint.empty()) {
       SHOAL_RETURN_IF_ERROR(client.CreateVariables(inits));
@@ -366,8 +379,20 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     SHOAL_ASSIGN_OR_RETURN(lineage, LineageLog::Open(pc.lineage_dir, me, /*append=*/step > 0));
     SHOAL_RETURN_IF_ERROR(lineage->Write(MemberEvent(me, step, "start", -1, 0, h)));
   }
-  auto batches = std::make_unique<BatchIterator>(context.train_shard, h.batch_size,
-                                                 config.training.seed * 1000003 + context.worker_index);
+  // Each worker reads its shard in one order of its own, whatever the batch
+  // size, exploits and restarts: one pass over the data stays one pass.
+  const uint64_t data_seed = config.training.seed * 1000003 + context.worker_index;
+  std::unique_ptr<BatchIterator> batches;
+  auto draw_from = [&](int64_t examples, int64_t batch_size) {
+    batches = std::make_unique<BatchIterator>(context.train_shard, batch_size, data_seed);
+    batches->SeekTo(examples);
+  };
+  SHOAL_ASSIGN_OR_RETURN(const int64_t position, ReadDataPosition(context));
+  draw_from(position, h.batch_size);
+  if (position > 0) {
+    absl::FPrintF(stderr, "%s: reads its data on from where member %d left it, %d examples in (its shard holds %d)\n",
+                  context.task.ToString(), me, position, context.train_shard.size());
+  }
   int64_t evaluated_at = step, decided_at = step;
   double fitness = -1, loss = 0;
   WorkerResult result;
@@ -529,8 +554,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     SHOAL_RETURN_IF_ERROR(client.Assign({own.fitness}, {torch::tensor({static_cast<float>(fitness),
                                                                        static_cast<float>(loss),
                                                                        static_cast<float>(step)})}));
-    batches = std::make_unique<BatchIterator>(context.train_shard, h.batch_size,
-                                              config.training.seed * 1000003 + context.worker_index + step);
+    if (h.batch_size != batches->batch_size()) draw_from(batches->examples_drawn(), h.batch_size);
     decided.event = "exploit";
     decided.fitness = fitness;
     decided.loss = loss;
@@ -549,14 +573,12 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     if (!lead) {
       const Hyperparameters now = FromTensor(values.back());
       values.pop_back();
-      if (now.batch_size != h.batch_size) {
-        batches = std::make_unique<BatchIterator>(context.train_shard, now.batch_size,
-                                                  config.training.seed * 1000003 + context.worker_index + step);
-      }
+      if (now.batch_size != h.batch_size) draw_from(batches->examples_drawn(), now.batch_size);
       h = now;
     }
     model.Load(values);
     BatchResult batch = ComputeGradients(model, *batches);
+    context.unpublished_examples += batch.examples;
     StepInfo info = MakeStepInfo(result.local_steps + 1, step, batch, model);
     const std::vector<torch::Tensor> gradients = model.Gradients();
     SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, own.names, gradients, info, &result));
@@ -564,7 +586,8 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     SHOAL_ASSIGN_OR_RETURN(auto counters, client.ApplyGradients(own.names, gradients,
                                                                 {{MemberStepCounter(me), 1},
                                                                  {kGlobalStep, 1},
-                                                                 {kStopRequested, 0}}));
+                                                                 {kStopRequested, 0},
+                                                                 TakeDataPosition(context)}));
     step = counters[0];
     info.global_step = counters[1];
     if (lead && step - evaluated_at >= pc.eval_steps) {
@@ -591,10 +614,11 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     fitness = published[0];
     loss = published[1];
     if (lead) SHOAL_RETURN_IF_ERROR(lineage->Write(MemberEvent(me, step, "rejoin", fitness, loss, restored)));
-    if (restored.batch_size != h.batch_size) {
-      batches = std::make_unique<BatchIterator>(context.train_shard, restored.batch_size,
-                                                config.training.seed * 1000003 + context.worker_index + step);
-    }
+    // The examples of its steps the ps took in: those drawn since, undone or
+    // never sent, are drawn again.
+    SHOAL_ASSIGN_OR_RETURN(const int64_t position, ReadDataPosition(context));
+    draw_from(position, restored.batch_size);
+    context.unpublished_examples = 0;
     h = restored;
     evaluated_at = decided_at = step;
     return absl::OkStatus();
@@ -659,7 +683,6 @@ class Population final : public TrainingMode {
  public:
   std::string name() const override { return "population"; }
   std::unique_ptr<TrainingStrategy> MakeStrategy() const override { return std::make_unique<PopulationStrategy>(); }
-  bool KeepsDataPosition() const override { return false; }  // a member draws from a seed of its own step
   bool ClassifiesOnly() const override { return true; }
   // The learning-rate prior (population.learning_rate_range, 1e-4 to 0.1) is
   // an SGD-scale one: Adam, the async default, diverges at its top end.

@@ -32,17 +32,12 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
   // the variables were there, is recovered from as one lost mid-step is,
   // rather than ending the worker; a rejoin after a restore joins again.
   bool joined = false;
-  const std::string position_counter = DataPositionCounter(context.worker_index, context.num_workers);
   auto join = [&]() -> absl::Status {
     SHOAL_RETURN_IF_ERROR(LoadJobBuffers(context, model));
     SHOAL_RETURN_IF_ERROR(policy.Join(model));
     // Where this worker's data stands for the job: the examples of its steps
     // the ps took in (those drawn since, undone or never sent, are drawn again).
-    SHOAL_ASSIGN_OR_RETURN(const int64_t position, context.client->AddToCounter(position_counter, 0));
-    if (position < 0) {
-      return absl::DataLossError(absl::StrCat("counter '", position_counter, "' holds ", position,
-                                              ", not a place in ", context.task.ToString(), "'s data"));
-    }
+    SHOAL_ASSIGN_OR_RETURN(const int64_t position, ReadDataPosition(context));
     if (position != batches.examples_drawn() || context.unpublished_examples != 0) {
       batches.SeekTo(position);
       context.unpublished_examples = 0;

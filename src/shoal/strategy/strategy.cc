@@ -238,7 +238,7 @@ absl::Status RestoreDataPositions(WorkerContext& context, const CheckpointIndex&
   const std::string any_count = "data_position/";
   auto first = index.counters.lower_bound(any_count);
   if (first == index.counters.end() || !absl::StartsWith(first->first, any_count)) {
-    return absl::OkStatus();  // a mode that keeps none (populations, the gated ensemble)
+    return absl::OkStatus();  // a mode that keeps none (the gated ensemble)
   }
   bool all_kept = true;
   for (int w = 0; w < num_workers; ++w) {
@@ -255,6 +255,23 @@ absl::Status RestoreDataPositions(WorkerContext& context, const CheckpointIndex&
                   context.task.ToString(), num_workers);
   }
   return absl::OkStatus();
+}
+
+int64_t KeptDataPosition(const WorkerContext& context, const CheckpointIndex& index, int worker_index) {
+  auto fingerprint = index.counters.find(kDataFingerprint);
+  if (fingerprint == index.counters.end() || fingerprint->second != context.data_fingerprint) return 0;
+  auto position = index.counters.find(DataPositionCounter(worker_index, context.num_workers));
+  return position == index.counters.end() ? 0 : position->second;
+}
+
+absl::StatusOr<int64_t> ReadDataPosition(WorkerContext& context) {
+  const std::string counter = DataPositionCounter(context.worker_index, context.num_workers);
+  SHOAL_ASSIGN_OR_RETURN(const int64_t position, context.client->AddToCounter(counter, 0));
+  if (position < 0) {
+    return absl::DataLossError(absl::StrCat("counter '", counter, "' holds ", position, ", not a place in ",
+                                            context.task.ToString(), "'s data"));
+  }
+  return position;
 }
 
 absl::Status MatchDataPositions(WorkerContext& context) {

@@ -133,6 +133,10 @@ struct WorkerResult {
 // counter request; they count as published from now on.
 CounterDelta TakeDataPosition(WorkerContext& context);
 
+// Where this worker's data stands for the job (its DataPositionCounter): the
+// examples of its steps the ps took in. A negative count is data loss.
+absl::StatusOr<int64_t> ReadDataPosition(WorkerContext& context);
+
 // Counters of the SSP clock gaps seen: "ssp_gap/<g>" counts steps that began
 // g steps ahead of the slowest worker.
 std::string SspGapCounter(int64_t gap);
@@ -289,6 +293,12 @@ absl::Status RestoreSavedCounters(Client& client, const CheckpointIndex& index);
 // workers' places in the data (DataPositionCounter) as saved. A checkpoint of another worker count has none for this one: this
 // count's places start at 0, and the chief says so.
 absl::Status RestoreDataPositions(WorkerContext& context, const CheckpointIndex& index);
+
+// Where worker `worker_index` of this job stood in its data when `index` was
+// saved: 0 where the checkpoint keeps no place for it (another worker count,
+// an older checkpoint) or kept it for other data. For modes in which each
+// part of the job restores its own workers' places (a population member's lead).
+int64_t KeptDataPosition(const WorkerContext& context, const CheckpointIndex& index, int worker_index);
 
 // The chief, starting the job before any worker reads its place: keeps the
 // places (live, or restored just before) when they are for this training

@@ -69,9 +69,9 @@ class TrainingMode {
     return {};
   }
   // Whether each worker's place in its data (DataPositionCounter) is kept
-  // and read on from: the modes on the step driver. A population member
-  // draws from a seed of its own step; the gated ensemble draws a batch a
-  // lockstep step, so its step says where its data stands.
+  // and read on from: the modes on the step driver and populations. The
+  // gated ensemble draws a batch a lockstep step, so its step says where its
+  // data stands.
   virtual bool KeepsDataPosition() const { return true; }
   // Whether a checkpoint must hold one global step's values (the ps change
   // in lockstep), so that the chief trains nothing while one is written;
