@@ -207,6 +207,23 @@ TEST(ElasticAverageTest, FollowsTensorFlowsUpdateRulesWithTheRhoPenalty) {
   ExpectNear(recorders[0]->local.back(), x, "local");
 }
 
+// The exchange is one request: the ps moves the centre and answers with it
+// as it was (it took two, a read and an add, with another worker's exchange
+// free to land between them).
+TEST(ElasticAverageTest, AnExchangeIsOneRoundTrip) {
+  JobConfig config = TinyJob("easgd", 1, 12);
+  config.local.tau = 4;
+  std::shared_ptr<RequestCounter> counter;
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
+    counter = std::make_shared<RequestCounter>(context.client);
+    context.extra_hooks.push_back(counter);
+  });
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(counter->after_step.size(), 12u);
+  EXPECT_EQ(counter->after_step[7] - counter->after_step[3], 1);  // steps 4-7: the exchange at step 7
+  EXPECT_EQ(counter->after_step[6] - counter->after_step[3], 0);  // local steps send nothing
+}
+
 TEST(ElasticAverageTest, AlphaDefaultsToPointNineOverTheWorkers) {
   JobConfig config = TinyJob("easgd", 1, 3);
   config.local.tau = 3;

@@ -215,6 +215,23 @@ TEST(RequestLedgerTest, AServiceAppliesARepeatedGradientOnce) {
     EXPECT_FLOAT_EQ(response.tensors[0].item<float>(), -5.0f) << "copy " << copy;
   }
   EXPECT_EQ(service.store().AddToCounter("global_step", 0), 5);
+
+  // An elastic move answers with the value before it; a repeat, whose
+  // answer was lost, with the value as it is then. It moves once.
+  apply.header.set_request_id(4);
+  apply.header.mutable_apply_gradients()->set_read_after(false);
+  apply.header.mutable_apply_gradients()->set_rule(wire::UPDATE_ELASTIC);
+  apply.header.mutable_apply_gradients()->set_elastic_alpha(0.5);
+  apply.tensors = {torch::full({1}, 3.0f)};
+  for (int copy = 0; copy < 2; ++copy) {
+    service.Handle(apply, &response);
+    ASSERT_EQ(response.header.status_code(), 0) << response.header.status_message();
+    ASSERT_EQ(response.tensors.size(), 1u) << "copy " << copy;
+    EXPECT_FLOAT_EQ(response.tensors[0].item<float>(), copy == 0 ? -5.0f : -1.0f) << "copy " << copy;
+  }
+  EXPECT_EQ(service.store().AddToCounter("global_step", 0), 6);
+  ASSERT_TRUE(service.store().Read({"w"}, &values, &versions).ok());
+  EXPECT_FLOAT_EQ(values[0].item<float>(), -1.0f);  // -5 + 0.5 * (3 - -5)
 }
 
 // A transport whose first gradient push is held back until released, as

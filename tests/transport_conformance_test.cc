@@ -137,6 +137,26 @@ TEST_P(TransportConformanceTest, APushAnsweredWithTheValuesAfterItReassemblesEve
   EXPECT_TRUE(Read("small").equal(torch::full({3}, 2.0f)));
 }
 
+TEST_P(TransportConformanceTest, AnElasticMoveAnswersWithTheValuesBeforeItOnEveryShard) {
+  const torch::Tensor big = Read("big"), small = Read("small");
+  auto moved = client_->MoveTowards({"big", "small"}, {torch::zeros({64, 8}), torch::full({3}, 8.0f)}, 0.25,
+                                    {{"global_step", 1}});
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(moved->counters, std::vector<int64_t>{1});
+  ASSERT_EQ(moved->values.size(), 2u);
+  EXPECT_TRUE(moved->values[0].equal(big));
+  EXPECT_TRUE(moved->values[1].equal(small));
+  EXPECT_TRUE(Read("big").equal(big * 0.75f));
+  EXPECT_TRUE(Read("small").equal(small + (8.0f - small) * 0.25f));
+  // A move by an alpha outside (0, 1] is refused, naming it, and changes nothing.
+  for (const double alpha : {0.0, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
+    auto refused = client_->MoveTowards({"small"}, {torch::zeros({3})}, alpha);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << alpha;
+    EXPECT_NE(refused.status().message().find("elastic alpha"), std::string::npos) << refused.status();
+  }
+  EXPECT_TRUE(Read("small").equal(small + (8.0f - small) * 0.25f));
+}
+
 TEST_P(TransportConformanceTest, SeveralCountersMoveInOneRequestInOrder) {
   ASSERT_TRUE(client_->AddToCounter("b", 5).ok());
   // Each value is its counter's right after its own delta: "a" read after

@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include <limits>
+#include <map>
+#include <set>
 #include <thread>
 
 namespace shoal {
@@ -204,6 +206,74 @@ TEST_F(VariableStoreTest, BuffersAreReadAssignedAndAddedToAtTheirDtypeButNeverTr
     EXPECT_TRUE(v.optimizer.empty());
     EXPECT_TRUE(v.slots.tensors.empty());
   }
+}
+
+// Elastic moves by several threads at once, with locking: each reads and
+// moves the value in one step, so the values before them are the chain of
+// moves one after another, each exactly once, and none is lost.
+TEST(ElasticMoveTest, MovesUnderLockingAreAtomicAndAnswerTheValueBeforeThem) {
+  VariableStore store("/job:ps/task:0");
+  const int64_t n = 4096;
+  ASSERT_TRUE(store.Create({Def("c", {n}, "sgd", 0.5, /*use_locking=*/true)}, {torch::zeros({n})}).ok());
+  const torch::Tensor target = torch::full({n}, 1000.0f);
+  const int threads = 4, moves = 25;  // 100 moves: every link of the chain still a distinct float
+  const double alpha = 0.1;
+  std::vector<std::vector<torch::Tensor>> seen(threads);
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      for (int m = 0; m < moves; ++m) {
+        std::vector<int64_t> versions;
+        std::vector<torch::Tensor> before;
+        ASSERT_TRUE(store.ApplyGradients({"c"}, {target}, &versions, wire::UPDATE_ELASTIC, alpha, &before).ok());
+        seen[t].push_back(before[0]);
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  // The chain, move after move, by the same expression.
+  std::map<float, int> chain;  // each element of a value is the same, so its first names it
+  torch::Tensor c = torch::zeros({n});
+  for (int k = 0; k < threads * moves; ++k) {
+    chain[c[0].item<float>()] = k;
+    c = c + (target - c) * alpha;
+  }
+  std::set<int> found;
+  for (const auto& values : seen) {
+    for (const torch::Tensor& before : values) {
+      auto link = chain.find(before[0].item<float>());
+      ASSERT_NE(link, chain.end()) << before[0].item<float>();
+      EXPECT_TRUE(before.equal(torch::full({n}, link->first)));  // not torn
+      found.insert(link->second);
+    }
+  }
+  EXPECT_EQ(found.size(), static_cast<size_t>(threads * moves));  // each link once
+  std::vector<torch::Tensor> values;
+  std::vector<int64_t> versions;
+  ASSERT_TRUE(store.Read({"c"}, &values, &versions).ok());
+  EXPECT_TRUE(values[0].equal(c));
+}
+
+TEST_F(VariableStoreTest, AnElasticMoveOfABufferOrByABadAlphaIsRefusedAndChangesNothing) {
+  ASSERT_TRUE(store_.Create({BufferDef("bn/running_mean", {3}, wire::DTYPE_FLOAT32)}, {torch::zeros({3})}).ok());
+  std::vector<int64_t> versions;
+  std::vector<torch::Tensor> before;
+  absl::Status status =
+      store_.ApplyGradients({"bn/running_mean"}, {torch::ones({3})}, &versions, wire::UPDATE_ELASTIC, 0.5, &before);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_NE(status.message().find("elastic copy for 'bn/running_mean'"), std::string::npos) << status;
+  for (const double alpha : {0.0, -0.5, 1.0001, std::numeric_limits<double>::infinity()}) {
+    status = store_.ApplyGradients({"b"}, {torch::ones({3})}, &versions, wire::UPDATE_ELASTIC, alpha, &before);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << alpha;
+    EXPECT_NE(status.message().find("is not in (0, 1]"), std::string::npos) << status;
+  }
+  // A copy of the wrong shape, beside a good one: neither moves.
+  status = store_.ApplyGradients({"b", "w"}, {torch::ones({3}), torch::ones({3, 2})}, &versions,
+                                 wire::UPDATE_ELASTIC, 0.5, &before);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(Value("b").equal(torch::zeros({3})));
+  EXPECT_TRUE(Value("w").equal(torch::ones({2, 3})));
+  EXPECT_TRUE(Value("bn/running_mean").equal(torch::zeros({3})));
 }
 
 TEST_F(VariableStoreTest, OnlyBuffersMayBeInt64AndADefinitionMustMatchItsValue) {

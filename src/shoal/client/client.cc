@@ -432,18 +432,29 @@ absl::StatusOr<std::vector<int64_t>> Client::AddToVariables(const std::vector<st
   return Update(wire::UPDATE_ADD, names, deltas, counters);
 }
 
+absl::StatusOr<Client::AppliedValues> Client::MoveTowards(const std::vector<std::string>& names,
+                                                         const std::vector<torch::Tensor>& copies, double alpha,
+                                                         const std::vector<CounterDelta>& counters) {
+  AppliedValues moved;
+  SHOAL_ASSIGN_OR_RETURN(moved.counters, Update(wire::UPDATE_ELASTIC, names, copies, counters, &moved.values, alpha));
+  return moved;
+}
+
 absl::StatusOr<std::vector<int64_t>> Client::Update(wire::UpdateRule rule, const std::vector<std::string>& names,
                                                    const std::vector<torch::Tensor>& updates,
                                                    const std::vector<CounterDelta>& counters,
-                                                   std::vector<torch::Tensor>* values) {
+                                                   std::vector<torch::Tensor>* values, double elastic_alpha) {
   TaskCalls calls;
   std::vector<VariablePlacement> placements;
   SHOAL_RETURN_IF_ERROR(AddPerShard(names, updates, "apply",
-                                    [rule, values](wire::RequestHeader& h, const std::string& name, size_t,
-                                                   const torch::Tensor&) {
-                                      h.mutable_apply_gradients()->add_names(name);
-                                      h.mutable_apply_gradients()->set_rule(rule);
-                                      h.mutable_apply_gradients()->set_read_after(values != nullptr);
+                                    [rule, values, elastic_alpha](wire::RequestHeader& h, const std::string& name,
+                                                                  size_t, const torch::Tensor&) {
+                                      auto* apply = h.mutable_apply_gradients();
+                                      apply->add_names(name);
+                                      apply->set_rule(rule);
+                                      // (an elastic update answers with the values before it)
+                                      apply->set_read_after(values != nullptr && rule != wire::UPDATE_ELASTIC);
+                                      if (rule == wire::UPDATE_ELASTIC) apply->set_elastic_alpha(elastic_alpha);
                                     },
                                     &calls, &placements));
   // The counters ride with the gradients to the counter task.

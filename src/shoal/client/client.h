@@ -134,6 +134,16 @@ class Client {
                                                       const std::vector<torch::Tensor>& deltas,
                                                       const std::vector<CounterDelta>& counters = {});
 
+  // EASGD's exchange in one round trip: each variable moves towards the
+  // worker's `copies` by `alpha` of their distance (value += alpha * (copy -
+  // value), read and moved at once), then `counters` are bumped as
+  // ApplyGradients does. `values` are the variables as they were just
+  // before: the worker moves its copies by the same alpha * (copy - value).
+  // A repeat after a lost answer brings them as they are then.
+  absl::StatusOr<AppliedValues> MoveTowards(const std::vector<std::string>& names,
+                                            const std::vector<torch::Tensor>& copies, double alpha,
+                                            const std::vector<CounterDelta>& counters = {});
+
   // Adds `delta` to a counter on the counter task; returns the new value.
   absl::StatusOr<int64_t> AddToCounter(const std::string& name, int64_t delta);
 
@@ -289,11 +299,13 @@ class Client {
   // One counter request to the counter task; the counter's value after it.
   absl::StatusOr<int64_t> CallCounter(const wire::CounterRequest& request);
   // Applies `updates` by `rule`, bumping `counters`; with `values`, the
-  // answers also bring the variables' values right after the apply.
+  // answers also bring the variables' values right after the apply (an
+  // elastic update's: right before it).
   absl::StatusOr<std::vector<int64_t>> Update(wire::UpdateRule rule, const std::vector<std::string>& names,
                                               const std::vector<torch::Tensor>& updates,
                                               const std::vector<CounterDelta>& counters,
-                                              std::vector<torch::Tensor>* values = nullptr);
+                                              std::vector<torch::Tensor>* values = nullptr,
+                                              double elastic_alpha = 0);
   // Adds each variable's tensor, sliced per shard, to the call for the
   // shard's task (and the shard to the call's `pieces`); `add_name` records
   // the shard in that call's header, given the stored name, the variable's

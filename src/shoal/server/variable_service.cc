@@ -125,21 +125,26 @@ void VariableService::Handle(const Request& request, Response* response) {
     if (!begun.ok()) return Conclude(begun.status(), response);
     if (begun->has_value()) {  // a repeat: the answer the original got
       response->header = **std::move(begun);
-      ReadAfterApply(request, response);
+      ReadAfterApply(request, response, /*repeat=*/true);
       return;
     }
   }
   Conclude(DispatchGuarded(request, response), response);
   if (recorded) ledger_.Finish(h.client_id(), h.request_id(), response->header);
-  ReadAfterApply(request, response);
+  ReadAfterApply(request, response, /*repeat=*/false);
 }
 
-void VariableService::ReadAfterApply(const Request& request, Response* response) {
+void VariableService::ReadAfterApply(const Request& request, Response* response, bool repeat) {
   const wire::RequestHeader& h = request.header;
-  if (response->header.status_code() != 0 || !h.has_apply_gradients() || !h.apply_gradients().read_after()) return;
+  if (response->header.status_code() != 0 || !h.has_apply_gradients()) return;
+  const wire::ApplyGradientsRequest& apply = h.apply_gradients();
+  // An elastic update answered with the values before it; a repeat reads
+  // them as they are now.
+  const bool elastic = apply.rule() == wire::UPDATE_ELASTIC;
+  if (elastic ? !repeat : !apply.read_after()) return;
   // The same variables as the gradients, so no larger than the request.
   std::vector<int64_t> versions;
-  absl::Status read = store_.Read(Names(h.apply_gradients().names()), &response->tensors, &versions);
+  absl::Status read = store_.Read(Names(apply.names()), &response->tensors, &versions);
   if (!read.ok()) Conclude(read, response);
 }
 
@@ -252,7 +257,8 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       if (!wire::UpdateRule_IsValid(apply.rule())) {
         return absl::InvalidArgumentError(absl::StrCat("unknown update rule ", apply.rule(), " sent to ", options_.task_name));
       }
-      SHOAL_RETURN_IF_ERROR(store_.ApplyGradients(Names(apply.names()), request.tensors, &versions, apply.rule()));
+      SHOAL_RETURN_IF_ERROR(store_.ApplyGradients(Names(apply.names()), request.tensors, &versions, apply.rule(),
+                                                  apply.elastic_alpha(), &response->tensors));
       auto* out = response->header.mutable_apply_gradients();
       CopyInts(versions, out->mutable_versions());
       for (const auto& counter : apply.counters()) {

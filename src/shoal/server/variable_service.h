@@ -84,8 +84,9 @@ class VariableService {
   absl::Status DispatchGuarded(const Request& request, Response* response);
   // Writes the verdict, and this server's incarnation, into the header.
   void Conclude(const absl::Status& status, Response* response) const;
-  // An apply that asked for the values after it (read_after) gets them.
-  void ReadAfterApply(const Request& request, Response* response);
+  // An apply that asked for the values after it (read_after) gets them, as
+  // does a repeat of an elastic update (the values before it are gone).
+  void ReadAfterApply(const Request& request, Response* response, bool repeat);
   static uint64_t DrawIncarnation();
 
   const VariableServiceOptions options_;

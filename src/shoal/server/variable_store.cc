@@ -253,7 +253,8 @@ absl::Status VariableStore::Assign(const std::vector<std::string>& names, const 
 
 absl::Status VariableStore::ApplyGradients(const std::vector<std::string>& names,
                                            const std::vector<torch::Tensor>& gradients,
-                                           std::vector<int64_t>* versions, wire::UpdateRule rule) {
+                                           std::vector<int64_t>* versions, wire::UpdateRule rule,
+                                           double elastic_alpha, std::vector<torch::Tensor>* before) {
   if (rule == wire::UPDATE_ADD) {
     return Update(names, gradients, "delta", versions,
                   [](Variable& var, const torch::Tensor& delta) { var.value.add_(delta); });
@@ -261,7 +262,23 @@ absl::Status VariableStore::ApplyGradients(const std::vector<std::string>& names
   {
     std::vector<std::shared_ptr<Variable>> vars;
     SHOAL_RETURN_IF_ERROR(Find(names, &vars));
-    SHOAL_RETURN_IF_ERROR(RefuseBuffers(vars, "gradient"));
+    SHOAL_RETURN_IF_ERROR(RefuseBuffers(vars, rule == wire::UPDATE_ELASTIC ? "elastic copy" : "gradient"));
+  }
+  if (rule == wire::UPDATE_ELASTIC) {
+    if (!(elastic_alpha > 0 && elastic_alpha <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("elastic alpha ", elastic_alpha, " sent to ", task_name_, " is not in (0, 1]"));
+    }
+    if (before == nullptr) return absl::InternalError("an elastic update needs somewhere to put the value before it");
+    std::vector<torch::Tensor> was;
+    SHOAL_RETURN_IF_ERROR(
+        Update(names, gradients, "elastic copy", versions, [&](Variable& var, const torch::Tensor& copy) {
+          was.push_back(var.value.clone());
+          // The worker moves by the same float expression (EASGD's exchange).
+          var.value.add_((copy - was.back()) * elastic_alpha);
+        }));
+    *before = std::move(was);
+    return absl::OkStatus();
   }
   return Update(names, gradients, "gradient", versions, [](Variable& var, const torch::Tensor& gradient) {
     std::atomic_load(&var.optimizer)->Apply(var.value, gradient, var.slots);

@@ -66,12 +66,15 @@ class VariableStore {
                       std::vector<int64_t>* versions);
 
   // Applies each update by `rule`: a gradient through its variable's
-  // optimizer, or a delta added to the value. Updates must match the
+  // optimizer, a delta added to the value, or (UPDATE_ELASTIC) a worker's
+  // copy x that moves the value by elastic_alpha * (x - value), with the
+  // value before it put in `before` (copies). Updates must match the
   // variable's shape and be finite.
   absl::Status ApplyGradients(const std::vector<std::string>& names,
                               const std::vector<torch::Tensor>& gradients,
                               std::vector<int64_t>* versions,
-                              wire::UpdateRule rule = wire::UPDATE_OPTIMIZER);
+                              wire::UpdateRule rule = wire::UPDATE_OPTIMIZER, double elastic_alpha = 0,
+                              std::vector<torch::Tensor>* before = nullptr);
 
   // Adds `delta` to counter `name` (created at 0) and returns the new value.
   int64_t AddToCounter(const std::string& name, int64_t delta);

@@ -76,18 +76,24 @@ int64_t AveragingRounds(const LocalReplicaConfig& config, int64_t max_steps, int
 
 namespace {
 
-// Sends `update` (gradients for the ps's optimizer, or deltas to add),
-// advancing global_step by `steps`. With `values_after` (gradients only),
-// the answer also brings the variables' values right after this apply, so
-// that a fetch due next needs no round trip of its own. True when that was
-// the job's last: it is stopped or has reached max_steps.
+// Sends `update` (gradients for the ps's optimizer, or the worker's copies
+// to move the centre towards by `elastic_alpha`), advancing
+// global_step by `steps`. With `values` (gradients: optional; elastic:
+// required) the answer also brings the variables' values: right after a
+// gradients' apply, so that a fetch due next needs no round trip of its
+// own; right before an elastic move. True when that was the job's last: it
+// is stopped or has reached max_steps.
 absl::StatusOr<bool> PushExchange(WorkerContext& context, const std::vector<std::string>& names,
                                   const std::vector<torch::Tensor>& update, wire::UpdateRule rule, int64_t steps,
-                                  StepInfo& info, std::vector<torch::Tensor>* values_after = nullptr) {
+                                  StepInfo& info, std::vector<torch::Tensor>* values_after = nullptr,
+                                  double elastic_alpha = 0) {
   const std::vector<CounterDelta> counters = {{kGlobalStep, steps}, {kStopRequested, 0}, TakeDataPosition(context)};
   std::vector<int64_t> values;
-  if (rule == wire::UPDATE_ADD) {
-    SHOAL_ASSIGN_OR_RETURN(values, context.client->AddToVariables(names, update, counters));
+  if (rule == wire::UPDATE_ELASTIC) {
+    SHOAL_ASSIGN_OR_RETURN(Client::AppliedValues moved,
+                           context.client->MoveTowards(names, update, elastic_alpha, counters));
+    values = std::move(moved.counters);
+    *values_after = std::move(moved.values);
   } else if (values_after == nullptr) {
     SHOAL_ASSIGN_OR_RETURN(values, context.client->ApplyGradients(names, update, counters));
   } else {
@@ -312,22 +318,22 @@ class ElasticAveragePolicy : public LocalReplicaPolicy {
   }
 
  private:
-  // d = alpha * (x - centre); x -= d; centre += d. False: a hook stopped it.
+  // d = alpha * (x - centre); x -= d; centre += d, in one round trip: the ps
+  // moves the centre and answers with it as it was, so no other worker's
+  // exchange lands between the read and the move. False: a hook stopped it.
   absl::StatusOr<bool> Exchange(Model& model, StepInfo& step, const UpdateCheck& check) {
     const std::vector<std::string>& names = model.variable_names();
-    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> read, client_.Read(names));
-    for (auto& t : read) t = t.clone();  // in-process reads alias the centre, which the add below changes
     std::vector<torch::Tensor> x = replica_->Values();
-    std::vector<torch::Tensor> deltas;
-    for (size_t i = 0; i < x.size(); ++i) deltas.push_back(alpha_ * (x[i] - read[i]));
-    SHOAL_ASSIGN_OR_RETURN(bool send, check(names, deltas));
+    SHOAL_ASSIGN_OR_RETURN(bool send, check(names, x));
     if (!send) return false;
-    SHOAL_ASSIGN_OR_RETURN(bool last, PushExchange(context_, names, deltas, wire::UPDATE_ADD, local_.tau, step));
-    for (size_t i = 0; i < x.size(); ++i) x[i] -= deltas[i];
-    // The elastic penalty's anchor is the centre as read at this exchange,
-    // before this worker's own push, as TensorFlow's
+    std::vector<torch::Tensor> centre;
+    SHOAL_ASSIGN_OR_RETURN(bool last, PushExchange(context_, names, x, wire::UPDATE_ELASTIC, local_.tau, step,
+                                                   &centre, alpha_));
+    for (size_t i = 0; i < x.size(); ++i) x[i] -= (x[i] - centre[i]) * alpha_;  // the ps's own expression
+    // The elastic penalty's anchor is the centre as it was at this exchange,
+    // before this worker's own move, as TensorFlow's
     // ElasticAverageOptimizer keeps its local copy of the centre.
-    centre_ = std::move(read);
+    centre_ = std::move(centre);
     replica_->Load(x);
     // Buffers have no elastic force: the replica adds its drift and takes the centre's.
     if (!model.buffer_names().empty()) {
