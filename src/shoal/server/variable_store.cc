@@ -251,6 +251,31 @@ absl::Status VariableStore::Assign(const std::vector<std::string>& names, const 
                 [](Variable& var, const torch::Tensor& value) { var.value.copy_(value); });
 }
 
+namespace {
+
+// EASGD's move of the centre `value` towards a worker's `copy`, keeping the
+// value before it in `before`: value += (copy - value) * alpha, in one pass
+// over memory rather than libtorch's four (a copy, two temporaries, an add),
+// since the ps does it for every exchange. Float operations in the order
+// libtorch's `(copy - value) * alpha` takes them (alpha as a float), with no
+// fused multiply-add (none is built for), so the worker's own half of the
+// move, computed with libtorch, is the same float difference.
+void MoveTowards(torch::Tensor& value, const torch::Tensor& copy, double alpha, torch::Tensor& before) {
+  const torch::Tensor from = copy.contiguous();
+  float* v = value.data_ptr<float>();
+  float* b = before.data_ptr<float>();
+  const float* x = from.data_ptr<float>();
+  const float a = static_cast<float>(alpha);
+  for (int64_t i = 0, n = value.numel(); i < n; ++i) {
+    const float was = v[i];
+    b[i] = was;
+    const float d = (x[i] - was) * a;
+    v[i] = was + d;
+  }
+}
+
+}  // namespace
+
 absl::Status VariableStore::ApplyGradients(const std::vector<std::string>& names,
                                            const std::vector<torch::Tensor>& gradients,
                                            std::vector<int64_t>* versions, wire::UpdateRule rule,
@@ -273,9 +298,8 @@ absl::Status VariableStore::ApplyGradients(const std::vector<std::string>& names
     std::vector<torch::Tensor> was;
     SHOAL_RETURN_IF_ERROR(
         Update(names, gradients, "elastic copy", versions, [&](Variable& var, const torch::Tensor& copy) {
-          was.push_back(var.value.clone());
-          // The worker moves by the same float expression (EASGD's exchange).
-          var.value.add_((copy - was.back()) * elastic_alpha);
+          was.push_back(torch::empty_like(var.value));
+          MoveTowards(var.value, copy, elastic_alpha, was.back());
         }));
     *before = std::move(was);
     return absl::OkStatus();
