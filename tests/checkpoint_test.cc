@@ -566,25 +566,14 @@ TEST_P(DataPositionTest, AJobStartedAgainReadsOnFromWhereItsCheckpointLeftIt) {
   config.local.n_fetch = config.local.n_push = config.local.interval_steps = config.local.tau = 1;
   config.checkpoint.dir = dir.string();
   const std::string position = DataPositionCounter(0, 1);
-  // Each worker's batch sizes, in order.
-  auto run = [&](std::vector<std::vector<int64_t>>* sizes) {
-    std::vector<std::shared_ptr<StepRecorder>> recorders;
-    for (int w = 0; w < config.cluster.workers; ++w) recorders.push_back(std::make_shared<StepRecorder>());
-    auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
-      context.extra_hooks.push_back(recorders[context.worker_index]);
-    });
-    sizes->clear();
-    for (auto& recorder : recorders) sizes->push_back(recorder->BatchSizes());
-    return report;
-  };
   std::vector<std::vector<int64_t>> sizes;
-  auto first = run(&sizes);
+  auto first = TrainRecordingBatchSizes(config, &sizes);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(sizes[0], (std::vector<int64_t>{30, 30, 30, 10, 30}));
   EXPECT_EQ(ReadCheckpointIndex(first->last_checkpoint).value().counters.at(position), 130);
 
   config.training.max_steps = 9;
-  auto second = run(&sizes);
+  auto second = TrainRecordingBatchSizes(config, &sizes);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(second->restored_from, first->last_checkpoint);
   EXPECT_EQ(sizes[0], (std::vector<int64_t>{30, 30, 10, 30}));  // from the first one's 130th example on
@@ -594,7 +583,7 @@ TEST_P(DataPositionTest, AJobStartedAgainReadsOnFromWhereItsCheckpointLeftIt) {
   // afresh: not 230 examples in, which would draw 30, 20 first.
   config.data.train_examples = 80;
   config.training.max_steps = 12;
-  auto third = run(&sizes);
+  auto third = TrainRecordingBatchSizes(config, &sizes);
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_EQ(third->restored_from, second->last_checkpoint);
   EXPECT_EQ(sizes[0], (std::vector<int64_t>{30, 30, 20}));
@@ -604,7 +593,7 @@ TEST_P(DataPositionTest, AJobStartedAgainReadsOnFromWhereItsCheckpointLeftIt) {
   // 10): each worker starts its shard afresh.
   config.cluster.workers = 2;
   config.training.max_steps = 14;
-  auto fourth = run(&sizes);
+  auto fourth = TrainRecordingBatchSizes(config, &sizes);
   ASSERT_TRUE(fourth.ok()) << fourth.status();
   EXPECT_EQ(fourth->restored_from, third->last_checkpoint);
   for (int w = 0; w < 2; ++w) {

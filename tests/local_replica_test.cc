@@ -158,21 +158,27 @@ class RequestCounter : public TrainingHook {
   Client* client_;
 };
 
+// The requests the worker of one-worker job `config` had sent after each step.
+std::vector<int64_t> RequestsAfterEachStep(const JobConfig& config) {
+  std::shared_ptr<RequestCounter> counter;
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
+    counter = std::make_shared<RequestCounter>(context.client);
+    context.extra_hooks.push_back(counter);
+  });
+  EXPECT_TRUE(report.ok()) << report.status();
+  return report.ok() ? counter->after_step : std::vector<int64_t>();
+}
+
 TEST(DownpourTest, APushRightBeforeAFetchBringsTheValuesBackInOneRoundTrip) {
   for (const bool fetch_after_push : {true, false}) {
     JobConfig config = TinyJob("downpour", 1, 12);
     config.local.n_push = 4;
     config.local.n_fetch = fetch_after_push ? 4 : 3;
-    std::shared_ptr<RequestCounter> counter;
-    auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
-      counter = std::make_shared<RequestCounter>(context.client);
-      context.extra_hooks.push_back(counter);
-    });
-    ASSERT_TRUE(report.ok()) << report.status();
-    ASSERT_EQ(counter->after_step.size(), 12u);
+    const std::vector<int64_t> after_step = RequestsAfterEachStep(config);
+    ASSERT_EQ(after_step.size(), 12u);
     // Steps 4-7 hold one push (step 7) and, with n_fetch 3, a fetch at
     // step 6; with n_fetch 4, the fetch at step 4 came with step 3's push.
-    const int64_t requests = counter->after_step[7] - counter->after_step[3];
+    const int64_t requests = after_step[7] - after_step[3];
     EXPECT_EQ(requests, fetch_after_push ? 1 : 2) << "n_fetch " << config.local.n_fetch;
   }
 }
@@ -213,15 +219,10 @@ TEST(ElasticAverageTest, FollowsTensorFlowsUpdateRulesWithTheRhoPenalty) {
 TEST(ElasticAverageTest, AnExchangeIsOneRoundTrip) {
   JobConfig config = TinyJob("easgd", 1, 12);
   config.local.tau = 4;
-  std::shared_ptr<RequestCounter> counter;
-  auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
-    counter = std::make_shared<RequestCounter>(context.client);
-    context.extra_hooks.push_back(counter);
-  });
-  ASSERT_TRUE(report.ok()) << report.status();
-  ASSERT_EQ(counter->after_step.size(), 12u);
-  EXPECT_EQ(counter->after_step[7] - counter->after_step[3], 1);  // steps 4-7: the exchange at step 7
-  EXPECT_EQ(counter->after_step[6] - counter->after_step[3], 0);  // local steps send nothing
+  const std::vector<int64_t> after_step = RequestsAfterEachStep(config);
+  ASSERT_EQ(after_step.size(), 12u);
+  EXPECT_EQ(after_step[7] - after_step[3], 1);  // steps 4-7: the exchange at step 7
+  EXPECT_EQ(after_step[6] - after_step[3], 0);  // local steps send nothing
 }
 
 TEST(ElasticAverageTest, AlphaDefaultsToPointNineOverTheWorkers) {

@@ -482,29 +482,19 @@ TEST(PopulationTrainingTest, AStartedAgainMemberReadsItsDataOnFromWhereItLeftIt)
   config.training.max_steps = 10;  // 5 member steps each: 30, 30, 30, 10 | 30: 130 examples drawn
   config.checkpoint.dir = dir + "/checkpoints";
   config.checkpoint.every_steps = 1000;  // only the save at the end
-  auto run = [&](std::vector<std::vector<int64_t>>* sizes) {
-    std::vector<std::shared_ptr<StepRecorder>> recorders;
-    for (int w = 0; w < config.cluster.workers; ++w) recorders.push_back(std::make_shared<StepRecorder>());
-    auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
-      context.extra_hooks.push_back(recorders[context.worker_index]);
-    });
-    sizes->clear();
-    for (auto& recorder : recorders) sizes->push_back(recorder->BatchSizes());
-    return report;
-  };
   auto positions = [&](const std::string& checkpoint) {
     const CheckpointIndex index = ReadCheckpointIndex(checkpoint).value();
     return std::vector<int64_t>{index.counters.at(DataPositionCounter(0, 2)),
                                 index.counters.at(DataPositionCounter(1, 2))};
   };
   std::vector<std::vector<int64_t>> sizes;
-  auto first = run(&sizes);
+  auto first = TrainRecordingBatchSizes(config, &sizes);
   ASSERT_TRUE(first.ok()) << first.status();
   for (int w = 0; w < 2; ++w) EXPECT_EQ(sizes[w], (std::vector<int64_t>{30, 30, 30, 10, 30})) << "member " << w;
   EXPECT_EQ(positions(first->last_checkpoint), (std::vector<int64_t>{130, 130}));
 
   config.training.max_steps = 18;  // 9 each
-  auto second = run(&sizes);
+  auto second = TrainRecordingBatchSizes(config, &sizes);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(second->restored_from, first->last_checkpoint);
   for (int w = 0; w < 2; ++w) {
@@ -516,7 +506,7 @@ TEST(PopulationTrainingTest, AStartedAgainMemberReadsItsDataOnFromWhereItLeftIt)
   // examples in, which would draw 30, 20 first.
   config.data.train_examples = 100;
   config.training.max_steps = 24;  // 12 each
-  auto third = run(&sizes);
+  auto third = TrainRecordingBatchSizes(config, &sizes);
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_EQ(third->restored_from, second->last_checkpoint);
   for (int w = 0; w < 2; ++w) EXPECT_EQ(sizes[w], (std::vector<int64_t>{30, 30, 20})) << "member " << w;

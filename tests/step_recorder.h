@@ -3,10 +3,12 @@
 #ifndef SHOAL_TESTS_STEP_RECORDER_H_
 #define SHOAL_TESTS_STEP_RECORDER_H_
 
+#include <memory>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "shoal/hooks/hook.h"
+#include "shoal/session/local_cluster.h"
 
 namespace shoal {
 
@@ -29,6 +31,20 @@ class StepRecorder : public TrainingHook {
   absl::Mutex mu_;
   std::vector<StepInfo> steps_ ABSL_GUARDED_BY(mu_);
 };
+
+// Trains `config` in this process with a StepRecorder on every worker;
+// `sizes` gets each worker's batch sizes, in order.
+inline absl::StatusOr<TrainReport> TrainRecordingBatchSizes(const JobConfig& config,
+                                                          std::vector<std::vector<int64_t>>* sizes) {
+  std::vector<std::shared_ptr<StepRecorder>> recorders;
+  for (int w = 0; w < config.cluster.workers; ++w) recorders.push_back(std::make_shared<StepRecorder>());
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
+    context.extra_hooks.push_back(recorders[context.worker_index]);
+  });
+  sizes->clear();
+  for (auto& recorder : recorders) sizes->push_back(recorder->BatchSizes());
+  return report;
+}
 
 }  // namespace shoal
 

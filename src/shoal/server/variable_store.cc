@@ -260,7 +260,7 @@ namespace {
 // libtorch's `(copy - value) * alpha` takes them (alpha as a float), with no
 // fused multiply-add (none is built for), so the worker's own half of the
 // move, computed with libtorch, is the same float difference.
-void MoveTowards(torch::Tensor& value, const torch::Tensor& copy, double alpha, torch::Tensor& before) {
+void MoveElastically(torch::Tensor& value, const torch::Tensor& copy, double alpha, torch::Tensor& before) {
   const torch::Tensor from = copy.contiguous();
   float* v = value.data_ptr<float>();
   float* b = before.data_ptr<float>();
@@ -299,7 +299,7 @@ absl::Status VariableStore::ApplyGradients(const std::vector<std::string>& names
     SHOAL_RETURN_IF_ERROR(
         Update(names, gradients, "elastic copy", versions, [&](Variable& var, const torch::Tensor& copy) {
           was.push_back(torch::empty_like(var.value));
-          MoveTowards(var.value, copy, elastic_alpha, was.back());
+          MoveElastically(var.value, copy, elastic_alpha, was.back());
         }));
     *before = std::move(was);
     return absl::OkStatus();
