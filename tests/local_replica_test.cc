@@ -12,6 +12,7 @@
 #include "quick_job.h"
 #include "shoal/core/status.h"
 #include "shoal/session/local_cluster.h"
+#include "step_recorder.h"
 
 namespace shoal {
 namespace {
@@ -142,31 +143,6 @@ TEST(DownpourTest, FollowsItsUpdateRules) {
   ASSERT_EQ(recorders[0]->global.size(), 4u);
   ExpectNear(recorders[0]->global.back(), global, "global");
   ExpectNear(recorders[0]->local.back(), local, "local");
-}
-
-// How many requests the worker's client has sent by the end of each step.
-class RequestCounter : public TrainingHook {
- public:
-  explicit RequestCounter(Client* client) : client_(client) {}
-  absl::Status AfterStep(const StepInfo&, StopRequest*) override {
-    after_step.push_back(client_->requests_sent());
-    return absl::OkStatus();
-  }
-  std::vector<int64_t> after_step;
-
- private:
-  Client* client_;
-};
-
-// The requests the worker of one-worker job `config` had sent after each step.
-std::vector<int64_t> RequestsAfterEachStep(const JobConfig& config) {
-  std::shared_ptr<RequestCounter> counter;
-  auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
-    counter = std::make_shared<RequestCounter>(context.client);
-    context.extra_hooks.push_back(counter);
-  });
-  EXPECT_TRUE(report.ok()) << report.status();
-  return report.ok() ? counter->after_step : std::vector<int64_t>();
 }
 
 TEST(DownpourTest, APushRightBeforeAFetchBringsTheValuesBackInOneRoundTrip) {

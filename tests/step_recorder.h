@@ -1,12 +1,15 @@
-// A hook that keeps every step a worker finishes, for tests that look at
-// what each step drew (StepInfo::examples) or reached.
+// Hooks that keep what each step of a worker did, for tests that look at
+// what each step drew (StepInfo::examples), reached, or sent.
 #ifndef SHOAL_TESTS_STEP_RECORDER_H_
 #define SHOAL_TESTS_STEP_RECORDER_H_
 
 #include <memory>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "absl/synchronization/mutex.h"
+#include "shoal/client/client.h"
 #include "shoal/hooks/hook.h"
 #include "shoal/session/local_cluster.h"
 
@@ -44,6 +47,31 @@ inline absl::StatusOr<TrainReport> TrainRecordingBatchSizes(const JobConfig& con
   sizes->clear();
   for (auto& recorder : recorders) sizes->push_back(recorder->BatchSizes());
   return report;
+}
+
+// How many requests a worker's client has sent by the end of each step.
+class RequestCounter : public TrainingHook {
+ public:
+  explicit RequestCounter(Client* client) : client_(client) {}
+  absl::Status AfterStep(const StepInfo& /*step*/, StopRequest* /*stop*/) override {
+    after_step.push_back(client_->requests_sent());
+    return absl::OkStatus();
+  }
+  std::vector<int64_t> after_step;
+
+ private:
+  Client* client_;
+};
+
+// The requests the worker of one-worker job `config` had sent after each step.
+inline std::vector<int64_t> RequestsAfterEachStep(const JobConfig& config) {
+  std::shared_ptr<RequestCounter> counter;
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
+    counter = std::make_shared<RequestCounter>(context.client);
+    context.extra_hooks.push_back(counter);
+  });
+  EXPECT_TRUE(report.ok()) << report.status();
+  return report.ok() ? counter->after_step : std::vector<int64_t>();
 }
 
 }  // namespace shoal

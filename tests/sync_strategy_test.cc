@@ -17,6 +17,7 @@
 #include "shoal/session/local_cluster.h"
 #include "process_helpers.h"
 #include "quick_job.h"
+#include "step_recorder.h"
 #include "shoal/transport/inproc/inproc_transport.h"
 
 namespace shoal {
@@ -194,6 +195,56 @@ TEST_F(SyncReplicasTest, BadAccumulateAndReadAtStepArgumentsChangeNothing) {
   EXPECT_FLOAT_EQ(Value("var_0"), 0.0f);
   ASSERT_TRUE(Push(1, 0, 2).ok());
   EXPECT_FLOAT_EQ(Value("var_0"), -0.4f);
+}
+
+// Counters ride with an accumulate to the counter task (a worker's place in
+// its data, in the same call as its gradient): bumped once the gradients
+// are taken, kept or dropped as stale, and not at all by a refused request.
+TEST_F(SyncReplicasTest, AnAccumulateBumpsItsCountersOnceTakenAndNeverWhenRefused) {
+  const torch::Tensor g = torch::ones({1});
+  auto counter = [&] { return client_->AddToCounter("position", 0).value(); };
+  ASSERT_EQ(client_->Accumulate(names_, {g, g}, 0, Worker(0), 2, {{"position", 30}}).value(), 0);
+  EXPECT_EQ(counter(), 30);
+  ASSERT_EQ(client_->Accumulate(names_, {g, g}, 0, Worker(1), 2, {{"position", 30}}).value(), 0);
+  EXPECT_EQ(counter(), 60);
+  // Stale: dropped, yet its examples were drawn and sent.
+  ASSERT_EQ(client_->Accumulate(names_, {g, g}, 0, Worker(2), 2, {{"position", 10}}).value(), 2);
+  EXPECT_EQ(counter(), 70);
+  const float applied = Value("var_0");
+
+  const torch::Tensor nan = torch::full({1}, std::numeric_limits<float>::quiet_NaN());
+  EXPECT_EQ(client_->Accumulate(names_, {nan, g}, 1, Worker(0), 2, {{"position", 30}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto unnamed = client_->Accumulate(names_, {g, g}, 1, Worker(0), 2, {{"", 30}});
+  EXPECT_EQ(unnamed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unnamed.status().message().find("counter that has no name"), std::string::npos) << unnamed.status();
+  auto unnamed_apply = client_->ApplyGradients(names_, {g, g}, {{"", 1}});
+  EXPECT_EQ(unnamed_apply.status().code(), absl::StatusCode::kInvalidArgument) << unnamed_apply.status();
+  EXPECT_EQ(counter(), 70);
+  EXPECT_FLOAT_EQ(Value("var_0"), applied);  // nothing applied by the refused apply
+  // Nothing of the refused accumulates was counted: worker 0's and worker
+  // 1's next gradients complete step 1.
+  ASSERT_EQ(client_->Accumulate(names_, {g, g}, 1, Worker(0), 2).value(), 0);
+  EXPECT_FLOAT_EQ(Value("var_0"), applied);
+  ASSERT_EQ(client_->Accumulate(names_, {g, g}, 1, Worker(1), 2).value(), 0);
+  EXPECT_FLOAT_EQ(Value("var_0"), applied - 2.0f);
+}
+
+// A synchronous step is the accumulate (with the worker's place in its data)
+// and the barrier's read; the chief adds the global step. It was one more:
+// the place went in a request of its own.
+TEST(SyncTrainingTest, AStepIsTheAccumulateTheBarriersReadAndTheChiefsGlobalStep) {
+  JobConfig config = QuickJob("sync");
+  config.cluster.ps = 1;
+  config.cluster.workers = 1;
+  config.data.train_examples = 256;
+  config.training.batch_size = 32;
+  config.training.max_steps = 6;
+  const std::vector<int64_t> after_step = RequestsAfterEachStep(config);
+  ASSERT_EQ(after_step.size(), 6u);
+  for (size_t step = 1; step < after_step.size(); ++step) {
+    EXPECT_EQ(after_step[step] - after_step[step - 1], 3) << "step " << step;
+  }
 }
 
 // N workers with batch b, aggregated synchronously, take the same steps as

@@ -50,6 +50,17 @@ int64_t MessageBytes(const google::protobuf::Message& header, const std::vector<
   return static_cast<int64_t>(sizeof(uint32_t) + header.ByteSizeLong() + TensorBytes(tensors));
 }
 
+// Writes `counters` into a request that bumps them once its updates are in
+// (ApplyGradientsRequest, AccumulateRequest).
+template <typename Request>
+void AddCounters(const std::vector<CounterDelta>& counters, Request* request) {
+  for (const CounterDelta& c : counters) {
+    auto* delta = request->add_counters();
+    delta->set_name(c.name);
+    delta->set_delta(c.delta);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClusterSpec& cluster, Transport* transport,
@@ -459,12 +470,7 @@ absl::StatusOr<std::vector<int64_t>> Client::Update(wire::UpdateRule rule, const
                                     &calls, &placements));
   // The counters ride with the gradients to the counter task.
   if (!counters.empty()) {
-    auto* apply = calls[placement_->counter_task()].request.header.mutable_apply_gradients();
-    for (const CounterDelta& c : counters) {
-      auto* delta = apply->add_counters();
-      delta->set_name(c.name);
-      delta->set_delta(c.delta);
-    }
+    AddCounters(counters, calls[placement_->counter_task()].request.header.mutable_apply_gradients());
   }
   SHOAL_RETURN_IF_ERROR(RunAll(calls));
   if (values != nullptr) {
@@ -505,17 +511,26 @@ absl::StatusOr<int64_t> Client::PollCounter(const std::string& name, int64_t at_
 
 absl::StatusOr<int> Client::Accumulate(const std::vector<std::string>& names,
                                        const std::vector<torch::Tensor>& gradients, int64_t local_step,
-                                       const std::string& worker, int apply_at) {
+                                       const std::string& worker, int apply_at,
+                                       const std::vector<CounterDelta>& counters) {
   TaskCalls calls;
+  auto describe = [&](wire::AccumulateRequest* accumulate) {
+    accumulate->set_local_step(local_step);
+    accumulate->set_worker(worker);
+    accumulate->set_apply_at(apply_at);
+  };
   SHOAL_RETURN_IF_ERROR(AddPerShard(names, gradients, "accumulate",
                                     [&](wire::RequestHeader& h, const std::string& name, size_t, const torch::Tensor&) {
                                       auto* accumulate = h.mutable_accumulate();
                                       accumulate->add_names(name);
-                                      accumulate->set_local_step(local_step);
-                                      accumulate->set_worker(worker);
-                                      accumulate->set_apply_at(apply_at);
+                                      describe(accumulate);
                                     },
                                     &calls));
+  if (!counters.empty()) {
+    auto* accumulate = calls[placement_->counter_task()].request.header.mutable_accumulate();
+    describe(accumulate);
+    AddCounters(counters, accumulate);
+  }
   SHOAL_RETURN_IF_ERROR(RunAll(calls));
   int dropped = 0;
   for (auto& [task, call] : calls) {

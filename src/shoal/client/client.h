@@ -162,9 +162,11 @@ class Client {
   // Synchronous training: sends this worker's gradients for `local_step` to
   // the variables' accumulators. Returns how many were dropped as stale.
   // With apply_at > 0 the servers apply each accumulator's mean as soon as
-  // it holds apply_at gradients (no ApplyAccumulated needed).
+  // it holds apply_at gradients (no ApplyAccumulated needed). `counters`
+  // ride to the counter task with the gradients, as ApplyGradients' do.
   absl::StatusOr<int> Accumulate(const std::vector<std::string>& names, const std::vector<torch::Tensor>& gradients,
-                                 int64_t local_step, const std::string& worker, int apply_at = 0);
+                                 int64_t local_step, const std::string& worker, int apply_at = 0,
+                                 const std::vector<CounterDelta>& counters = {});
 
   // The chief's side of a synchronous step: on every task, waits for
   // `replicas_to_aggregate` tensors per variable, uses their mean as `rule`

@@ -65,6 +65,21 @@ std::string OpName(const wire::RequestHeader& h) {
   return field == nullptr ? "empty" : field->name();
 }
 
+using CounterDeltas = google::protobuf::RepeatedPtrField<wire::CounterDelta>;
+
+// The counters a request bumps once its updates are in, checked before any
+// update is made: each must have a name.
+absl::Status CheckCounterNames(const CounterDeltas& counters, const wire::RequestHeader& h,
+                               const std::string& task_name) {
+  for (const auto& counter : counters) {
+    if (counter.name().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(OpName(h), " request to ", task_name, " bumps a counter that has no name"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ResponseStatus(const wire::ResponseHeader& header) {
@@ -257,6 +272,7 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       if (!wire::UpdateRule_IsValid(apply.rule())) {
         return absl::InvalidArgumentError(absl::StrCat("unknown update rule ", apply.rule(), " sent to ", options_.task_name));
       }
+      SHOAL_RETURN_IF_ERROR(CheckCounterNames(apply.counters(), h, options_.task_name));
       SHOAL_RETURN_IF_ERROR(store_.ApplyGradients(Names(apply.names()), request.tensors, &versions, apply.rule(),
                                                   apply.elastic_alpha(), &response->tensors));
       auto* out = response->header.mutable_apply_gradients();
@@ -310,10 +326,12 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
         return absl::InvalidArgumentError(absl::StrCat("accumulate on ", options_.task_name, ": apply_at is ",
                                                        accumulate.apply_at(), ", must not be negative"));
       }
+      SHOAL_RETURN_IF_ERROR(CheckCounterNames(accumulate.counters(), h, options_.task_name));
       std::vector<bool> accepted;
       SHOAL_RETURN_IF_ERROR(store_.Accumulate(Names(accumulate.names()), request.tensors, accumulate.local_step(),
                                               accumulate.worker(), &accepted, accumulate.apply_at()));
       for (bool a : accepted) response->header.mutable_accumulate()->add_accepted(a);
+      for (const auto& counter : accumulate.counters()) store_.AddToCounter(counter.name(), counter.delta());
       return absl::OkStatus();
     }
     case wire::RequestHeader::kApplyAccumulated: {

@@ -250,7 +250,12 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
     if (!send) return PushOutcome::kStopped;
     // The buffers' drift first: all of it is in before the barrier releases anyone.
     SHOAL_RETURN_IF_ERROR(PushBufferDrift(context_, *replica_));
-    SHOAL_RETURN_IF_ERROR(client_.Accumulate(names, values, round_, context_.task.ToString()).status());
+    // A worker's place in its data rides with its copy; the chief's with the
+    // counters that end the round.
+    std::vector<CounterDelta> counters;
+    if (!context_.is_chief) counters.push_back(TakeDataPosition(context_));
+    SHOAL_RETURN_IF_ERROR(
+        client_.Accumulate(names, values, round_, context_.task.ToString(), /*apply_at=*/0, counters).status());
     if (context_.is_chief) {
       const wire::AccumulatedRule rule = local_.block_momentum > 0 ? wire::BLOCK_MOMENTUM : wire::ASSIGN_MEAN;
       SHOAL_ASSIGN_OR_RETURN(bool applied, ApplyAccumulatedOrStop(context_, names, workers_, round_ + 1, rule));
@@ -261,7 +266,6 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
               .AddToCounters({{kGlobalStep, steps * workers_}, {kAverageRound, 1}, TakeDataPosition(context_)})
               .status());
     } else {
-      SHOAL_RETURN_IF_ERROR(client_.AddToCounters({TakeDataPosition(context_)}).status());
       SHOAL_ASSIGN_OR_RETURN(int64_t done, WaitForCounter(context_, kAverageRound, round_ + 1, timeout_,
                                                           absl::StrCat("averaging round ", round_ + 1)));
       if (done == 0) return PushOutcome::kStopped;

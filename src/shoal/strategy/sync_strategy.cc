@@ -44,10 +44,10 @@ class SyncPolicy : public StepPolicy {
     SHOAL_ASSIGN_OR_RETURN(bool send, check(model.variable_names(), gradients));
     if (!send) return PushOutcome::kStopped;
     const std::vector<std::string>& names = model.variable_names();
-    SHOAL_ASSIGN_OR_RETURN(int dropped, client_.Accumulate(names, gradients, local_step_, me_, replicas_));
-    // With where this worker's data now stands (Accumulate carries no counters).
-    SHOAL_RETURN_IF_ERROR(
-        client_.AddToCounters({{kStaleGradients, dropped > 0 ? 1 : 0}, TakeDataPosition(context_)}).status());
+    // With where this worker's data now stands, in the same call.
+    SHOAL_ASSIGN_OR_RETURN(int dropped,
+                           client_.Accumulate(names, gradients, local_step_, me_, replicas_, {TakeDataPosition(context_)}));
+    if (dropped > 0) SHOAL_RETURN_IF_ERROR(client_.AddToCounter(kStaleGradients, 1).status());
     // The barrier and the next step's pull in one call.
     auto resend = [&] { return client_.Accumulate(names, gradients, local_step_, me_, replicas_).status(); };
     SHOAL_ASSIGN_OR_RETURN(StepWait next, ReadAtStepOrStop(context_, names, local_step_ + 1, replicas_, resend));
