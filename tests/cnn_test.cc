@@ -12,6 +12,7 @@
 #include "inproc_servers.h"
 #include "quick_job.h"
 #include "saved_values.h"
+#include "step_recorder.h"
 #include "temp_dir.h"
 #include "shoal/session/local_cluster.h"
 #include "shoal/session/task_runner.h"
@@ -189,6 +190,34 @@ TEST(CnnCheckpointTest, ARestoreBringsTheBuffersBackBitForBit) {
     EXPECT_TRUE((*live)[0].equal(value)) << name;
   }
   fs::remove_all(dir);
+}
+
+// Downpour's push before a fetch and EASGD's exchange add the BatchNorm
+// statistics' drift in a call that brings the ps's statistics back: two
+// calls at an exchange (the variables', the buffers'), where a read of the
+// buffers made three. With one worker the ps counts every local batch.
+TEST(CnnLocalReplicaTest, AnExchangeAddsTheBuffersDriftAndFetchesThemInOneCall) {
+  for (const std::string mode : {"downpour", "easgd"}) {
+    const fs::path dir = FreshTempDir("shoal_cnn_", mode + "_exchange");
+    JobConfig config = SmallCnnJob(mode);
+    config.cluster.ps = 1;
+    config.cluster.workers = 1;
+    config.training.max_steps = 12;
+    config.local.n_push = config.local.n_fetch = config.local.tau = 4;
+    config.checkpoint.dir = (dir / "ckpt").string();
+    std::shared_ptr<RequestCounter> counter;
+    auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
+      counter = std::make_shared<RequestCounter>(context.client);
+      context.extra_hooks.push_back(counter);
+    });
+    ASSERT_TRUE(report.ok()) << report.status();
+    ASSERT_EQ(counter->after_step.size(), 12u) << mode;
+    EXPECT_EQ(counter->after_step[7] - counter->after_step[3], 2) << mode;  // the exchange at step 7
+    EXPECT_EQ(counter->after_step[6] - counter->after_step[3], 0) << mode;  // local steps send nothing
+    const auto saved = SavedBuffers(report->last_checkpoint);
+    EXPECT_EQ(saved.at("bn_1/num_batches_tracked").item<int64_t>(), 12) << mode;
+    fs::remove_all(dir);
+  }
 }
 
 }  // namespace

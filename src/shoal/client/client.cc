@@ -443,6 +443,14 @@ absl::StatusOr<std::vector<int64_t>> Client::AddToVariables(const std::vector<st
   return Update(wire::UPDATE_ADD, names, deltas, counters);
 }
 
+absl::StatusOr<Client::AppliedValues> Client::AddToVariablesAndRead(const std::vector<std::string>& names,
+                                                                   const std::vector<torch::Tensor>& deltas,
+                                                                   const std::vector<CounterDelta>& counters) {
+  AppliedValues added;
+  SHOAL_ASSIGN_OR_RETURN(added.counters, Update(wire::UPDATE_ADD, names, deltas, counters, &added.values));
+  return added;
+}
+
 absl::StatusOr<Client::AppliedValues> Client::MoveTowards(const std::vector<std::string>& names,
                                                          const std::vector<torch::Tensor>& copies, double alpha,
                                                          const std::vector<CounterDelta>& counters) {

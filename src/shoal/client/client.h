@@ -133,6 +133,10 @@ class Client {
   absl::StatusOr<std::vector<int64_t>> AddToVariables(const std::vector<std::string>& names,
                                                       const std::vector<torch::Tensor>& deltas,
                                                       const std::vector<CounterDelta>& counters = {});
+  // AddToVariables whose answer also brings the values right after the add.
+  absl::StatusOr<AppliedValues> AddToVariablesAndRead(const std::vector<std::string>& names,
+                                                      const std::vector<torch::Tensor>& deltas,
+                                                      const std::vector<CounterDelta>& counters = {});
 
   // EASGD's exchange in one round trip: each variable moves towards the
   // worker's `copies` by `alpha` of their distance (value += alpha * (copy -

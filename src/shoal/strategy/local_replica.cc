@@ -48,10 +48,17 @@ absl::Status FetchGlobal(Client& client, LocalReplica& replica) {
   return absl::OkStatus();
 }
 
-absl::Status PushBufferDrift(WorkerContext& context, LocalReplica& replica) {
+absl::Status PushBufferDrift(WorkerContext& context, LocalReplica& replica,
+                             std::vector<torch::Tensor>* buffers_after) {
   const std::vector<std::string>& names = replica.model().buffer_names();
   if (names.empty()) return absl::OkStatus();
-  SHOAL_RETURN_IF_ERROR(context.client->AddToVariables(names, replica.BufferDrift(context.num_workers)).status());
+  const std::vector<torch::Tensor> drift = replica.BufferDrift(context.num_workers);
+  if (buffers_after == nullptr) {
+    SHOAL_RETURN_IF_ERROR(context.client->AddToVariables(names, drift).status());
+  } else {
+    SHOAL_ASSIGN_OR_RETURN(Client::AppliedValues added, context.client->AddToVariablesAndRead(names, drift));
+    *buffers_after = std::move(added.values);
+  }
   replica.SettleBuffers();
   return absl::OkStatus();
 }
@@ -149,6 +156,7 @@ class DownpourPolicy : public LocalReplicaPolicy {
   absl::Status Join(Model& model) override {
     pending_ = ZerosLike(model.variables());
     pushed_values_.clear();
+    pushed_buffers_.clear();
     if (!joined_) {
       joined_ = true;
       return absl::OkStatus();
@@ -159,8 +167,13 @@ class DownpourPolicy : public LocalReplicaPolicy {
   absl::Status Pull(Model& /*model*/) override {
     if (step_ % local_.n_fetch != 0) return absl::OkStatus();
     if (pushed_values_.empty()) return FetchGlobal(client_, *replica_);
-    replica_->Load(pushed_values_);  // a model without buffers: nothing else to settle
+    replica_->Load(pushed_values_);
+    if (!pushed_buffers_.empty()) {
+      replica_->model().LoadBuffers(pushed_buffers_);
+      replica_->SettleBuffers();
+    }
     pushed_values_.clear();
+    pushed_buffers_.clear();
     return absl::OkStatus();
   }
   absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients, StepInfo& step,
@@ -171,13 +184,13 @@ class DownpourPolicy : public LocalReplicaPolicy {
     if ((step_ + 1) % local_.n_push == 0) {
       SHOAL_ASSIGN_OR_RETURN(bool send, check(model.variable_names(), pending_));
       if (!send) return PushOutcome::kStopped;
-      // Buffers' drift goes in after the push, so a model with buffers
-      // fetches them with the values in a read of its own.
-      const bool fetch_next = (step_ + 1) % local_.n_fetch == 0 && model.buffer_names().empty();
+      // Buffers' drift goes in after the push; before a fetch each call
+      // brings its values back.
+      const bool fetch_next = (step_ + 1) % local_.n_fetch == 0;
       SHOAL_ASSIGN_OR_RETURN(bool last, PushExchange(context_, model.variable_names(), pending_,
                                                      wire::UPDATE_OPTIMIZER, local_.n_push, step,
                                                      fetch_next ? &pushed_values_ : nullptr));
-      SHOAL_RETURN_IF_ERROR(PushBufferDrift(context_, *replica_));
+      SHOAL_RETURN_IF_ERROR(PushBufferDrift(context_, *replica_, fetch_next ? &pushed_buffers_ : nullptr));
       for (auto& p : pending_) p.zero_();
       global_step_ = step.global_step;
       done_ = last;
@@ -188,7 +201,8 @@ class DownpourPolicy : public LocalReplicaPolicy {
 
  private:
   std::vector<torch::Tensor> pending_;  // gradients not yet pushed
-  std::vector<torch::Tensor> pushed_values_;  // the last push's answer, for the fetch right after it
+  std::vector<torch::Tensor> pushed_values_;   // the last push's answer, for the fetch right after it
+  std::vector<torch::Tensor> pushed_buffers_;  // and its buffers' (a model with buffers)
   bool joined_ = false;
   bool done_ = false;
 };
@@ -339,10 +353,11 @@ class ElasticAveragePolicy : public LocalReplicaPolicy {
     // ElasticAverageOptimizer keeps its local copy of the centre.
     centre_ = std::move(centre);
     replica_->Load(x);
-    // Buffers have no elastic force: the replica adds its drift and takes the centre's.
+    // Buffers have no elastic force: the replica adds its drift and takes
+    // the centre's, in one call.
     if (!model.buffer_names().empty()) {
-      SHOAL_RETURN_IF_ERROR(PushBufferDrift(context_, *replica_));
-      SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> buffers, client_.Read(model.buffer_names()));
+      std::vector<torch::Tensor> buffers;
+      SHOAL_RETURN_IF_ERROR(PushBufferDrift(context_, *replica_, &buffers));
       model.LoadBuffers(buffers);
       replica_->SettleBuffers();
     }

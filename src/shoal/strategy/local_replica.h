@@ -53,9 +53,12 @@ class LocalReplica {
 absl::Status FetchGlobal(Client& client, LocalReplica& replica);
 
 // The local-replica buffer rule (see PublishChiefBuffers): adds the
-// replica's buffer drift to the ps's copy and settles it. A no-op for a
-// model without buffers.
-absl::Status PushBufferDrift(WorkerContext& context, LocalReplica& replica);
+// replica's buffer drift to the ps's copy and settles it. With
+// `buffers_after`, the same call brings the ps's buffers back as they are
+// right after the add (a fetch of them with no round trip of its own). A
+// no-op for a model without buffers.
+absl::Status PushBufferDrift(WorkerContext& context, LocalReplica& replica,
+                             std::vector<torch::Tensor>* buffers_after = nullptr);
 
 class DownpourStrategy : public TrainingStrategy {
  public:
