@@ -168,10 +168,7 @@ class DownpourPolicy : public LocalReplicaPolicy {
     if (step_ % local_.n_fetch != 0) return absl::OkStatus();
     if (pushed_values_.empty()) return FetchGlobal(client_, *replica_);
     replica_->Load(pushed_values_);
-    if (!pushed_buffers_.empty()) {
-      replica_->model().LoadBuffers(pushed_buffers_);
-      replica_->SettleBuffers();
-    }
+    if (!pushed_buffers_.empty()) replica_->TakeGlobalBuffers(pushed_buffers_);
     pushed_values_.clear();
     pushed_buffers_.clear();
     return absl::OkStatus();
@@ -358,8 +355,7 @@ class ElasticAveragePolicy : public LocalReplicaPolicy {
     if (!model.buffer_names().empty()) {
       std::vector<torch::Tensor> buffers;
       SHOAL_RETURN_IF_ERROR(PushBufferDrift(context_, *replica_, &buffers));
-      model.LoadBuffers(buffers);
-      replica_->SettleBuffers();
+      replica_->TakeGlobalBuffers(buffers);
     }
     global_step_ = step.global_step;
     done_ = last;

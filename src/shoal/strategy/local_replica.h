@@ -37,6 +37,11 @@ class LocalReplica {
   std::vector<torch::Tensor> BufferDrift(int workers) const;
   // The buffers as they are now become the drift's baseline.
   void SettleBuffers() { settled_buffers_ = model_->BufferValues(); }
+  // Takes the ps's buffers (a fetch's) and settles them: drift counts from here.
+  void TakeGlobalBuffers(const std::vector<torch::Tensor>& buffers) {
+    model_->LoadBuffers(buffers);
+    SettleBuffers();
+  }
 
  private:
   LocalReplica(std::unique_ptr<Model> model, std::shared_ptr<const Optimizer> optimizer);
