@@ -32,9 +32,11 @@ absl::Status NanGuardHook::BeforeUpdate(const std::vector<std::string>& names,
 }
 
 absl::Status StopAtStepHook::AfterStep(const StepInfo& step, StopRequest* stop) {
-  if (step.global_step >= last_step_) stop->Request(absl::StrCat("stop_at_step ", last_step_, " reached"));
+  if (step.global_step >= last_step_) stop->Request(Reason(last_step_));
   return absl::OkStatus();
 }
+
+std::string StopAtStepHook::Reason(int64_t last_step) { return absl::StrCat("stop_at_step ", last_step, " reached"); }
 
 absl::Status LoggingHook::AfterStep(const StepInfo& step, StopRequest*) {
   loss_sum_ += step.loss;
@@ -112,14 +114,14 @@ void MetricsHook::End(const StepInfo& last, const absl::Status&) {
 }
 
 absl::StatusOr<std::unique_ptr<HookList>> MakeStandardHooks(const HooksConfig& config, const std::string& job,
-                                                            int index, bool is_chief) {
+                                                            int index) {
   const std::string task = absl::StrCat("/job:", job, "/task:", index);
   auto hooks = std::make_unique<HookList>();
   if (config.nan_guard != "off") {
     hooks->Add(std::make_unique<NanGuardHook>(
         task, config.nan_guard == "stop" ? NanGuardHook::Action::kStop : NanGuardHook::Action::kFail));
   }
-  if (is_chief && config.stop_at_step > 0) hooks->Add(std::make_unique<StopAtStepHook>(config.stop_at_step));
+  if (config.stop_at_step > 0) hooks->Add(std::make_unique<StopAtStepHook>(config.stop_at_step));
   if (config.log_every_steps > 0) hooks->Add(std::make_unique<LoggingHook>(task, config.log_every_steps, stderr));
   if (!config.metrics_dir.empty()) {
     SHOAL_ASSIGN_OR_RETURN(auto metrics,

@@ -17,7 +17,7 @@ namespace shoal {
 struct HooksConfig {
   int64_t log_every_steps = 0;      // a log line per worker every N local steps; 0: off
   std::string nan_guard = "fail";   // non-finite loss or update: fail | stop | off
-  int64_t stop_at_step = 0;         // the chief stops the job at this global step; 0: none
+  int64_t stop_at_step = 0;         // the first worker to see this global step stops the job; 0: none
   std::string metrics_dir;          // per-task metrics files here; empty: none
   std::string metrics_format = "jsonl";  // jsonl | csv
   int64_t metrics_every_steps = 10;
@@ -40,11 +40,15 @@ class NanGuardHook : public TrainingHook {
   Action action_;
 };
 
-// The chief stops the job once the global step reaches `last_step`.
+// Stops the job once the global step this worker last saw reaches
+// `last_step`. Every worker runs it (as TensorFlow's StopAtStepHook runs in
+// every worker's session): the first to see the step stops the job, so a
+// chief held up by its scheduler does not let the others run on past it.
 class StopAtStepHook : public TrainingHook {
  public:
   explicit StopAtStepHook(int64_t last_step) : last_step_(last_step) {}
   absl::Status AfterStep(const StepInfo& step, StopRequest* stop) override;
+  static std::string Reason(int64_t last_step);
 
  private:
   int64_t last_step_;
@@ -106,7 +110,7 @@ std::string MetricsFileName(const std::string& job, int index, const std::string
 
 // The hooks `config` asks for, for one worker task.
 absl::StatusOr<std::unique_ptr<HookList>> MakeStandardHooks(const HooksConfig& config, const std::string& job,
-                                                            int index, bool is_chief);
+                                                            int index);
 
 }  // namespace shoal
 

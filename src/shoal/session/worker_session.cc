@@ -69,8 +69,7 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
     };
   }
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<HookList> hooks,
-                         MakeStandardHooks(hooks_config, context.task.job, context.task.index,
-                                           context.is_chief));
+                         MakeStandardHooks(hooks_config, context.task.job, context.task.index));
   std::shared_ptr<CheckpointSaverHook> saver;
   if (context.is_chief && !context.config->checkpoint.dir.empty()) {
     const std::string& background = context.config->checkpoint.background;
@@ -152,7 +151,13 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
   }
   SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(*context.client));
   if (stopped) {
-    report->stop_reason = worker->stop_reason.empty() ? "a worker's hook stopped the job" : worker->stop_reason;
+    // Another worker's hook stopped the job; at stop_at_step that is the
+    // step's hook, which every worker runs.
+    const int64_t stop_at = hooks_config.stop_at_step;
+    report->stop_reason = !worker->stop_reason.empty() ? worker->stop_reason
+                          : stop_at > 0 && report->global_step >= stop_at
+                              ? StopAtStepHook::Reason(stop_at)
+                              : "a worker's hook stopped the job";
   }
   const int64_t examples_per_step = ExamplesPerStep(*context.config, context.num_workers);
   const int64_t trained_steps = report->global_step - context.restored_step;  // in this session
