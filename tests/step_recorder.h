@@ -63,14 +63,16 @@ class RequestCounter : public TrainingHook {
   Client* client_;
 };
 
-// The requests the worker of one-worker job `config` had sent after each step.
-inline std::vector<int64_t> RequestsAfterEachStep(const JobConfig& config) {
+// The requests the worker of one-worker job `config` had sent after each
+// step; the job's report in `*report` if given.
+inline std::vector<int64_t> RequestsAfterEachStep(const JobConfig& config, TrainReport* report_out = nullptr) {
   std::shared_ptr<RequestCounter> counter;
   auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
     counter = std::make_shared<RequestCounter>(context.client);
     context.extra_hooks.push_back(counter);
   });
   EXPECT_TRUE(report.ok()) << report.status();
+  if (report.ok() && report_out != nullptr) *report_out = *report;
   return report.ok() ? counter->after_step : std::vector<int64_t>();
 }
 

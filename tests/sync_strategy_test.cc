@@ -14,10 +14,12 @@
 #include <fstream>
 #include <thread>
 
+#include "shoal/checkpoint/checkpoint.h"
 #include "shoal/session/local_cluster.h"
 #include "process_helpers.h"
 #include "quick_job.h"
 #include "step_recorder.h"
+#include "temp_dir.h"
 #include "shoal/transport/inproc/inproc_transport.h"
 
 namespace shoal {
@@ -230,21 +232,29 @@ TEST_F(SyncReplicasTest, AnAccumulateBumpsItsCountersOnceTakenAndNeverWhenRefuse
   EXPECT_FLOAT_EQ(Value("var_0"), applied - 2.0f);
 }
 
-// A synchronous step is the accumulate (with the worker's place in its data)
-// and the barrier's read; the chief adds the global step. It was one more:
-// the place went in a request of its own.
-TEST(SyncTrainingTest, AStepIsTheAccumulateTheBarriersReadAndTheChiefsGlobalStep) {
+// A synchronous step is the accumulate (with the worker's place in its data
+// and, from the chief, the global step of the step before) and the
+// barrier's read. It was two more: the place, and the chief's global step
+// after the barrier, went in requests of their own. The last step's global
+// step goes when training ends.
+TEST(SyncTrainingTest, AStepIsTheAccumulateAndTheBarriersRead) {
   JobConfig config = QuickJob("sync");
   config.cluster.ps = 1;
   config.cluster.workers = 1;
   config.data.train_examples = 256;
   config.training.batch_size = 32;
   config.training.max_steps = 6;
-  const std::vector<int64_t> after_step = RequestsAfterEachStep(config);
+  const std::filesystem::path dir = FreshTempDir("shoal_", "sync_requests");
+  config.checkpoint.dir = dir.string();
+  TrainReport report;
+  const std::vector<int64_t> after_step = RequestsAfterEachStep(config, &report);
   ASSERT_EQ(after_step.size(), 6u);
   for (size_t step = 1; step < after_step.size(); ++step) {
-    EXPECT_EQ(after_step[step] - after_step[step - 1], 3) << "step " << step;
+    EXPECT_EQ(after_step[step] - after_step[step - 1], 2) << "step " << step;
   }
+  EXPECT_EQ(report.global_step, 6);
+  EXPECT_EQ(ReadCheckpointIndex(report.last_checkpoint).value().step, 6);
+  std::filesystem::remove_all(dir);
 }
 
 // N workers with batch b, aggregated synchronously, take the same steps as

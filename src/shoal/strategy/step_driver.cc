@@ -86,6 +86,7 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
                                         SHOAL_RETURN_IF_ERROR(CreateRowTables(context, model));
                                         return join();
                                       }));
+  SHOAL_RETURN_IF_ERROR(policy.Finish());
   if (tables != nullptr) {
     result.row_cache = tables->cache_stats();
     for (const wire::TableDef& table : tables->TableDefs()) result.tables.push_back(table.name());

@@ -65,6 +65,9 @@ class StepPolicy {
   // step.global_step (and step.local_step where the mode counts its own).
   virtual absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients,
                                            StepInfo& step, const UpdateCheck& check) = 0;
+  // Once training has ended without an error, whatever the reason: what
+  // the policy still owes the ps (sync's chief: the last steps' global_step).
+  virtual absl::Status Finish() { return absl::OkStatus(); }
 
  protected:
   std::unique_ptr<Model> model_;  // what Start built by default

@@ -44,9 +44,14 @@ class SyncPolicy : public StepPolicy {
     SHOAL_ASSIGN_OR_RETURN(bool send, check(model.variable_names(), gradients));
     if (!send) return PushOutcome::kStopped;
     const std::vector<std::string>& names = model.variable_names();
-    // With where this worker's data now stands, in the same call.
-    SHOAL_ASSIGN_OR_RETURN(int dropped,
-                           client_.Accumulate(names, gradients, local_step_, me_, replicas_, {TakeDataPosition(context_)}));
+    // With where this worker's data now stands and, from the chief, the
+    // steps the job made since its last word to global_step, in the same
+    // call: the counter lags the variables by the chief's compute, and the
+    // checkpoints take their step from the barrier's read, not from it.
+    std::vector<CounterDelta> counters = {TakeDataPosition(context_)};
+    if (context_.is_chief && local_step_ > global_step_) counters.push_back({kGlobalStep, local_step_ - global_step_});
+    SHOAL_ASSIGN_OR_RETURN(int dropped, client_.Accumulate(names, gradients, local_step_, me_, replicas_, counters));
+    if (context_.is_chief) global_step_ = local_step_;
     if (dropped > 0) SHOAL_RETURN_IF_ERROR(client_.AddToCounter(kStaleGradients, 1).status());
     // The barrier and the next step's pull in one call.
     auto resend = [&] { return client_.Accumulate(names, gradients, local_step_, me_, replicas_).status(); };
@@ -54,11 +59,14 @@ class SyncPolicy : public StepPolicy {
     if (next.rewound) return PushOutcome::kRewound;
     if (!next.values.ready) return PushOutcome::kStopped;
     model.Load(next.values.values);
-    if (context_.is_chief && next.values.step > global_step_) {
-      SHOAL_ASSIGN_OR_RETURN(global_step_, client_.AddToCounter(kGlobalStep, next.values.step - global_step_));
-    }
     step.global_step = local_step_ = next.values.step;
     return PushOutcome::kStepDone;
+  }
+  // The chief's word on the last steps, which no accumulate carries.
+  absl::Status Finish() override {
+    if (!context_.is_chief || local_step_ <= global_step_) return absl::OkStatus();
+    SHOAL_ASSIGN_OR_RETURN(global_step_, client_.AddToCounter(kGlobalStep, local_step_ - global_step_));
+    return absl::OkStatus();
   }
 
  private:
@@ -67,7 +75,7 @@ class SyncPolicy : public StepPolicy {
   const int replicas_;
   const std::string me_;
   int64_t local_step_ = 0;
-  int64_t global_step_ = 0;  // the chief's last word to the counter
+  int64_t global_step_ = 0;  // the chief's last word to the global_step counter
 };
 
 class Sync final : public TrainingMode {
