@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+
+#include "temp_dir.h"
 
 namespace shoal {
 namespace {
@@ -150,6 +153,31 @@ TEST(ConfigTest, DownpourPsOptimizerIsAdagradUnlessNamed) {
   EXPECT_EQ(ParseJobConfig("training: {mode: downpour}")->training.optimizer.kind(), "adagrad");
   EXPECT_EQ(ParseJobConfig("training: {mode: downpour, optimizer: {kind: sgd}}")->training.optimizer.kind(), "sgd");
   EXPECT_EQ(ParseJobConfig("training: {mode: easgd}")->training.optimizer.kind(), "adam");
+  // Without a kind, the keys given tune the mode's own optimizer.
+  auto tuned = ParseJobConfig("training: {mode: downpour, optimizer: {learning_rate: 0.5}}");
+  EXPECT_EQ(tuned->training.optimizer.kind(), "adagrad");
+  EXPECT_FLOAT_EQ(tuned->training.optimizer.learning_rate(), 0.5);
+}
+
+TEST(ConfigTest, ANamedKindStartsFromItsOwnDefaultsAndTheSameKindTunesTheDefault) {
+  // Another kind than the default's inherits none of its fields (the
+  // default Adam halves its step every 1,500 applies; SGD named here does not).
+  auto sgd = ParseJobConfig("training: {optimizer: {kind: sgd, learning_rate: 0.1}}\n"
+                            "local: {optimizer: {kind: momentum}}\n"
+                            "model: {kind: click, click: {optimizer: {kind: ftrl, l1: 0.5}}}\n");
+  ASSERT_TRUE(sgd.ok()) << sgd.status();
+  EXPECT_EQ(sgd->training.optimizer.kind(), "sgd");
+  EXPECT_EQ(sgd->training.optimizer.lr_decay_rate(), 0);
+  EXPECT_EQ(sgd->training.optimizer.lr_decay_steps(), 0);
+  EXPECT_EQ(sgd->local.optimizer.lr_decay_steps(), 0);
+  EXPECT_EQ(sgd->model.click.optimizer.initial_accumulator_value(), 0);  // ftrl's own, not Adagrad's 1e-8
+  EXPECT_EQ(sgd->model.click.optimizer.learning_rate(), 0);
+  EXPECT_FLOAT_EQ(sgd->model.click.optimizer.l1(), 0.5);
+  // The default's own kind, named, is tuned: its other fields stay.
+  auto adam = ParseJobConfig("training: {optimizer: {kind: adam, learning_rate: 0.01}}");
+  EXPECT_FLOAT_EQ(adam->training.optimizer.learning_rate(), 0.01);
+  EXPECT_FLOAT_EQ(adam->training.optimizer.lr_decay_rate(), DefaultJobConfig().training.optimizer.lr_decay_rate());
+  EXPECT_GT(adam->training.optimizer.lr_decay_steps(), 0);
 }
 
 // Each (yaml, key) pair: the config is refused and the error names the key.
@@ -293,6 +321,59 @@ TEST(ConfigTest, ARepeatedKeyIsRefusedNamingItAndItsLine) {
   auto top = ParseJobConfig("cluster:\n  ps: 1\ncluster:\n  ps: 2\n");
   EXPECT_NE(top.status().message().find("key 'cluster' appears twice"), std::string::npos) << top.status();
   EXPECT_TRUE(ParseJobConfig("training:\n  epochs: 2\nmodel:\n  layers: [784, 10]\n").ok());
+}
+
+TEST(ConfigTest, OverridesSetKeysAsTheFileWould) {
+  const std::string file = "training:\n  mode: sync\n  batch_size: 32\nmodel:\n  layers: [784, 64, 10]\n";
+  auto config = ParseJobConfig(file, {"training.batch_size=128", "model.layers=[784, 256, 10]",
+                                      "training.optimizer.learning_rate=0.25", "checkpoint.dir=/tmp/a:b",
+                                      "training.batch_size=96"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->training.batch_size, 96);  // in order: the last one wins
+  EXPECT_EQ(config->model.layers, (std::vector<int64_t>{784, 256, 10}));
+  EXPECT_EQ(config->checkpoint.dir, "/tmp/a:b");
+  // An optimizer key alone goes over the mode's default optimizer, as in a file.
+  EXPECT_EQ(config->training.optimizer.kind(), ParseJobConfig(file)->training.optimizer.kind());
+  EXPECT_FLOAT_EQ(config->training.optimizer.learning_rate(), 0.25);
+  EXPECT_EQ(config->training.mode, "sync");
+  // With no file, over the defaults; a whole mapping as a value.
+  auto downpour = ParseJobConfig("", {"training.mode=downpour", "training.optimizer={kind: sgd, learning_rate: 0.5}"});
+  ASSERT_TRUE(downpour.ok()) << downpour.status();
+  EXPECT_EQ(downpour->training.optimizer.kind(), "sgd");
+  EXPECT_EQ(ParseJobConfig("", {"training.mode=downpour", "training.optimizer.learning_rate=0.5"})
+                ->training.optimizer.kind(),
+            "adagrad");
+  EXPECT_EQ(ParseJobConfig("", {})->training.optimizer.kind(), DefaultJobConfig().training.optimizer.kind());
+}
+
+TEST(ConfigTest, ABadOverrideIsRefusedNamingIt) {
+  const std::pair<std::vector<std::string>, const char*> cases[] = {
+      {{"training.learnig_rate=0.1"}, "unknown key 'training.learnig_rate'"},
+      {{"training.batch_size=many"}, "'training.batch_size' has a value of the wrong type"},
+      {{"training.batch_size"}, "'training.batch_size' is not KEY=VALUE"},
+      {{"training..batch_size=3"}, "'training..batch_size' is not a key path"},
+      {{"=3"}, "'' is not a key path"},
+      {{"training.mode.kind=sync"}, "'training.mode' is not a mapping, so it has no key 'kind'"},
+      {{"model.layers=[784, 10"}, "'[784, 10' is not YAML"},
+      {{"training.batch_size=-4"}, "training.batch_size"},
+  };
+  for (const auto& [overrides, expected] : cases) {
+    auto config = ParseJobConfig("training:\n  mode: sync\n", overrides);
+    ASSERT_FALSE(config.ok()) << overrides[0];
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << overrides[0];
+    EXPECT_NE(config.status().message().find(expected), std::string::npos) << overrides[0] << ": " << config.status();
+  }
+  // A file that is not a mapping has no keys to set.
+  EXPECT_FALSE(ParseJobConfig("[1, 2]", {"training.batch_size=3"}).ok());
+  // The file named in a loaded config's errors, the override's key too.
+  const std::filesystem::path dir = FreshTempDir("config_", "overrides");
+  const std::filesystem::path file = dir / "shoal_override_test.yaml";
+  std::ofstream(file) << "training:\n  epochs: 2\n";
+  auto loaded = LoadJobConfig(file.string(), {"training.epocs=3"});
+  EXPECT_NE(loaded.status().message().find("shoal_override_test.yaml"), std::string::npos) << loaded.status();
+  EXPECT_NE(loaded.status().message().find("training.epocs"), std::string::npos) << loaded.status();
+  EXPECT_EQ(LoadJobConfig(file.string(), {"training.epochs=7"})->training.epochs, 7);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ConfigTest, AConfigPathNamingADirectoryIsRefused) {

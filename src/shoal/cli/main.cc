@@ -1,6 +1,6 @@
 // shoal: the command line.
 //
-//   shoal train   [--config FILE] [--processes] [--ps N] [--workers N] [--epochs N] ...
+//   shoal train   [--config FILE] [--set KEY=VALUE ...] [--processes] [--ps N] [--workers N] ...
 //   shoal server  --cluster FILE --task ps:0 [--config FILE]     (or TF_CONFIG)
 //   shoal worker  --cluster FILE --task worker:1 [--config FILE] (or TF_CONFIG, WORKER_ID, --slurm)
 //
@@ -46,14 +46,18 @@ usage:
                [--epochs N] [--batch_size N] [--max_steps N] [--data_dir DIR]
                [--metrics_dir DIR] [--checkpoint_dir DIR] [--max_restarts N]
                [--threads_per_task N] [--transport auto|grpc|ucx]
-               [--result_file FILE] [--quiet]
+               [--set KEY=VALUE ...] [--result_file FILE] [--quiet]
       Runs a job on a local cluster (default: 2 ps, 2 workers, async, the
       784-256-128-10 MLP on Fashion-MNIST for 5 epochs). --processes runs each
       task as its own process, tensors over UCX's shared memory (--transport
       grpc: everything over gRPC on loopback). MODE: async, sync,
       ssp, downpour, model_average, easgd, population, gated. With
       --checkpoint_dir the chief saves checkpoints there and resumes from the
-      newest when the job starts again.
+      newest when the job starts again. --set (repeatable) sets any config
+      key over the file's, as if the file said so, the value read as YAML:
+      --set training.optimizer.learning_rate=0.01 --set model.layers=[784,64,10];
+      the named flags above are applied after it. server, worker, evaluator
+      and resolve take --set too.
   shoal server --task ps:0 [--cluster FILE] [--config FILE] [--bind ADDR]
       Serves one task of a real cluster until the chief shuts it down.
   shoal worker --task worker:1 [--cluster FILE] [--config FILE] [--bind ADDR]
@@ -99,6 +103,7 @@ void OnSignal(int signal) {
 struct Flags {
   std::map<std::string, std::string> values;
   std::set<std::string> used;
+  std::vector<std::string> config_overrides;  // every --set KEY=VALUE, in order
 
   bool Has(const std::string& key) {
     used.insert(key);
@@ -135,6 +140,11 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv, int first) {
     std::string arg = argv[i];
     if (arg.rfind("--", 0) != 0) return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
     arg = arg.substr(2);
+    if (arg == "set" || arg.rfind("set=", 0) == 0) {  // repeatable, unlike the others
+      if (arg == "set" && i + 1 == argc) return absl::InvalidArgumentError("--set needs KEY=VALUE");
+      flags.config_overrides.push_back(arg == "set" ? argv[++i] : arg.substr(4));
+      continue;
+    }
     if (auto eq = arg.find('='); eq != std::string::npos) {
       flags.values[arg.substr(0, eq)] = arg.substr(eq + 1);
     } else if (BooleanFlags().count(arg)) {
@@ -149,9 +159,15 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv, int first) {
 }
 
 absl::StatusOr<JobConfig> ConfigFromFlags(Flags& flags) {
-  JobConfig config = DefaultJobConfig();
+  // --mode is training.mode set last, so that the config's optimizer
+  // settings go over the mode's default optimizer as in a file.
+  std::vector<std::string> overrides = flags.config_overrides;
+  if (flags.Has("mode")) overrides.push_back("training.mode=" + flags.Get("mode"));
+  JobConfig config;
   if (flags.Has("config")) {
-    SHOAL_ASSIGN_OR_RETURN(config, LoadJobConfig(flags.Get("config")));
+    SHOAL_ASSIGN_OR_RETURN(config, LoadJobConfig(flags.Get("config"), overrides));
+  } else {
+    SHOAL_ASSIGN_OR_RETURN(config, ParseJobConfig("", overrides));
   }
   int64_t value = 0;
   auto override_int = [&](const char* key, auto* field) -> absl::Status {
@@ -165,11 +181,6 @@ absl::StatusOr<JobConfig> ConfigFromFlags(Flags& flags) {
     *field = static_cast<Field>(value);
     return absl::OkStatus();
   };
-  if (flags.Has("mode")) {
-    config.training.mode = flags.Get("mode");
-    // Without a config file the mode's own default optimizer applies.
-    if (!flags.Has("config")) config.training.optimizer = DefaultOptimizer(config.training.mode);
-  }
   if (flags.Has("metrics_dir")) config.hooks.metrics_dir = flags.Get("metrics_dir");
   if (flags.Has("checkpoint_dir")) config.checkpoint.dir = flags.Get("checkpoint_dir");
   // A token in the environment wins over the config's token file; it stays

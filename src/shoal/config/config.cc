@@ -10,7 +10,9 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "shoal/core/file.h"
 #include "shoal/core/status.h"
 #include "shoal/data/dataset.h"
@@ -98,16 +100,23 @@ class Section {
   std::set<std::string> used_;
 };
 
+// Over `o`, the section's default: the keys given tune it, and a kind other
+// than its own starts from that kind's defaults (every field 0), so that SGD
+// named in a file does not inherit the default Adam's decay.
 absl::Status ParseOptimizer(Section s, wire::OptimizerConfig* o) {
   SHOAL_RETURN_IF_ERROR(s.Check());
   std::string kind = o->kind();
+  SHOAL_RETURN_IF_ERROR(s.Get("kind", &kind));
+  if (kind != o->kind()) {
+    *o = wire::OptimizerConfig();
+    o->set_kind(kind);
+  }
   double lr = o->learning_rate(), momentum = o->momentum(), beta1 = o->beta1(), beta2 = o->beta2(),
          epsilon = o->epsilon(), init = o->initial_accumulator_value(), decay = o->decay(),
          weight_decay = o->weight_decay(), lr_decay_rate = o->lr_decay_rate();
   int64_t lr_decay_steps = o->lr_decay_steps();
   double l1 = o->l1(), l2 = o->l2(), learning_rate_power = o->learning_rate_power();
   bool nesterov = o->nesterov(), centered = o->centered();
-  SHOAL_RETURN_IF_ERROR(s.Get("kind", &kind));
   SHOAL_RETURN_IF_ERROR(s.Get("learning_rate", &lr));
   SHOAL_RETURN_IF_ERROR(s.Get("momentum", &momentum));
   SHOAL_RETURN_IF_ERROR(s.Get("nesterov", &nesterov));
@@ -271,7 +280,7 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(training.Get("sync_timeout_s", &c->training.sync_timeout_s));
   SHOAL_RETURN_IF_ERROR(training.Get("buffer_publish_steps", &c->training.buffer_publish_steps));
   SHOAL_RETURN_IF_ERROR(training.Get("staleness", &c->training.staleness));
-  if (!training.Has("optimizer")) c->training.optimizer = DefaultOptimizer(c->training.mode);
+  c->training.optimizer = DefaultOptimizer(c->training.mode);
   SHOAL_RETURN_IF_ERROR(ParseOptimizer(training.Child("optimizer"), &c->training.optimizer));
   SHOAL_RETURN_IF_ERROR(training.CheckNoUnknownKeys());
 
@@ -543,6 +552,8 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   return absl::OkStatus();
 }
 
+namespace {
+
 // yaml-cpp keeps both entries of a repeated key and lookups see only the
 // first, so `lr: 0.1` written twice would silently lose one: refuse it.
 absl::Status CheckNoDuplicateKeys(const YAML::Node& node, const std::string& where) {
@@ -565,7 +576,55 @@ absl::Status CheckNoDuplicateKeys(const YAML::Node& node, const std::string& whe
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text) {
+// Sets `key` ("training.optimizer.learning_rate") in the tree to the YAML
+// `yaml_value` (`0.01`, `true`, `[256, 128]`, `{kind: adam}`), making the
+// mappings on the way; `what` starts its errors. What the key names is
+// checked when the tree is parsed, as any key of a file is, so a typo is an
+// unknown key.
+absl::Status SetKey(YAML::Node& root, const std::string& key, const std::string& yaml_value, const std::string& what) {
+  const std::vector<std::string> path = absl::StrSplit(key, '.');
+  if (absl::c_any_of(path, [](const std::string& part) { return part.empty(); })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": '", key, "' is not a key path such as training.batch_size"));
+  }
+  YAML::Node value;
+  try {
+    value = YAML::Load(yaml_value);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": '", yaml_value, "' is not YAML: ", e.what()));
+  }
+  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(what, ": the config is not a mapping"));
+  // reset(), not operator=: assigning a yaml-cpp node overwrites what it
+  // refers to, where walking down must only move the handle.
+  YAML::Node node;
+  node.reset(root);
+  for (size_t i = 0; i + 1 < path.size(); ++i) {
+    if (!node[path[i]] || node[path[i]].IsNull()) node[path[i]] = YAML::Node(YAML::NodeType::Map);
+    YAML::Node child = node[path[i]];
+    if (!child.IsMap()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": '", absl::StrJoin(path.begin(), path.begin() + i + 1, "."),
+                                                     "' is not a mapping, so it has no key '", path[i + 1], "'"));
+    }
+    node.reset(child);
+  }
+  node[path.back()] = value;
+  return absl::OkStatus();
+}
+
+// A command line's `key.path=value`.
+absl::Status ApplyOverride(YAML::Node& root, const std::string& assignment) {
+  const size_t equals = assignment.find('=');
+  const std::string what = absl::StrCat("config override '", assignment, "'");
+  if (equals == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not KEY=VALUE (e.g. training.batch_size=64)"));
+  }
+  return SetKey(root, assignment.substr(0, equals), assignment.substr(equals + 1), what);
+}
+
+}  // namespace
+
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::vector<std::string>& overrides) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -573,6 +632,7 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text) {
     return absl::InvalidArgumentError(absl::StrCat("config is not valid YAML: ", e.what()));
   }
   SHOAL_RETURN_IF_ERROR(CheckNoDuplicateKeys(root, ""));
+  for (const std::string& assignment : overrides) SHOAL_RETURN_IF_ERROR(ApplyOverride(root, assignment));
   JobConfig config = DefaultJobConfig();
   SHOAL_RETURN_IF_ERROR(ParseAll(root, &config));
   SHOAL_RETURN_IF_ERROR(ValidateJobConfig(config));
@@ -593,9 +653,23 @@ absl::StatusOr<wire::OptimizerConfig> ParseOptimizerYaml(const std::string& yaml
   return optimizer;
 }
 
-absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
+absl::StatusOr<std::string> SetConfigKey(const std::string& yaml_text, const std::string& key,
+                                         const std::string& yaml_value) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config is not valid YAML: ", e.what()));
+  }
+  SHOAL_RETURN_IF_ERROR(SetKey(root, key, yaml_value, absl::StrCat("config: ", key)));
+  YAML::Emitter out;
+  out << root;
+  return std::string(out.c_str());
+}
+
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides) {
   SHOAL_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path, "config file"));
-  auto config = ParseJobConfig(text);
+  auto config = ParseJobConfig(text, overrides);
   if (!config.ok()) return Annotate(config.status(), absl::StrCat("config file '", path, "'"));
   return config;
 }

@@ -66,8 +66,16 @@ struct JobConfig : StrategyConfig {
 };
 
 JobConfig DefaultJobConfig();
-absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text);
-absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
+// `overrides` are `key.path=value` settings applied over the file's
+// ("training.optimizer.learning_rate=0.01", "model.hidden=[512, 256]"),
+// in order, each as if the file said so: the value is read as YAML and
+// the key checked as the file's keys are.
+absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::vector<std::string>& overrides = {});
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides = {});
+// `yaml_text` with `key` ("training.epochs") set to the YAML `yaml_value`
+// ("2"), the mappings on the way made; checked when parsed.
+absl::StatusOr<std::string> SetConfigKey(const std::string& yaml_text, const std::string& key,
+                                         const std::string& yaml_value);
 // An optimizer from a YAML mapping of training.optimizer's keys
 // ("{kind: adagrad, learning_rate: 0.05}"), checked as strictly, with
 // `where` naming it in errors; keys it does not give stay unset.

@@ -12,7 +12,6 @@
 #include <yaml-cpp/yaml.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/client/client.h"
 #include "shoal/config/config.h"
@@ -100,18 +99,6 @@ Report ToReport(const TrainReport& internal) {
   report.stop_reason = internal.stop_reason;
   report.json = ReportToJson(internal).dump();
   return report;
-}
-
-// Sets `path` (["training", "mode"]) in `node` to `value`, making the maps
-// on the way.
-void SetPath(YAML::Node node, const std::vector<std::string>& path, size_t i, const YAML::Node& value) {
-  if (i + 1 == path.size()) {
-    node[path[i]] = value;
-    return;
-  }
-  YAML::Node child = node[path[i]];
-  if (!child.IsMap()) child = YAML::Node(YAML::NodeType::Map);
-  SetPath(child, path, i + 1, value);
 }
 
 // The `shoal` executable beside libshoal.so (the build folder), or in the
@@ -239,21 +226,8 @@ Job Job::FromFile(const std::string& path) {
 }
 
 Job& Job::Set(const std::string& key, const std::string& yaml_value) {
-  const std::vector<std::string> path = absl::StrSplit(key, '.');
-  for (const std::string& part : path) {
-    if (part.empty()) throw Error("INVALID_ARGUMENT", absl::StrCat("config: '", key, "' is not a key path"));
-  }
   auto state = std::make_shared<State>(*state_);
-  try {
-    YAML::Node root = YAML::Load(state->yaml);
-    if (!root.IsMap()) root = YAML::Node(YAML::NodeType::Map);
-    SetPath(root, path, 0, YAML::Load(yaml_value));
-    YAML::Emitter out;
-    out << root;
-    state->yaml = out.c_str();
-  } catch (const YAML::Exception& e) {
-    throw Error("INVALID_ARGUMENT", absl::StrCat("config: ", key, ": '", yaml_value, "' is not YAML: ", e.what()));
-  }
+  state->yaml = ValueOrThrow(SetConfigKey(state->yaml, key, yaml_value));
   ThrowIfError(state->Resolve().status());
   state_ = std::move(state);
   return *this;
