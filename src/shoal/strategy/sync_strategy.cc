@@ -1,5 +1,7 @@
 #include "shoal/strategy/sync_strategy.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "shoal/core/status.h"
 #include "shoal/strategy/step_driver.h"
@@ -49,7 +51,7 @@ class SyncPolicy : public StepPolicy {
     // call: the counter lags the variables by the chief's compute, and the
     // checkpoints take their step from the barrier's read, not from it.
     std::vector<CounterDelta> counters = {TakeDataPosition(context_)};
-    if (context_.is_chief && local_step_ > global_step_) counters.push_back({kGlobalStep, local_step_ - global_step_});
+    if (StepsNotCounted() > 0) counters.push_back({kGlobalStep, StepsNotCounted()});
     SHOAL_ASSIGN_OR_RETURN(int dropped, client_.Accumulate(names, gradients, local_step_, me_, replicas_, counters));
     if (context_.is_chief) global_step_ = local_step_;
     if (dropped > 0) SHOAL_RETURN_IF_ERROR(client_.AddToCounter(kStaleGradients, 1).status());
@@ -64,12 +66,15 @@ class SyncPolicy : public StepPolicy {
   }
   // The chief's word on the last steps, which no accumulate carries.
   absl::Status Finish() override {
-    if (!context_.is_chief || local_step_ <= global_step_) return absl::OkStatus();
-    SHOAL_ASSIGN_OR_RETURN(global_step_, client_.AddToCounter(kGlobalStep, local_step_ - global_step_));
+    if (StepsNotCounted() == 0) return absl::OkStatus();
+    SHOAL_ASSIGN_OR_RETURN(global_step_, client_.AddToCounter(kGlobalStep, StepsNotCounted()));
     return absl::OkStatus();
   }
 
  private:
+  // The chief's steps that global_step does not hold yet (0 on the others).
+  int64_t StepsNotCounted() const { return context_.is_chief ? std::max<int64_t>(0, local_step_ - global_step_) : 0; }
+
   WorkerContext& context_;
   Client& client_;
   const int replicas_;
