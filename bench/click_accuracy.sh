@@ -21,9 +21,9 @@ if [ ! -s "$data/planted.json" ]; then
   /usr/bin/python3 bench/criteo_gen.py --examples 10000000 --vocabulary "$vocabulary" --chunk 500000 \
     --out "$data/train.tsv" --test_out "$data/test.tsv" --test_examples 200000 > "$data/planted.json"
 fi
-sed -e "s#bench/out/criteo/#$data/#" -e "s/learning_rate: 0.05, initial/learning_rate: $rate, initial/" configs/click.yaml \
-  > "$data/click.yaml"
-build/shoal train --config "$data/click.yaml" --processes --transport grpc --quiet --result_file "$data/result.json" >&2
+build/shoal train --config configs/click.yaml --set "data.train_file=$data/train.tsv" \
+  --set "data.test_file=$data/test.tsv" --set "model.click.optimizer.learning_rate=$rate" \
+  --processes --transport grpc --quiet --result_file "$data/result.json" >&2
 rm -f "$data/peer.json" "$data/ceiling.json"
 if [ "${PEER:-0}" = 1 ]; then
   /usr/bin/python3 bench/click_peer.py --train "$data/train.tsv" --test "$data/test.tsv" --rows 10000000 \

@@ -15,16 +15,16 @@ if [ ! -s "$data/train.tsv" ]; then
   /usr/bin/python3 bench/criteo_gen.py --examples 400000 --out "$data/train.tsv" \
     --test_out "$data/test.tsv" --test_examples 100000 > "$data/planted.json"
 fi
-dynamic() {  # the click config with a dynamic table; extra lines for its model.click
-  sed -e "s|^    rows: 10000000 .*$|    rows: 0$1|" -e "s|bench/out/criteo/|$data/|" configs/click.yaml
-}
-dynamic "" > "$out/click_unbounded.yaml"
-for eviction in lru lfu; do
-  dynamic "\n    max_rows: $max_rows\n    evict_when_full: true\n    eviction: $eviction" > "$out/click_$eviction.yaml"
-done
 for round in $(seq "$rounds"); do
   for run in unbounded lru lfu; do
-    build/shoal train --config "$out/click_$run.yaml" --quiet --result_file "$out/click_eviction_$run.json" >&2
+    # The click config with a dynamic table; bounded and evicting but for the first run.
+    bounded=()
+    if [ "$run" != unbounded ]; then
+      bounded=(--set "model.click.max_rows=$max_rows" --set model.click.evict_when_full=true
+               --set "model.click.eviction=$run")
+    fi
+    build/shoal train --config configs/click.yaml --set model.click.rows=0 --set "data.train_file=$data/train.tsv" \
+      --set "data.test_file=$data/test.tsv" "${bounded[@]}" --quiet --result_file "$out/click_eviction_$run.json" >&2
     /usr/bin/python3 -c "
 import json, sys
 r = json.load(open(sys.argv[1]))

@@ -10,16 +10,15 @@
 #
 #   bench/gated_report.sh     # about a minute on 2 cores
 source "$(dirname "$0")/common.sh"
-variant() {  # name, then sed expressions applied to configs/gated.yaml
+variant() {  # name, then settings over configs/gated.yaml
   local name=$1; shift
-  sed "$@" configs/gated.yaml > "$out/gated_$name.yaml"
   echo "$name" >&2
-  build/shoal train --config "$out/gated_$name.yaml" --quiet --result_file "$out/gated_$name.json" >&2
+  build/shoal train --config configs/gated.yaml "$@" --quiet --result_file "$out/gated_$name.json" >&2
 }
-variant per_sample -e ''   # as shipped
-variant batch_mean -e "s|^  scale: per_sample |  scale: batch_mean |"
-variant cross_entropy -e "s|^  master_loss: mse |  master_loss: cross_entropy |"
-variant sigmoid -e "s|^  output: softmax |  output: sigmoid |"
+variant per_sample   # as shipped
+variant batch_mean --set gated.scale=batch_mean
+variant cross_entropy --set gated.master_loss=cross_entropy
+variant sigmoid --set gated.output=sigmoid
 
 /usr/bin/python3 - "$out" <<'PY'
 import json, sys

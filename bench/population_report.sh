@@ -10,10 +10,9 @@ source "$(dirname "$0")/common.sh"
 for policy in truncation none; do
   name=$([ "$policy" = none ] && echo independent || echo pbt)
   rm -rf "$out/population_$name"
-  sed -e "s|policy: truncation |policy: $policy |" -e "s|lineage_dir: population|lineage_dir: $out/population_$name|" \
-    configs/population.yaml > "$out/population_$name.yaml"
   echo "$name" >&2
-  build/shoal train --config "$out/population_$name.yaml" --quiet --result_file "$out/population_$name.json" >&2
+  build/shoal train --config configs/population.yaml --set "population.policy=$policy" \
+    --set "population.lineage_dir=$out/population_$name" --quiet --result_file "$out/population_$name.json" >&2
 done
 /usr/bin/python3 - "$out" <<'PY'
 import json, sys

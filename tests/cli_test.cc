@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shoal/config/config.h"
 #include "temp_dir.h"
 
 namespace shoal {
@@ -51,6 +52,18 @@ TEST(CliTest, SetChangesAnyConfigKeyAndTheNamedFlagsStillApply) {
   EXPECT_NE(run.out.find("784-32-10"), std::string::npos) << run.out;
   ASSERT_FALSE(run.result.is_discarded()) << run.err;
   EXPECT_EQ(run.result["global_step"], 12) << run.result.dump();
+}
+
+TEST(CliTest, PrintConfigShowsWhatTheFlagsMakeAsAConfigAndTrainsNothing) {
+  CliRun run = RunTrain("--config " + std::string(SHOAL_SOURCE_DIR) +
+                        "/configs/sync.yaml --set training.batch_size=77 --workers 3 --print_config");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_TRUE(run.result.is_discarded());
+  auto printed = ParseJobConfig(run.out);
+  ASSERT_TRUE(printed.ok()) << printed.status() << "\n" << run.out;
+  EXPECT_EQ(printed->training.batch_size, 77);
+  EXPECT_EQ(printed->cluster.workers, 3);
+  EXPECT_EQ(printed->training.mode, "sync");
 }
 
 TEST(CliTest, ABadSetNamesTheKeyAndTrainsNothing) {

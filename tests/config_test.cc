@@ -356,6 +356,7 @@ TEST(ConfigTest, ABadOverrideIsRefusedNamingIt) {
       {{"training.mode.kind=sync"}, "'training.mode' is not a mapping, so it has no key 'kind'"},
       {{"model.layers=[784, 10"}, "'[784, 10' is not YAML"},
       {{"training.batch_size=-4"}, "training.batch_size"},
+      {{"training.optimizer={kind: sgd, kind: adam}"}, "key 'training.optimizer.kind' appears twice"},
   };
   for (const auto& [overrides, expected] : cases) {
     auto config = ParseJobConfig("training:\n  mode: sync\n", overrides);

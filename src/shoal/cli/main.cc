@@ -46,7 +46,7 @@ usage:
                [--epochs N] [--batch_size N] [--max_steps N] [--data_dir DIR]
                [--metrics_dir DIR] [--checkpoint_dir DIR] [--max_restarts N]
                [--threads_per_task N] [--transport auto|grpc|ucx]
-               [--set KEY=VALUE ...] [--result_file FILE] [--quiet]
+               [--set KEY=VALUE ...] [--result_file FILE] [--quiet] [--print_config]
       Runs a job on a local cluster (default: 2 ps, 2 workers, async, the
       784-256-128-10 MLP on Fashion-MNIST for 5 epochs). --processes runs each
       task as its own process, tensors over UCX's shared memory (--transport
@@ -57,7 +57,8 @@ usage:
       key over the file's, as if the file said so, the value read as YAML:
       --set training.optimizer.learning_rate=0.01 --set model.layers=[784,64,10];
       the named flags above are applied after it. server, worker, evaluator
-      and resolve take --set too.
+      and resolve take --set too. --print_config prints the config that all
+      of these make, as YAML that --config reads, and exits.
   shoal server --task ps:0 [--cluster FILE] [--config FILE] [--bind ADDR]
       Serves one task of a real cluster until the chief shuts it down.
   shoal worker --task worker:1 [--cluster FILE] [--config FILE] [--bind ADDR]
@@ -130,7 +131,7 @@ struct Flags {
 };
 
 const std::set<std::string>& BooleanFlags() {
-  static const auto* flags = new std::set<std::string>{"processes", "quiet", "help"};
+  static const auto* flags = new std::set<std::string>{"processes", "quiet", "help", "print_config"};
   return *flags;
 }
 
@@ -340,7 +341,12 @@ absl::Status Train(Flags& flags) {
   SHOAL_ASSIGN_OR_RETURN(JobConfig config, ConfigFromFlags(flags));
   const bool quiet = flags.Has("quiet");
   const std::string result_file = flags.Get("result_file");
+  const bool print_config = flags.Has("print_config");
   SHOAL_RETURN_IF_ERROR(flags.CheckAllUsed());
+  if (print_config) {  // what --config, --set and the flags make, without training
+    absl::PrintF("%s\n", JobConfigToYaml(config));
+    return absl::OkStatus();
+  }
   absl::PrintF("shoal train: %d ps, %d workers, %s, %s, %s, %d epochs, batch %d, %s\n", config.cluster.ps,
                config.cluster.workers, config.training.mode,
                config.cluster.processes ? ProcessesTransportSummary(config) : "in-process", JobModelSummary(config),

@@ -9,8 +9,8 @@
 #include <set>
 #include <sstream>
 
-#include "absl/strings/str_cat.h"
 #include "absl/algorithm/container.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "shoal/core/file.h"
@@ -100,7 +100,7 @@ class Section {
   std::set<std::string> used_;
 };
 
-// Over `o`, the section's default: the keys given tune it, and a kind other
+// `o` holds the section's default: the keys given tune it, and a kind other
 // than its own starts from that kind's defaults (every field 0), so that SGD
 // named in a file does not inherit the default Adam's decay.
 absl::Status ParseOptimizer(Section s, wire::OptimizerConfig* o) {
@@ -593,6 +593,7 @@ absl::Status SetKey(YAML::Node& root, const std::string& key, const std::string&
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": '", yaml_value, "' is not YAML: ", e.what()));
   }
+  SHOAL_RETURN_IF_ERROR(CheckNoDuplicateKeys(value, key));
   if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(what, ": the config is not a mapping"));
   // reset(), not operator=: assigning a yaml-cpp node overwrites what it
@@ -661,7 +662,7 @@ absl::StatusOr<std::string> SetConfigKey(const std::string& yaml_text, const std
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("config is not valid YAML: ", e.what()));
   }
-  SHOAL_RETURN_IF_ERROR(SetKey(root, key, yaml_value, absl::StrCat("config: ", key)));
+  SHOAL_RETURN_IF_ERROR(SetKey(root, key, yaml_value, absl::StrCat("config: setting '", key, "'")));
   YAML::Emitter out;
   out << root;
   return std::string(out.c_str());

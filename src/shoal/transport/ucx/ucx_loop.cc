@@ -112,7 +112,10 @@ absl::StatusOr<UcxWorker*> UcxLoop::AddWorker() {
   std::unique_ptr<UcxWorker> worker(new UcxWorker());
   ucs_status_t status = ucp_worker_create(context_->get(), &params, &worker->worker_);
   if (status != UCS_OK) {
-    return absl::InternalError(absl::StrCat(name_, ": cannot create a UCX worker: ", UcxError(status)));
+    // Unavailable, so that the connection is tried again within the call's
+    // deadline: under load UCX has failed here once ("No such device") for a
+    // restarted worker's connection, which then ended the job.
+    return absl::UnavailableError(absl::StrCat(name_, ": cannot create a UCX worker: ", UcxError(status)));
   }
   ucp_address_t* address = nullptr;
   size_t length = 0;
