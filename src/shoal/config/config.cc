@@ -576,6 +576,15 @@ absl::Status CheckNoDuplicateKeys(const YAML::Node& node, const std::string& whe
   return absl::OkStatus();
 }
 
+// `text` as a YAML tree; a parse error starts with `what`.
+absl::StatusOr<YAML::Node> LoadYaml(const std::string& text, const std::string& what) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", e.what()));
+  }
+}
+
 // Sets `key` ("training.optimizer.learning_rate") in the tree to the YAML
 // `yaml_value` (`0.01`, `true`, `[256, 128]`, `{kind: adam}`), making the
 // mappings on the way; `what` starts its errors. What the key names is
@@ -587,12 +596,7 @@ absl::Status SetKey(YAML::Node& root, const std::string& key, const std::string&
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": '", key, "' is not a key path such as training.batch_size"));
   }
-  YAML::Node value;
-  try {
-    value = YAML::Load(yaml_value);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": '", yaml_value, "' is not YAML: ", e.what()));
-  }
+  SHOAL_ASSIGN_OR_RETURN(YAML::Node value, LoadYaml(yaml_value, absl::StrCat(what, ": '", yaml_value, "' is not YAML")));
   SHOAL_RETURN_IF_ERROR(CheckNoDuplicateKeys(value, key));
   if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(what, ": the config is not a mapping"));
@@ -626,12 +630,7 @@ absl::Status ApplyOverride(YAML::Node& root, const std::string& assignment) {
 }  // namespace
 
 absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::vector<std::string>& overrides) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("config is not valid YAML: ", e.what()));
-  }
+  SHOAL_ASSIGN_OR_RETURN(YAML::Node root, LoadYaml(yaml_text, "config is not valid YAML"));
   SHOAL_RETURN_IF_ERROR(CheckNoDuplicateKeys(root, ""));
   for (const std::string& assignment : overrides) SHOAL_RETURN_IF_ERROR(ApplyOverride(root, assignment));
   JobConfig config = DefaultJobConfig();
@@ -641,12 +640,7 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std
 }
 
 absl::StatusOr<wire::OptimizerConfig> ParseOptimizerYaml(const std::string& yaml_text, const std::string& where) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": '", yaml_text, "' is not YAML: ", e.what()));
-  }
+  SHOAL_ASSIGN_OR_RETURN(YAML::Node root, LoadYaml(yaml_text, absl::StrCat(where, ": '", yaml_text, "' is not YAML")));
   if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(where, ": expected a mapping such as {kind: sgd}"));
   SHOAL_RETURN_IF_ERROR(CheckNoDuplicateKeys(root, where));
   wire::OptimizerConfig optimizer;
@@ -656,12 +650,7 @@ absl::StatusOr<wire::OptimizerConfig> ParseOptimizerYaml(const std::string& yaml
 
 absl::StatusOr<std::string> SetConfigKey(const std::string& yaml_text, const std::string& key,
                                          const std::string& yaml_value) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("config is not valid YAML: ", e.what()));
-  }
+  SHOAL_ASSIGN_OR_RETURN(YAML::Node root, LoadYaml(yaml_text, "config is not valid YAML"));
   SHOAL_RETURN_IF_ERROR(SetKey(root, key, yaml_value, absl::StrCat("config: setting '", key, "'")));
   YAML::Emitter out;
   out << root;
