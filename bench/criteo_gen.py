@@ -34,6 +34,50 @@ def auc(scores, labels):
     return (ranks[labels == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives)
 
 
+FEATURES, INTEGERS = 26, 13
+ID_SCALE = 2 / np.sqrt(FEATURES)  # an id's weight's share of the logit
+ID_WEIGHT_SD = 0.6
+
+
+class PlantedModel:
+    """The hidden model and the stream of examples it draws, from one seed.
+
+    Two instances with the same seed, vocabulary and chunk sizes draw the
+    same examples, which is how bench/criteo_bound.py replays a log without
+    reading it back."""
+
+    def __init__(self, vocabulary, zipf, seed):
+        self.vocabulary, self.zipf = vocabulary, zipf
+        self.rng = np.random.default_rng(seed)
+        # Hidden weights: per feature, per id (by rank), and per integer feature.
+        self.id_weights = self.rng.normal(0, ID_WEIGHT_SD, size=(FEATURES, vocabulary)).astype(np.float32)
+        self.coefficients = self.rng.normal(0, 0.25, size=INTEGERS).astype(np.float32)
+        self.bias = -1.6  # about one example in eight clicked (Criteo's logs: about one in four)
+        # Each feature's ranks map to distinct 32-bit hashes.
+        self.hashes = self.rng.choice(2**32, size=(FEATURES, vocabulary), replace=False if vocabulary < 2**20 else True)
+        self.rates = self.rng.uniform(0.5, 20, size=INTEGERS)  # each integer feature's Poisson mean
+
+    def draw(self, n):
+        """n examples: each feature's id rank [n, 26], the integers [n, 13]
+        and which are missing, the planted logit [n] and the label [n]."""
+        ranks = np.minimum(self.rng.zipf(self.zipf, size=(n, FEATURES)), self.vocabulary) - 1
+        counts = self.rng.poisson(self.rates, size=(n, INTEGERS))
+        missing = self.rng.random((n, INTEGERS)) < 0.1
+        logit = self.bias + self.id_weights[np.arange(FEATURES), ranks].sum(axis=1) * ID_SCALE
+        # Centred on each feature's typical value, so that the bias sets the click rate.
+        logit += ((np.log1p(np.where(missing, 0, counts)) - np.log1p(self.rates)) * self.coefficients).sum(axis=1)
+        p = 1 / (1 + np.exp(-logit))
+        y = (self.rng.random(n) < p).astype(np.int64)
+        return ranks, counts, missing, logit, y
+
+    def chunks(self, examples, chunk):
+        written = 0
+        while written < examples:
+            n = min(chunk, examples - written)
+            yield self.draw(n)
+            written += n
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=int, default=1_000_000)
@@ -48,57 +92,40 @@ def main():
     parser.add_argument("--chunk", type=int, default=200_000)
     args = parser.parse_args()
 
-    rng = np.random.default_rng(args.seed)
-    features, integers = 26, 13
-    # Hidden weights: per feature, per id (by rank), and per integer feature.
-    id_weights = rng.normal(0, 0.6, size=(features, args.vocabulary)).astype(np.float32)
-    coefficients = rng.normal(0, 0.25, size=integers).astype(np.float32)
-    bias = -1.6  # about one example in eight clicked (Criteo's logs: about one in four)
-    # Each feature's ranks map to distinct 32-bit hashes.
-    hashes = rng.choice(2**32, size=(features, args.vocabulary), replace=False if args.vocabulary < 2**20 else True)
-
-    rates = rng.uniform(0.5, 20, size=integers)  # each integer feature's Poisson mean
+    model = PlantedModel(args.vocabulary, args.zipf, args.seed)
 
     # How often the training log shows each (feature, id): the test log's
     # "learnable" AUC scores it with the planted weights of the ids seen at
     # least --learnable_min_count times and 0 (the prior) for the others, a
     # ceiling for any model that learns from this log alone.
-    seen = np.zeros(features * args.vocabulary, dtype=np.int64)
+    seen = np.zeros(FEATURES * args.vocabulary, dtype=np.int64)
 
     def write(path, examples, training):
         all_p, all_y, all_learnable = [], [], []
         with open(path, "w") as out:
             written = 0
-            while written < examples:
-                n = min(args.chunk, examples - written)
-                ranks = np.minimum(rng.zipf(args.zipf, size=(n, features)), args.vocabulary) - 1
-                counts = rng.poisson(rates, size=(n, integers))
-                missing = rng.random((n, integers)) < 0.1
-                logit = bias + id_weights[np.arange(features), ranks].sum(axis=1) / np.sqrt(features) * 2
-                # Centred on each feature's typical value, so that the bias sets the click rate.
-                logit += ((np.log1p(np.where(missing, 0, counts)) - np.log1p(rates)) * coefficients).sum(axis=1)
+            for ranks, counts, missing, logit, y in model.chunks(examples, args.chunk):
+                n = len(y)
                 p = 1 / (1 + np.exp(-logit))
-                y = (rng.random(n) < p).astype(np.int64)
                 all_p.append(p.astype(np.float32))
                 all_y.append(y)
-                flat = np.arange(features) * args.vocabulary + ranks
+                flat = np.arange(FEATURES) * args.vocabulary + ranks
                 if training:
                     seen[:] += np.bincount(flat.ravel(), minlength=seen.size)
                 else:
                     known = seen[flat] >= args.learnable_min_count
-                    learnable = logit - (id_weights[np.arange(features), ranks] * ~known).sum(axis=1) / np.sqrt(features) * 2
+                    learnable = logit - (model.id_weights[np.arange(FEATURES), ranks] * ~known).sum(axis=1) * ID_SCALE
                     all_learnable.append(learnable.astype(np.float32))
-                ids = hashes[np.arange(features), ranks]
+                written += n
                 if path == os.devnull:  # figures only (same draws, so the same log as written before)
-                    written += n
                     continue
+                ids = model.hashes[np.arange(FEATURES), ranks]
                 lines = []
                 for i in range(n):
-                    ints = "\t".join("" if missing[i, j] else str(counts[i, j]) for j in range(integers))
+                    ints = "\t".join("" if missing[i, j] else str(counts[i, j]) for j in range(INTEGERS))
                     cats = "\t".join(f"{h:08x}" for h in ids[i])
                     lines.append(f"{y[i]}\t{ints}\t{cats}\n")
                 out.writelines(lines)
-                written += n
                 print(f"{path}: {written} examples", file=sys.stderr)
         p = np.concatenate(all_p)
         y = np.concatenate(all_y)
