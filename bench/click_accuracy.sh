@@ -25,8 +25,8 @@ if [ ! -s "$data/planted.json" ]; then
     --out "$data/train.tsv" --test_out "$data/test.tsv" --test_examples 200000 > "$data/planted.json"
 fi
 if [ ! -s "$data/bound.json" ]; then  # ~5 min; replays the log's draws, so it needs no file
-  (cd bench && /usr/bin/python3 criteo_bound.py --examples 10000000 --vocabulary "$vocabulary" --chunk 500000 \
-    --test_examples 200000) > "$data/bound.json"
+  /usr/bin/python3 bench/criteo_bound.py --examples 10000000 --vocabulary "$vocabulary" --chunk 500000 \
+    --test_examples 200000 > "$data/bound.json"
 fi
 build/shoal train --config configs/click.yaml --set "data.train_file=$data/train.tsv" \
   --set "data.test_file=$data/test.tsv" --set "model.click.optimizer.learning_rate=$rate" \
