@@ -8,8 +8,10 @@ are; each (feature, id) has a hidden weight, each integer feature a hidden
 coefficient, and the label is drawn from sigmoid(bias + the weights of the
 example's ids + the coefficients times log(1 + integer)). The planted
 model's own AUC and log loss on the data it wrote are the best any model
-can expect, and are printed (JSON) at the end, with the click rate; with
---test_out, also those of a held-out log drawn from the same hidden model.
+can expect from unlimited data, and are printed (JSON) at the end, with the
+click rate; with --test_out, also those of a held-out log drawn from the
+same hidden model. What one pass over this log allows is lower:
+bench/criteo_bound.py bounds it.
 
   bench/criteo_gen.py --examples 10000000 --out /tmp/criteo.tsv [--test_out /tmp/test.tsv] [--vocabulary 1000000]
 """
