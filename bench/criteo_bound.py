@@ -51,13 +51,13 @@ def main():
     # Pass 1: how often training shows each (feature, id); then the held-out log.
     model = PlantedModel(args.vocabulary, args.zipf, args.seed)
     seen = np.zeros(FEATURES * args.vocabulary, dtype=np.int64)
-    for ranks, _, _, _, _ in model.chunks(args.examples, args.chunk):
+    for ranks, _, _, _, _, _ in model.chunks(args.examples, args.chunk):
         seen += np.bincount((np.arange(FEATURES) * args.vocabulary + ranks).ravel(), minlength=seen.size)
         print(".", end="", file=sys.stderr, flush=True)
     test = list(model.chunks(args.test_examples, args.chunk))
     test_flat = np.concatenate([np.arange(FEATURES) * args.vocabulary + t[0] for t in test])  # [n, 26]
     test_logit = np.concatenate([t[3] for t in test])
-    test_y = np.concatenate([t[4] for t in test])
+    test_y = np.concatenate([t[5] for t in test])
     planted = model.id_weights.ravel()
 
     # The ids whose posterior is worked out: in the held-out log, seen in
@@ -72,7 +72,7 @@ def main():
     # Pass 2: the same training draws again, each sighting of a wanted id
     # adding its label's log likelihood at every weight on the grid.
     replay = PlantedModel(args.vocabulary, args.zipf, args.seed)
-    for ranks, _, _, logit, y in replay.chunks(args.examples, args.chunk):
+    for ranks, _, _, logit, _, y in replay.chunks(args.examples, args.chunk):
         flat = np.arange(FEATURES) * args.vocabulary + ranks
         where = slot[flat]
         rows, columns = np.nonzero(where >= 0)

@@ -61,7 +61,8 @@ class PlantedModel:
 
     def draw(self, n):
         """n examples: each feature's id rank [n, 26], the integers [n, 13]
-        and which are missing, the planted logit [n] and the label [n]."""
+        and which are missing, the planted logit [n], its probability [n]
+        and the label drawn from it [n]."""
         ranks = np.minimum(self.rng.zipf(self.zipf, size=(n, FEATURES)), self.vocabulary) - 1
         counts = self.rng.poisson(self.rates, size=(n, INTEGERS))
         missing = self.rng.random((n, INTEGERS)) < 0.1
@@ -70,7 +71,7 @@ class PlantedModel:
         logit += ((np.log1p(np.where(missing, 0, counts)) - np.log1p(self.rates)) * self.coefficients).sum(axis=1)
         p = 1 / (1 + np.exp(-logit))
         y = (self.rng.random(n) < p).astype(np.int64)
-        return ranks, counts, missing, logit, y
+        return ranks, counts, missing, logit, p, y
 
     def chunks(self, examples, chunk):
         written = 0
@@ -106,9 +107,8 @@ def main():
         all_p, all_y, all_learnable = [], [], []
         with open(path, "w") as out:
             written = 0
-            for ranks, counts, missing, logit, y in model.chunks(examples, args.chunk):
+            for ranks, counts, missing, logit, p, y in model.chunks(examples, args.chunk):
                 n = len(y)
-                p = 1 / (1 + np.exp(-logit))
                 all_p.append(p.astype(np.float32))
                 all_y.append(y)
                 flat = np.arange(FEATURES) * args.vocabulary + ranks
