@@ -43,10 +43,11 @@ peak_ps_rss() {
 for round in 1 2; do
   # The default transport (auto: UCX between tasks on one host), with and
   # without the row cache; and over gRPC alone, to compare.
-  for run in "configs/click.yaml auto" "configs/click.yaml+cached auto" "configs/click.yaml grpc"; do
-    read -r config transport <<< "$run"
-    cached=()  # the same job with each worker's cache of hot rows (4 steps' staleness)
-    if [ "$config" = "configs/click.yaml+cached" ]; then
+  for run in "plain auto" "cached auto" "plain grpc"; do
+    read -r variant transport <<< "$run"
+    config=configs/click.yaml cached=()
+    if [ "$variant" = cached ]; then  # each worker's cache of hot rows (4 steps' staleness)
+      config="configs/click.yaml (cached)"
       cached=(--set model.click.cache_rows=200000 --set model.click.cache_staleness=4)
     fi
     rss=$(peak_ps_rss build/shoal train --config configs/click.yaml "${cached[@]}" --processes \

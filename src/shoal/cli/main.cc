@@ -164,12 +164,8 @@ absl::StatusOr<JobConfig> ConfigFromFlags(Flags& flags) {
   // settings go over the mode's default optimizer as in a file.
   std::vector<std::string> overrides = flags.config_overrides;
   if (flags.Has("mode")) overrides.push_back("training.mode=" + flags.Get("mode"));
-  JobConfig config;
-  if (flags.Has("config")) {
-    SHOAL_ASSIGN_OR_RETURN(config, LoadJobConfig(flags.Get("config"), overrides));
-  } else {
-    SHOAL_ASSIGN_OR_RETURN(config, ParseJobConfig("", overrides));
-  }
+  SHOAL_ASSIGN_OR_RETURN(JobConfig config, flags.Has("config") ? LoadJobConfig(flags.Get("config"), overrides)
+                                                                 : ParseJobConfig("", overrides));
   int64_t value = 0;
   auto override_int = [&](const char* key, auto* field) -> absl::Status {
     if (!flags.Has(key)) return absl::OkStatus();

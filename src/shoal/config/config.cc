@@ -107,10 +107,7 @@ absl::Status ParseOptimizer(Section s, wire::OptimizerConfig* o) {
   SHOAL_RETURN_IF_ERROR(s.Check());
   std::string kind = o->kind();
   SHOAL_RETURN_IF_ERROR(s.Get("kind", &kind));
-  if (kind != o->kind()) {
-    *o = wire::OptimizerConfig();
-    o->set_kind(kind);
-  }
+  if (kind != o->kind()) *o = wire::OptimizerConfig();  // the kind is set with the rest below
   double lr = o->learning_rate(), momentum = o->momentum(), beta1 = o->beta1(), beta2 = o->beta2(),
          epsilon = o->epsilon(), init = o->initial_accumulator_value(), decay = o->decay(),
          weight_decay = o->weight_decay(), lr_decay_rate = o->lr_decay_rate();

@@ -51,7 +51,7 @@ class SyncPolicy : public StepPolicy {
     // call: the counter lags the variables by the chief's compute, and the
     // checkpoints take their step from the barrier's read, not from it.
     std::vector<CounterDelta> counters = {TakeDataPosition(context_)};
-    if (StepsNotCounted() > 0) counters.push_back({kGlobalStep, StepsNotCounted()});
+    if (const int64_t uncounted = StepsNotCounted(); uncounted > 0) counters.push_back({kGlobalStep, uncounted});
     SHOAL_ASSIGN_OR_RETURN(int dropped, client_.Accumulate(names, gradients, local_step_, me_, replicas_, counters));
     if (context_.is_chief) global_step_ = local_step_;
     if (dropped > 0) SHOAL_RETURN_IF_ERROR(client_.AddToCounter(kStaleGradients, 1).status());
@@ -66,8 +66,9 @@ class SyncPolicy : public StepPolicy {
   }
   // The chief's word on the last steps, which no accumulate carries.
   absl::Status Finish() override {
-    if (StepsNotCounted() == 0) return absl::OkStatus();
-    SHOAL_ASSIGN_OR_RETURN(global_step_, client_.AddToCounter(kGlobalStep, StepsNotCounted()));
+    const int64_t uncounted = StepsNotCounted();
+    if (uncounted == 0) return absl::OkStatus();
+    SHOAL_ASSIGN_OR_RETURN(global_step_, client_.AddToCounter(kGlobalStep, uncounted));
     return absl::OkStatus();
   }
 
