@@ -26,7 +26,8 @@ namespace {
 // Runs `job` on a thread of its own while this (the caller's) thread, every
 // 50 ms, gives Python's signal handlers a turn: a KeyboardInterrupt there
 // stops the job after its step in progress, as Ctrl-C stops `shoal train`.
-// Returns the report's JSON and whether the job was interrupted.
+// Returns the report's JSON, whether the job was interrupted, and the
+// trained tensors by name.
 py::tuple TrainJob(const shoal::Job& job, bool progress) {
   std::atomic<int> stop{0};
   shoal::RunOptions options;
@@ -67,7 +68,9 @@ py::tuple TrainJob(const shoal::Job& job, bool progress) {
     runner.join();
   }
   if (error) std::rethrow_exception(error);
-  return py::make_tuple(report->json, interrupted);
+  py::dict trained;
+  for (const auto& [name, value] : report->variables) trained[py::str(name)] = value;
+  return py::make_tuple(report->json, interrupted, trained);
 }
 
 // `distinct`: the caller found the ids' distinct values already (UniqueIds).
@@ -100,6 +103,8 @@ PYBIND11_MODULE(_shoal, m) {
       .def("set", &shoal::Job::Set, py::return_value_policy::reference_internal)
       .def("set_data", &shoal::Job::SetData, py::return_value_policy::reference_internal)
       .def("to_yaml", &shoal::Job::ToYaml)
+      .def("training_features", &shoal::Job::TrainingFeatures, py::arg("n"),
+           py::call_guard<py::gil_scoped_release>())
       .def("train", &TrainJob, py::arg("progress") = false);
 
   py::class_<shoal::ClusterClient>(m, "ClusterClient")

@@ -84,6 +84,51 @@ TEST(ApiTest, AProgramsModuleTrainsInAsyncAndSyncModes) {
   }
 }
 
+// Train writes the trained values into the program's own module, as Keras'
+// fit and a PyTorch loop leave them: evaluated with plain libtorch it scores
+// the report's accuracy. The report names them, and the run folder holds them.
+TEST(ApiTest, TheProgramsModuleHoldsTheTrainedValuesAfterTrain) {
+  const std::filesystem::path runs = std::filesystem::temp_directory_path() / absl::StrCat("shoal_api_runs_", getpid());
+  std::filesystem::remove_all(runs);
+  for (const std::string mode : {"async", "population"}) {
+    SCOPED_TRACE(mode);
+    auto net = std::make_shared<SmallNet>();
+    const torch::Tensor initial = net->fc1->weight.detach().clone();
+    const std::vector<torch::Tensor> data = SeparableData(5000, 784);
+    shoal::Job job = QuickJob(mode);
+    job.Set("hooks.run_dir", absl::StrCat("\"", runs.string(), "\""))
+        .SetData(data[0], data[1], data[2], data[3])
+        .SetModule(shoal::Module::Of("SmallNet", net));
+    if (mode == "population") job.Set("cluster.workers", "2").Set("population.validation_examples", "500");
+    const shoal::Report report = job.Train();
+    EXPECT_FALSE(net->fc1->weight.equal(initial)) << "the module still holds its initial values";
+    ASSERT_EQ(report.variables.size(), 4u);
+    EXPECT_TRUE(net->fc1->weight.equal(report.variables.at("fc1.weight")));
+    EXPECT_TRUE(net->fc2->bias.equal(report.variables.at("fc2.bias")));
+    torch::NoGradGuard no_grad;
+    net->eval();
+    const double accuracy = net->forward(data[2]).argmax(1).eq(data[3]).to(torch::kFloat64).mean().item<double>();
+    EXPECT_GT(accuracy, 0.8);
+    EXPECT_NEAR(accuracy, report.test_accuracy, 0.001);
+    const nlohmann::json json = nlohmann::json::parse(report.json);
+    EXPECT_TRUE(report.model_file.empty()) << "a C++ module has no TorchScript form";
+    EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(report.run_dir) / "weights.pt"));
+    EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(report.run_dir) / "report.json"));
+    EXPECT_NE(json.at("no_model_file").get<std::string>().find("torch::nn::Module"), std::string::npos);
+    if (mode == "population") EXPECT_EQ(report.member, json.at("best_member").get<int>());
+  }
+  // Values of another model are refused, naming the variable, and change nothing.
+  shoal::Report report;
+  report.variables["fc1.weight"] = torch::zeros({32, 784});
+  auto other = std::make_shared<SmallNet>();
+  const torch::Tensor before = other->fc1->weight.detach().clone();
+  const shoal::Error missing = ErrorOf([&] { report.LoadInto(*other); });
+  EXPECT_EQ(missing.code(), "NOT_FOUND");
+  EXPECT_NE(std::string(missing.what()).find("'fc1.bias'"), std::string::npos) << missing.what();
+  EXPECT_TRUE(other->fc1->weight.equal(before));
+  std::filesystem::remove_all(runs);
+}
+
 // A Criteo-format log whose clicks follow the first categorical feature:
 // id 0 clicks 4 times in 5, id 1 once in 5.
 void WriteClickLog(const std::string& path, int examples) {

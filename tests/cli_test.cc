@@ -8,6 +8,7 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+#include <torch/script.h>
 
 #include "shoal/config/config.h"
 #include "temp_dir.h"
@@ -77,6 +78,47 @@ TEST(CliTest, ABadSetNamesTheKeyAndTrainsNothing) {
   CliRun no_value = RunTrain("--set training.batch_size");
   EXPECT_EQ(no_value.exit_code, 1);
   EXPECT_NE(no_value.err.find("is not KEY=VALUE"), std::string::npos) << no_value.err;
+}
+
+// A job leaves its model in a run folder and says where; `shoal export` turns
+// a checkpoint into the same kind of file, and refuses bad input by name.
+TEST(CliTest, TrainLeavesARunFolderAndExportWritesACheckpointsModel) {
+  const std::filesystem::path dir = FreshTempDir("cli_", "export");
+  const std::string common = "--set training.max_steps=30 --set data.train_examples=3000 --set data.test_examples=500 "
+                             "--set 'model.layers=[784, 32, 10]' --workers 1 ";
+  CliRun run = RunTrain(common + "--set hooks.run_dir=" + (dir / "runs").string() +
+                        " --set hooks.run_name=first --checkpoint_dir " + (dir / "ckpt").string());
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const std::filesystem::path model = dir / "runs" / "first" / "model.pt";
+  EXPECT_NE(run.out.find("trained model: " + model.string()), std::string::npos) << run.out;
+  EXPECT_TRUE(std::filesystem::exists(model));
+  EXPECT_TRUE(std::filesystem::exists(dir / "runs" / "first" / "report.json"));
+  auto run_export = [&](const std::string& flags) {
+    const std::string command = std::string(SHOAL_BINARY) + " export " + common + flags + " > " +
+                                (dir / "out").string() + " 2> " + (dir / "err").string();
+    const int status = std::system(command.c_str());
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadAll(dir / "out") + ReadAll(dir / "err"));
+  };
+  const auto [exit_code, said] =
+      run_export("--checkpoint " + (dir / "ckpt").string() + " --out " + (dir / "exported.pt").string());
+  ASSERT_EQ(exit_code, 0) << said;
+  EXPECT_NE(said.find("global step 30"), std::string::npos) << said;
+  // One worker: its last step is in the final checkpoint, so both files hold the same values.
+  auto parameters = [](const std::filesystem::path& path) {
+    std::vector<torch::Tensor> values;
+    for (const auto& p : torch::jit::load(path.string()).named_parameters()) values.push_back(p.value);
+    return values;
+  };
+  const std::vector<torch::Tensor> exported = parameters(dir / "exported.pt"), kept = parameters(model);
+  ASSERT_EQ(exported.size(), 4u);
+  ASSERT_EQ(kept.size(), 4u);
+  for (size_t i = 0; i < kept.size(); ++i) EXPECT_TRUE(exported[i].equal(kept[i])) << i;
+  const auto [bad_code, bad_said] = run_export("--checkpoint " + (dir / "ckpt").string() + " --member 1 --out " +
+                                               (dir / "member.pt").string());
+  EXPECT_EQ(bad_code, 1);
+  EXPECT_NE(bad_said.find("a member (1) picks one of a population's models"), std::string::npos) << bad_said;
+  EXPECT_FALSE(std::filesystem::exists(dir / "member.pt"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,7 @@
 #include "planted_clicks.h"
 #include "scripted_modules.h"
 #include "shoal/checkpoint/checkpoint.h"
+#include "shoal/export/export.h"
 #include "shoal/model/click_metrics.h"
 #include "shoal/model/embedding_bag.h"
 #include "shoal/model/model_factory.h"
@@ -53,6 +55,11 @@ wire::TableDef SgdTable(const std::string& name, int64_t rows, int64_t dim) {
   def.mutable_optimizer()->set_kind("sgd");
   def.mutable_optimizer()->set_learning_rate(1.0);
   return def;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
 torch::Tensor Rows(Client& client, const std::string& table, std::vector<int64_t> ids) {
@@ -344,6 +351,40 @@ TEST(ClickTrainingTest, AClickJobRestoredOntoThreePsTasksEvaluatesAsItEnded) {
   EXPECT_EQ(second->restored_from, first->last_checkpoint);
   EXPECT_NEAR(second->test_auc, first->test_auc, 1e-4);
   EXPECT_NEAR(second->test_loss, first->test_loss, 1e-4);
+}
+
+// `shoal export` of a click job: its dense part and tables, served by the
+// Python example with PyTorch and NumPy alone, predict as shoal's evaluator.
+TEST(ClickTrainingTest, AnExportedClickModelServesTheEvaluatorsPredictions) {
+  const auto dir = FreshTempDir("shoal_click_", "export").string();
+  double planted_auc = 0;
+  JobConfig config = ClickJob(dir, "async", &planted_auc);
+  config.cluster.workers = 1;
+  config.training.max_steps = 120;
+  config.model.click.rows = 1 << 16;  // a fixed table: ids folded into it
+  config.checkpoint.dir = dir + "/checkpoints";
+  config.hooks.run_dir = "";
+  auto trained = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  ExportOptions options;
+  options.checkpoint = config.checkpoint.dir;
+  options.out = dir + "/served/model.pt";
+  std::filesystem::create_directories(dir + "/served");
+  auto exported = ExportCheckpoint(config, options);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  ASSERT_EQ(exported->tables.size(), 1u);
+  EXPECT_EQ(exported->tables[0].rows, 1 << 16);  // a fixed table is held whole
+  const Dataset test_set = LoadData(config).value().test;
+  auto evaluated = EvaluateCheckpoint(config, exported->checkpoint, test_set);
+  ASSERT_TRUE(evaluated.ok()) << evaluated.status();
+  const std::string command = absl::StrCat("/usr/bin/python3 ", SHOAL_SOURCE_DIR, "/examples/python/serve_clicks.py ",
+                                           dir, "/served ", config.data.test_file, " > ", dir, "/served.txt 2>&1");
+  ASSERT_EQ(std::system(command.c_str()), 0) << ReadFile(dir + "/served.txt");
+  const std::string served = ReadFile(dir + "/served.txt");
+  double log_loss = 0, auc = 0;
+  ASSERT_EQ(std::sscanf(served.c_str(), "served %*d examples: log loss %lf, AUC %lf", &log_loss, &auc), 2) << served;
+  EXPECT_NEAR(log_loss, evaluated->test_loss, 1e-5) << served;
+  EXPECT_NEAR(auc, *evaluated->test_auc, 1e-5) << served;
 }
 
 TEST(ClickTrainingTest, TheConfigOfAClickJobGoesThroughYamlUnchanged) {

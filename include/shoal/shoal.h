@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -82,6 +83,24 @@ struct Report {
   double last_loss = 0;
   std::string stop_reason;  // why a hook or a signal stopped the job early; empty if it ran to the end
   std::string json;         // every figure, as `shoal worker --result_file` writes them
+
+  // The trained model: every variable and buffer by name, the ps's values
+  // at the end. A module's names are its own (named_parameters(),
+  // named_buffers()); the built-in models' are shoal's ("dense_1/kernel").
+  // population: the fittest member's (`member`), its scope left off; gated:
+  // every network's and the master's ("net_0/...", "master/...").
+  std::map<std::string, torch::Tensor> variables;
+  int member = -1;
+  // The run folder (hooks.run_dir): model.pt (TorchScript; empty for a C++
+  // module, which has none), weights.pt and report.json. Empty: none.
+  std::string run_dir;
+  std::string model_file;
+
+  // Copies `variables` into `module`'s parameters and buffers of the same
+  // names (what Job::Train does for a Module made with Module::Of(name,
+  // net)). Every one must be there with its shape, or nothing is copied
+  // and shoal::Error names the first that is not.
+  void LoadInto(torch::nn::Module& module) const;
 };
 
 struct RunOptions {
@@ -121,6 +140,9 @@ class Job {
 
   // The config as YAML (what a task process would read).
   std::string ToYaml() const;
+  // The first `n` training examples' features as the model receives them
+  // (data.normalize applied): to trace a module on, or to check its input.
+  torch::Tensor TrainingFeatures(int64_t n) const;
 
   // Runs the whole job on this machine: every task in this process, or with
   // cluster.processes each its own process over gRPC.

@@ -68,8 +68,14 @@ def _set_data(job, data):
     job.set_data(*(_as_tensor(p, n) for p, n in zip(parts, names)))
 
 
-def _script(model, folder):
-    """The path of `model` as a TorchScript file: a path as it is, a module scripted and saved."""
+def _first_line(error):
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _script(model, folder, job):
+    """The path of `model` as a TorchScript file: a path as it is, a module scripted (or, when it
+    cannot be, traced on a batch of the job's training data) and saved."""
     if isinstance(model, (str, os.PathLike)):
         return os.fspath(model)
     if not isinstance(model, torch.nn.Module):
@@ -84,9 +90,22 @@ def _script(model, folder):
     else:
         try:
             scripted = torch.jit.script(model)
-        except Exception as e:  # TorchScript raises several kinds; its reason is what matters
-            raise Error(f"model: {type(model).__name__} cannot be scripted by torch.jit.script, which shoal needs to "
-                        f"train it in C++: {e}") from e
+        except Exception as script_error:  # TorchScript raises several kinds; its reason is what matters
+            # Source Python cannot read (stdin, exec, some notebooks) or a feature
+            # TorchScript lacks: trace it on a batch of the data it will train on.
+            why = _first_line(script_error)
+            try:
+                batch = job.training_features(2)
+                with torch.no_grad():
+                    scripted = torch.jit.trace(model, batch, check_trace=False)
+            except Exception as trace_error:
+                raise Error(f"model: {type(model).__name__} can be neither scripted nor traced, and shoal trains "
+                            f"TorchScript in C++. torch.jit.script: {why}. torch.jit.trace on a batch of the "
+                            f"training data: {_first_line(trace_error)}") from trace_error
+            print(f"shoal: traced {type(model).__name__} with torch.jit.trace on 2 training examples, since "
+                  f"torch.jit.script could not compile it ({why}); the trace keeps the path that batch took "
+                  f"through any data-dependent branch, and the module's {'training' if model.training else 'eval'} "
+                  f"mode for dropout and BatchNorm", file=sys.stderr)
     path = os.path.join(folder, "model.pt")
     scripted.save(path)
     return path
@@ -107,9 +126,15 @@ def train(model=None, config=None, data=None, *, processes=None, progress=None):
         config's cluster.processes).
     progress: show a progress bar (default: when stderr is a terminal).
 
+    When it returns, a torch.nn.Module `model` holds the trained values (the
+    ps's at the end; a population's fittest member's), as after Keras' fit,
+    and report["model_file"] names the run folder's TorchScript copy
+    (hooks.run_dir). A module that torch.jit.script cannot compile is traced
+    on two training examples instead, with a line saying so.
+
     Ctrl-C stops the job after its step in progress: the chief evaluates and
-    saves as at the end, then KeyboardInterrupt is raised with the report in
-    its `report` attribute.
+    saves as at the end, the module gets the values trained so far, then
+    KeyboardInterrupt is raised with the report in its `report` attribute.
     """
     job = _job_from(config)
     if processes is not None:
@@ -119,16 +144,35 @@ def train(model=None, config=None, data=None, *, processes=None, progress=None):
         progress = sys.stderr.isatty()
     with tempfile.TemporaryDirectory(prefix="shoal-model-") as folder:
         if model is not None:
-            path = _script(model, folder)
+            path = _script(model, folder, job)
             job.set("model.path", json.dumps(path))
             job.set("model.kind", "torchscript")
-        report_json, interrupted = job.train(progress=progress)
+        report_json, interrupted, trained = job.train(progress=progress)
     report = json.loads(report_json)
+    if isinstance(model, torch.nn.Module):
+        _load_trained(model, trained, report)
     if interrupted:
         stop = KeyboardInterrupt(f"shoal: the job stopped cleanly at global step {report.get('global_step')}")
         stop.report = report
         raise stop
     return report
+
+
+def _load_trained(module, trained, report):
+    """Writes the job's trained values into `module`'s parameters and buffers, by name: all of
+    them, or (when some name or shape does not match) none, with an error naming it."""
+    if report.get("network_test_accuracies"):
+        return  # a gated ensemble: several networks and a master, not this module (report["model_file"] has them)
+    pairs = list(module.named_parameters()) + list(module.named_buffers())
+    for name, tensor in pairs:
+        if name not in trained:
+            raise Error(f"the trained model has no variable '{name}', which {type(module).__name__} has")
+        if tuple(trained[name].shape) != tuple(tensor.shape):
+            raise Error(f"trained variable '{name}' is {list(trained[name].shape)}, "
+                        f"{type(module).__name__}'s is {list(tensor.shape)}")
+    with torch.no_grad():
+        for name, tensor in pairs:
+            tensor.copy_(trained[name])
 
 
 class Client:

@@ -87,7 +87,40 @@ def test_numpy_data_trains_in_process_and_as_processes():
         assert report["test_accuracy"] > 0.9, processes
 
 
-def test_a_module_that_cannot_be_scripted_is_named_with_torchscripts_reason():
+def test_the_trained_module_scores_the_reports_accuracy_in_plain_pytorch(tmp_path):
+    train, test = separable(5000, 784)
+    net = SmallNet()
+    before = net.fc1.weight.detach().clone()
+    config = {**QUICK, "hooks": {"run_dir": str(tmp_path)}}
+    report = shoal.train(net, config, data={"train": train, "test": test})
+    assert not torch.equal(net.fc1.weight, before), "the module still holds its initial values"
+    net.eval()
+    images, labels = torch.from_numpy(test[0]), torch.from_numpy(test[1])
+    with torch.no_grad():
+        plain = (net(images).argmax(1) == labels).double().mean().item()
+        served = (torch.jit.load(report["model_file"])(images).argmax(1) == labels).double().mean().item()
+    assert plain > 0.8
+    assert abs(plain - report["test_accuracy"]) <= 0.001, (plain, report["test_accuracy"])
+    assert abs(served - report["test_accuracy"]) <= 0.001, (served, report["test_accuracy"])
+    # The BatchNorm statistics came back too.
+    assert net.bn.num_batches_tracked.item() > 0
+    assert os.path.dirname(report["run_dir"]) == str(tmp_path)
+    assert json.load(open(os.path.join(report["run_dir"], "report.json")))["global_step"] == report["global_step"]
+
+
+def test_the_module_comes_back_from_a_job_of_processes(tmp_path):
+    train, test = separable(3000, 784)
+    net = SmallNet()
+    before = net.fc2.weight.detach().clone()
+    report = shoal.train(net, {**QUICK, "hooks": {"run_dir": str(tmp_path)}}, data=(*train, *test), processes=True)
+    assert not torch.equal(net.fc2.weight, before)
+    net.eval()
+    with torch.no_grad():
+        plain = (net(torch.from_numpy(test[0])).argmax(1) == torch.from_numpy(test[1])).double().mean().item()
+    assert abs(plain - report["test_accuracy"]) <= 0.001, (plain, report["test_accuracy"])
+
+
+def test_a_module_that_cannot_be_scripted_is_traced_and_says_so(capfd):
     class Unscriptable(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -96,10 +129,47 @@ def test_a_module_that_cannot_be_scripted_is_named_with_torchscripts_reason():
         def forward(self, x, **options):  # TorchScript does not take **kwargs
             return self.fc(x.flatten(1))
 
+    net = Unscriptable()
+    before = net.fc.weight.detach().clone()
+    report = shoal.train(net, QUICK)
+    assert report["test_accuracy"] > 0.7
+    assert not torch.equal(net.fc.weight, before)
+    err = capfd.readouterr().err
+    assert "shoal: traced Unscriptable with torch.jit.trace" in err, err
+    assert "kwargs" in err or "variable number of arguments" in err, err
+
+
+def test_a_module_defined_where_python_cannot_read_its_source_is_traced(capfd):
+    namespace = {"torch": torch}
+    exec(textwrap.dedent("""
+        class FromExec(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(784, 10)
+
+            def forward(self, x):
+                return self.fc(x.flatten(1))
+    """), namespace)
+    report = shoal.train(namespace["FromExec"](), QUICK)
+    assert report["test_accuracy"] > 0.7
+    assert "shoal: traced FromExec" in capfd.readouterr().err
+
+
+def test_a_module_neither_scripted_nor_traced_is_refused_with_both_reasons():
+    class Neither(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(784, 10)
+
+        def forward(self, x):
+            score = lambda t: t.sum().item()  # noqa: E731 (TorchScript has no lambdas; a trace no float output)
+            return score(self.fc(x.flatten(1)))
+
     with pytest.raises(shoal.Error) as error:
-        shoal.train(Unscriptable(), QUICK)
-    assert "Unscriptable cannot be scripted" in str(error.value)
-    assert "kwargs" in str(error.value) or "variable number of arguments" in str(error.value)
+        shoal.train(Neither(), QUICK)
+    message = str(error.value)
+    assert "Neither can be neither scripted nor traced" in message, message
+    assert "torch.jit.script: " in message and "torch.jit.trace on a batch" in message, message
 
 
 def test_bad_config_and_data_raise_shoals_message():
@@ -423,11 +493,15 @@ def test_client_reaches_a_shoal_server_process_over_grpc(tmp_path):
 def test_ctrl_c_stops_the_job_cleanly():
     script = textwrap.dedent("""
         import json, sys
+        import torch
         import shoal
+        net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
+        before = net[1].weight.detach().clone()
         try:
-            shoal.train(config={"training": {"epochs": 50}}, progress=True)
+            shoal.train(net, {"training": {"epochs": 50}}, progress=True)
             print("finished")
         except KeyboardInterrupt as stop:
+            stop.report["module_trained"] = not torch.equal(net[1].weight, before)
             print(json.dumps(stop.report))
     """)
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -445,6 +519,7 @@ def test_ctrl_c_stops_the_job_cleanly():
     assert report["global_step"] > 0
     assert report["stop_reason"].startswith("stopped by signal 2"), report["stop_reason"]
     assert report["test_accuracy"] > 0.5  # the chief evaluated as at a normal end
+    assert report["module_trained"]  # and the module holds what was trained so far
 
 
 EXAMPLES = os.path.join(os.environ.get("SHOAL_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
@@ -487,3 +562,12 @@ def test_the_client_example_resumes_from_its_checkpoint(tmp_path):
     first_loss, resumed_loss = (float(out.split("loss ")[1].split()[0]) for out in (first, second))
     assert resumed_loss < first_loss * 0.8, (first, second)  # the trained weights came back
     assert "ckpt-300" in os.listdir(tmp_path)
+
+
+def test_the_train_and_use_example_scores_the_module_and_its_file_as_the_report(tmp_path):
+    out = run_example("train_and_use.py", "--epochs", "1", "--run_dir", str(tmp_path))
+    figures = [float(x) for x in re.findall(r"([0-9.]+)%", out)]
+    assert len(figures) == 3, out
+    reported, plain, served = figures
+    assert reported > 75, out
+    assert abs(plain - reported) <= 0.1 and abs(served - reported) <= 0.1, out

@@ -33,6 +33,9 @@
 #include "shoal/session/local_cluster.h"
 #include "shoal/strategy/training_mode.h"
 #include "shoal/checkpoint/checkpoint.h"
+#include "shoal/export/export.h"
+#include "shoal/export/model_files.h"
+#include "shoal/session/run_folder.h"
 #include "shoal/session/task_runner.h"
 #include "shoal/transport/grpc/grpc_transport.h"
 
@@ -71,6 +74,15 @@ usage:
   shoal plot   --metrics_dir DIR [--out FILE.png]
       Draws the loss and batch-accuracy curves of every task's metrics file
       (hooks.metrics_dir) into one PNG.
+  shoal export --checkpoint DIR [--step N] [--member K] --out model.pt
+               [--tables_dir DIR] [--config FILE] [--set KEY=VALUE ...]
+      Writes a checkpoint's trained model as TorchScript, which
+      torch.jit.load (Python) and torch::jit::load (C++) run without shoal:
+      the config's model (a population's fittest member, or --member K; a
+      gated ensemble whole, giving the weighted vote; a click model's dense
+      part). A click model's tables go to --tables_dir (default: tables/
+      beside --out) as NumPy ids and rows per shard, with manifest.json.
+      Give the config the job trained with.
   shoal checkpoint list DIR | inspect PATH | verify PATH
       Lists the checkpoints under DIR; shows what a checkpoint (a ckpt-<step>
       folder, or DIR for its newest) holds; reads every tensor of it and
@@ -279,6 +291,12 @@ void PrintReport(const TrainReport& report, bool clicks) {
                  report.bytes_received / 1e6 / report.epochs_trained);
   }
   if (!report.stop_reason.empty()) absl::PrintF("stopped early: %s\n", report.stop_reason);
+  if (!report.run_dir.empty()) {
+    absl::PrintF("trained model: %s\n", report.model_file.empty()
+                                            ? absl::StrCat(report.run_dir, "/weights.pt (no model.pt: ",
+                                                           report.no_model_file, ")")
+                                            : report.model_file);
+  }
   for (const std::string& restart : report.restarts) absl::PrintF("restart: %s\n", restart);
   for (const std::string& recovery : report.recoveries) absl::PrintF("recovery: %s\n", recovery);
   if (report.restores > 0) absl::PrintF("checkpoints restored onto the job: %d\n", report.restores);
@@ -319,11 +337,7 @@ void PrintReport(const TrainReport& report, bool clicks) {
 }
 
 absl::Status WriteResult(const std::string& path, const TrainReport& report) {
-  nlohmann::json result = ReportToJson(report);
-  std::ofstream out(path);
-  out << result.dump(2) << "\n";
-  if (!out) return absl::InternalError(absl::StrCat("cannot write result file '", path, "'"));
-  return absl::OkStatus();
+  return WriteTextFile(path, ReportToJson(report).dump(2) + "\n");
 }
 
 // How the processes of a local job talk, as MakeTransport decides.
@@ -360,6 +374,32 @@ absl::Status Train(Flags& flags) {
   }
   PrintReport(report, config.model.kind == "click");
   if (!result_file.empty()) SHOAL_RETURN_IF_ERROR(WriteResult(result_file, report));
+  return absl::OkStatus();
+}
+
+absl::Status Export(Flags& flags) {
+  SHOAL_ASSIGN_OR_RETURN(JobConfig config, ConfigFromFlags(flags));
+  ExportOptions options;
+  options.checkpoint = flags.Get("checkpoint");
+  options.out = flags.Get("out");
+  options.tables_dir = flags.Get("tables_dir");
+  SHOAL_RETURN_IF_ERROR(flags.GetInt("step", &options.step));
+  int64_t member = -1;
+  SHOAL_RETURN_IF_ERROR(flags.GetInt("member", &member));
+  if (member < -1 || member > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("--member ", member, " is not a member's number"));
+  }
+  options.member = static_cast<int>(member);
+  SHOAL_RETURN_IF_ERROR(flags.CheckAllUsed());
+  if (options.checkpoint.empty()) return absl::InvalidArgumentError("--checkpoint is required");
+  if (options.out.empty()) return absl::InvalidArgumentError("--out is required (the model file to write)");
+  SHOAL_ASSIGN_OR_RETURN(const ExportResult result, ExportCheckpoint(config, options));
+  absl::PrintF("exported %s (global step %d%s) to %s\n", result.checkpoint, result.step,
+               result.member >= 0 ? absl::StrCat(", population member ", result.member) : "", result.model_file);
+  for (const ExportedTable& table : result.tables) {
+    absl::PrintF("table %s: %d rows of width %d in %d shard(s) under %s\n", table.name, table.rows, table.width,
+                 table.shards, result.tables_dir);
+  }
   return absl::OkStatus();
 }
 
@@ -442,6 +482,7 @@ absl::Status RunTaskAsConfigured(Flags& flags, bool server) {
   options.signal = &g_signal;
   const bool quiet = flags.Has("quiet");
   const std::string result_file = flags.Get("result_file");
+  const std::string trained_file = flags.Get("trained_file");  // the local launcher's: the trained tensors
   SHOAL_RETURN_IF_ERROR(flags.CheckAllUsed());
   // An evaluator in TF_CONFIG evaluates, whichever command the replica runs;
   // under SLURM every task runs the same command, and a ps task serves.
@@ -452,6 +493,10 @@ absl::Status RunTaskAsConfigured(Flags& flags, bool server) {
   if (cluster.IsChief(task)) {
     if (!quiet) PrintReport(report, config.model.kind == "click");
     if (!result_file.empty()) SHOAL_RETURN_IF_ERROR(WriteResult(result_file, report));
+    if (!trained_file.empty()) {
+      SHOAL_RETURN_IF_ERROR(SaveWeightsFile({report.trained_names, report.trained_values}, trained_file));
+    }
+    SHOAL_RETURN_IF_ERROR(WriteRunReport(report));
   }
   return absl::OkStatus();
 }
@@ -493,6 +538,8 @@ int Main(int argc, char** argv) {
       status = RunTask(*flags, /*server=*/false);
     } else if (command == "resolve") {
       status = Resolve(*flags);
+    } else if (command == "export") {
+      status = Export(*flags);
     } else if (command == "plot") {
       status = Plot(*flags);
     } else {

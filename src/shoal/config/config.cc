@@ -348,6 +348,8 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(hooks.Get("metrics_dir", &c->hooks.metrics_dir));
   SHOAL_RETURN_IF_ERROR(hooks.Get("metrics_format", &c->hooks.metrics_format));
   SHOAL_RETURN_IF_ERROR(hooks.Get("metrics_every_steps", &c->hooks.metrics_every_steps));
+  SHOAL_RETURN_IF_ERROR(hooks.Get("run_dir", &c->hooks.run_dir));
+  SHOAL_RETURN_IF_ERROR(hooks.Get("run_name", &c->hooks.run_name));
   SHOAL_RETURN_IF_ERROR(hooks.CheckNoUnknownKeys());
 
   Section checkpoint = top.Child("checkpoint");
@@ -523,6 +525,10 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
   SHOAL_RETURN_IF_ERROR(Positive("checkpoint.timeout_s", c.checkpoint.timeout_s));
   SHOAL_RETURN_IF_ERROR(OneOf("hooks.nan_guard", c.hooks.nan_guard, {"fail", "stop", "off"}));
   SHOAL_RETURN_IF_ERROR(OneOf("hooks.metrics_format", c.hooks.metrics_format, {"jsonl", "csv"}));
+  if (c.hooks.run_name.find('/') != std::string::npos || c.hooks.run_name == "." || c.hooks.run_name == "..") {
+    return absl::InvalidArgumentError(absl::StrCat("hooks.run_name '", c.hooks.run_name,
+                                                   "' must be one folder's name (no '/'): the folder under hooks.run_dir"));
+  }
   if (c.hooks.log_every_steps < 0 || c.hooks.stop_at_step < 0) {
     return absl::InvalidArgumentError("config: 'hooks.log_every_steps' and 'hooks.stop_at_step' must not be negative");
   }
@@ -802,7 +808,8 @@ std::string JobConfigToYaml(const JobConfig& c) {
       << k.log_every_steps << YAML::Key << "nan_guard" << YAML::Value << k.nan_guard << YAML::Key << "stop_at_step"
       << YAML::Value << k.stop_at_step << YAML::Key << "metrics_dir" << YAML::Value << k.metrics_dir << YAML::Key
       << "metrics_format" << YAML::Value << k.metrics_format << YAML::Key << "metrics_every_steps" << YAML::Value
-      << k.metrics_every_steps << YAML::EndMap;
+      << k.metrics_every_steps << YAML::Key << "run_dir" << YAML::Value << k.run_dir << YAML::Key << "run_name"
+      << YAML::Value << k.run_name << YAML::EndMap;
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value
       << c.checkpoint.dir << YAML::Key << "every_steps" << YAML::Value << c.checkpoint.every_steps << YAML::Key
       << "every_seconds" << YAML::Value << c.checkpoint.every_seconds << YAML::Key << "keep" << YAML::Value

@@ -1,5 +1,6 @@
 #include "shoal/data/npy.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "shoal/core/status.h"
 
 namespace shoal {
 namespace {
@@ -131,39 +133,95 @@ absl::StatusOr<torch::Tensor> ReadNpy(const std::string& path) {
   return tensor;
 }
 
-absl::Status WriteNpy(const std::string& path, const torch::Tensor& tensor) {
-  std::string descr;
-  switch (tensor.scalar_type()) {
+namespace {
+
+absl::StatusOr<std::string> Descr(torch::ScalarType type, const std::string& path) {
+  switch (type) {
     case torch::kFloat32:
-      descr = "<f4";
-      break;
+      return std::string("<f4");
     case torch::kUInt8:
-      descr = "|u1";
-      break;
+      return std::string("|u1");
     case torch::kInt64:
-      descr = "<i8";
-      break;
+      return std::string("<i8");
     default:
-      return absl::InvalidArgumentError(absl::StrCat("WriteNpy '", path, "': float32, uint8 or int64 only"));
+      return absl::InvalidArgumentError(absl::StrCat("NPY file '", path, "': float32, uint8 or int64 only"));
   }
-  const torch::Tensor data = tensor.contiguous();
-  std::string shape = absl::StrJoin(data.sizes(), ", ");
-  if (data.dim() == 1) shape += ",";
-  std::string header = absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': (", shape, "), }");
-  // numpy pads the header with spaces so that the data starts 64-byte aligned.
-  const size_t unpadded = kMagicBytes + 2 + 2 + header.size() + 1;
-  header.append((64 - unpadded % 64) % 64, ' ');
+}
+
+// A version 1.0 preamble and header for an array of `descr` and `shape`,
+// padded with spaces (as numpy pads it, so that the data starts 64-byte
+// aligned) to at least `at_least` bytes.
+std::string HeaderBlock(const std::string& descr, c10::IntArrayRef shape, size_t at_least = 0) {
+  std::string dims = absl::StrJoin(shape, ", ");
+  if (shape.size() == 1) dims += ",";
+  std::string header = absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': (", dims, "), }");
+  const size_t preamble = kMagicBytes + 2 + 2;
+  size_t length = preamble + header.size() + 1;
+  length = std::max(length, at_least);
+  length += (64 - length % 64) % 64;
+  header.append(length - preamble - header.size() - 1, ' ');
   header += '\n';
+  std::string block(kMagic, kMagicBytes);
+  block += '\x01';
+  block += '\x00';
+  block += static_cast<char>(header.size() & 0xff);
+  block += static_cast<char>(header.size() >> 8);
+  return block + header;
+}
+
+}  // namespace
+
+absl::Status WriteNpy(const std::string& path, const torch::Tensor& tensor) {
+  SHOAL_ASSIGN_OR_RETURN(const std::string descr, Descr(tensor.scalar_type(), path));
+  const torch::Tensor data = tensor.contiguous();
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) return absl::InternalError(absl::StrCat("WriteNpy: cannot create '", path, "'"));
-  out.write(kMagic, kMagicBytes);
-  out.put(1);
-  out.put(0);
-  out.put(static_cast<char>(header.size() & 0xff));
-  out.put(static_cast<char>(header.size() >> 8));
-  out << header;
+  out << HeaderBlock(descr, data.sizes());
   out.write(static_cast<const char*>(data.data_ptr()), static_cast<std::streamsize>(data.nbytes()));
   if (!out) return absl::InternalError(absl::StrCat("WriteNpy: cannot write '", path, "'"));
+  return absl::OkStatus();
+}
+
+// Room for any row count: the header is rewritten at the end, as long.
+constexpr size_t kAppenderHeaderBytes = 192;
+
+absl::StatusOr<std::unique_ptr<NpyAppender>> NpyAppender::Open(const std::string& path, torch::ScalarType dtype,
+                                                               std::vector<int64_t> row_shape) {
+  SHOAL_ASSIGN_OR_RETURN(std::string descr, Descr(dtype, path));
+  std::unique_ptr<NpyAppender> appender(new NpyAppender(path, dtype, std::move(descr), std::move(row_shape)));
+  appender->out_.open(path, std::ios::binary | std::ios::trunc);
+  appender->header_bytes_ = appender->Header().size();
+  appender->out_ << appender->Header();
+  if (!appender->out_) return absl::InternalError(absl::StrCat("cannot create NPY file '", path, "'"));
+  return appender;
+}
+
+std::string NpyAppender::Header() const {
+  std::vector<int64_t> shape = {rows_};
+  shape.insert(shape.end(), row_shape_.begin(), row_shape_.end());
+  return HeaderBlock(descr_, shape, std::max(header_bytes_, kAppenderHeaderBytes));
+}
+
+absl::Status NpyAppender::Append(const torch::Tensor& rows) {
+  if (rows.scalar_type() != dtype_ || rows.dim() != static_cast<int64_t>(row_shape_.size()) + 1 ||
+      !rows.sizes().slice(1).equals(row_shape_)) {
+    return absl::InvalidArgumentError(absl::StrCat("NPY file '", path_, "': rows of ", c10::toString(rows.scalar_type()),
+                                                   " ", absl::StrJoin(rows.sizes(), "x"), " do not fit"));
+  }
+  const torch::Tensor data = rows.contiguous();
+  out_.write(static_cast<const char*>(data.data_ptr()), static_cast<std::streamsize>(data.nbytes()));
+  rows_ += rows.size(0);
+  if (!out_) return absl::InternalError(absl::StrCat("cannot write NPY file '", path_, "'"));
+  return absl::OkStatus();
+}
+
+absl::Status NpyAppender::Finish() {
+  const std::string header = Header();
+  if (header.size() != header_bytes_) return absl::InternalError(absl::StrCat("NPY file '", path_, "': header grew"));
+  out_.seekp(0);
+  out_ << header;
+  out_.close();
+  if (!out_) return absl::InternalError(absl::StrCat("cannot finish NPY file '", path_, "'"));
   return absl::OkStatus();
 }
 

@@ -21,6 +21,11 @@ struct HooksConfig {
   std::string metrics_dir;          // per-task metrics files here; empty: none
   std::string metrics_format = "jsonl";  // jsonl | csv
   int64_t metrics_every_steps = 10;
+  // Where the chief leaves the trained model and the report at the end
+  // (session/run_folder.h): a folder per job under run_dir, named run_name
+  // or the time; run_dir empty: none.
+  std::string run_dir = "runs";
+  std::string run_name;
 };
 
 // Keeps non-finite numbers away from the ps: checks each step's loss and

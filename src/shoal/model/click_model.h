@@ -92,6 +92,13 @@ class ClickModel final : public Model, public RowTables {
   torch::Tensor Forward(const torch::Tensor& input) override;
   void SetTraining(bool training) override;
   RowTables* row_tables() override { return this; }
+  // The dense part, which serving runs after looking up the tables itself:
+  // forward(integers, pooled) takes the integer features as they come (int64
+  // [N, integer_features], transformed inside as in training) and each
+  // categorical feature's pooled rows (float32 [N, categorical_features,
+  // width], width the table's: dim, plus the wide weight's column for
+  // wide_deep), and gives the logits [N].
+  absl::StatusOr<torch::jit::Module> Script() const override;
 
   // RowTables.
   std::vector<wire::TableDef> TableDefs() const override { return {bag_.table()}; }

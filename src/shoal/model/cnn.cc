@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "shoal/model/script_builder.h"
 
 namespace shoal {
 namespace {
@@ -150,6 +151,45 @@ torch::Tensor Cnn::Forward(const torch::Tensor& input) {
     if (k + 1 < dense_.size()) h = torch::relu(h);
   }
   return h;
+}
+
+absl::StatusOr<torch::jit::Module> Cnn::Script() const {
+  ScriptBuilder builder("Cnn");
+  const size_t scope = scope_.size();
+  std::vector<std::string> variables, buffers;
+  for (size_t i = 0; i < params_.size(); ++i) variables.push_back(builder.AddParameter(names_[i].substr(scope), params_[i]));
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    buffers.push_back(builder.AddBuffer(buffer_names_[i].substr(scope), buffers_[i]));
+  }
+  const auto& shape = config_.input_shape;
+  std::string source = absl::StrCat("def forward(self, x: Tensor) -> Tensor:\n",
+                                    "    h = x if x.dim() == 4 else x.reshape([x.size(0), ", shape[0], ", ", shape[1],
+                                    ", ", shape[2], "])\n");
+  size_t v = 0, b = 0;  // the next variable and buffer, in the order the constructor added them
+  for (const ConvLayerConfig& layer : config_.conv) {
+    absl::StrAppend(&source, "    h = torch.conv2d(h, self.", variables[v], ", self.", variables[v + 1], ", [",
+                    layer.stride, ", ", layer.stride, "], [", Padding(layer), ", ", Padding(layer), "])\n");
+    v += 2;
+    if (config_.batch_norm) {
+      absl::StrAppend(&source, "    h = torch.batch_norm(h, self.", variables[v], ", self.", variables[v + 1],
+                      ", self.", buffers[b], ", self.", buffers[b + 1], ", False, ", config_.batch_norm_momentum,
+                      ", ", kBatchNormEpsilon, ", False)\n");
+      v += 2;
+      b += 3;
+    }
+    absl::StrAppend(&source, "    h = torch.relu(h)\n");
+    if (layer.pool > 1) {
+      absl::StrAppend(&source, "    h = torch.max_pool2d(h, [", layer.pool, ", ", layer.pool, "], [", layer.pool, ", ",
+                      layer.pool, "])\n");
+    }
+  }
+  absl::StrAppend(&source, "    h = h.flatten(1)\n");
+  for (size_t k = 0; k < dense_.size(); ++k, v += 2) {
+    absl::StrAppend(&source, "    h = torch.addmm(self.", variables[v + 1], ", h, self.", variables[v], ")\n");
+    if (k + 1 < dense_.size()) absl::StrAppend(&source, "    h = torch.relu(h)\n");
+  }
+  absl::StrAppend(&source, "    return h\n");
+  return builder.Finish(source);
 }
 
 }  // namespace shoal

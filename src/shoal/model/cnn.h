@@ -54,6 +54,9 @@ class Cnn : public Model {
 
   torch::Tensor Forward(const torch::Tensor& input) override;
   void SetTraining(bool training) override { training_ = training; }
+  // forward(x) as Forward in evaluation (BatchNorm's moving statistics, no
+  // dropout).
+  absl::StatusOr<torch::jit::Module> Script() const override;
 
   const std::vector<std::string>& variable_names() const override { return names_; }
   const std::vector<torch::Tensor>& variables() const override { return params_; }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "shoal/core/status.h"
+#include "shoal/model/script_builder.h"
 
 namespace shoal {
 namespace {
@@ -297,6 +298,35 @@ GatedStepResult GatedEnsemble::OneGraphStep(const torch::Tensor& images, const t
   result.weights = result.weights.detach();
   for (const auto& p : variables_) result.gradients.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
   return result;
+}
+
+absl::StatusOr<torch::jit::Module> GatedEnsemble::Script() const {
+  ScriptBuilder builder("GatedEnsemble");
+  std::string source = "def forward(self, x: Tensor) -> Tensor:\n    h = x\n";
+  if (trunk_) {
+    SHOAL_ASSIGN_OR_RETURN(torch::jit::Module trunk, trunk_->Script());
+    builder.AddModule("trunk", trunk);
+    absl::StrAppend(&source, "    h = self.trunk(x)\n");
+  }
+  std::vector<std::string> logits;
+  for (int k = 0; k < num_networks(); ++k) {
+    SHOAL_ASSIGN_OR_RETURN(torch::jit::Module network, networks_[k]->Script());
+    builder.AddModule(absl::StrCat("net_", k), network);
+    logits.push_back(absl::StrCat("logits_", k));
+    absl::StrAppend(&source, "    ", logits.back(), " = self.net_", k, "(h)\n");
+  }
+  SHOAL_ASSIGN_OR_RETURN(torch::jit::Module master, master_->Script());
+  builder.AddModule("master", master);
+  absl::StrAppend(&source, "    z = self.master(torch.cat([", absl::StrJoin(logits, ", "),
+                  config_.master_sees_input ? ", x.flatten(1)" : "", "], 1))\n", "    weights = torch.",
+                  config_.output == "softmax" ? "softmax(z, 1)" : "sigmoid(z)", "\n",
+                  "    votes = torch.zeros_like(logits_0)\n");
+  for (int k = 0; k < num_networks(); ++k) {
+    absl::StrAppend(&source, "    votes = votes.scatter_add(1, ", logits[k], ".argmax(1, True), weights[:, ", k, ":",
+                    k + 1, "])\n");
+  }
+  absl::StrAppend(&source, "    return votes\n");
+  return builder.Finish(source);
 }
 
 torch::Tensor GatedEnsemble::Predict(const torch::Tensor& images) {

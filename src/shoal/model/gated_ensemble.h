@@ -140,6 +140,11 @@ class GatedEnsemble {
   // Forward and backward of the whole ensemble on one batch, in one graph.
   GatedStepResult OneGraphStep(const torch::Tensor& images, const torch::Tensor& labels);
 
+  // The whole ensemble as one TorchScript module: submodules trunk (if
+  // any), net_0 ... net_<K-1> and master, and forward(x) giving the master
+  // -weighted votes [B, classes] (each class's summed weight of the networks
+  // whose argmax it is), whose argmax is Predict's class.
+  absl::StatusOr<torch::jit::Module> Script() const;
   // Class predictions by the master-weighted vote (in the parts' current mode).
   torch::Tensor Predict(const torch::Tensor& images);
   // In evaluation mode; leaves the parts in training mode.

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "shoal/model/script_builder.h"
 
 namespace shoal {
 
@@ -55,6 +56,23 @@ torch::Tensor Mlp::Forward(const torch::Tensor& input) {
     }
   }
   return h;
+}
+
+absl::StatusOr<torch::jit::Module> Mlp::Script() const {
+  ScriptBuilder builder("Mlp");
+  std::vector<std::string> attributes;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    attributes.push_back(builder.AddParameter(names_[i].substr(config_.scope.size()), params_[i]));
+  }
+  std::string source = "def forward(self, x: Tensor) -> Tensor:\n    h = x.flatten(1)\n";
+  const size_t layers = attributes.size() / 2;
+  for (size_t k = 0; k < layers; ++k) {
+    absl::StrAppend(&source, "    h = torch.addmm(self.", attributes[2 * k + 1], ", h, self.", attributes[2 * k], ")\n");
+    if (k + 1 == layers && !config_.activate_output) break;
+    absl::StrAppend(&source, "    h = torch.", config_.activation, "(h)\n");
+  }
+  absl::StrAppend(&source, "    return h\n");
+  return builder.Finish(source);
 }
 
 }  // namespace shoal

@@ -42,6 +42,9 @@ class Mlp : public Model, public torch::nn::Module {
   // Logits for a batch of N examples of layers.front() values each ([N, 784],
   // or images [N, 1, 28, 28], which it flattens).
   torch::Tensor Forward(const torch::Tensor& input) override;
+  // forward(x) as Forward: the attributes are the variables' names behind
+  // the scope ("dense_1_kernel").
+  absl::StatusOr<torch::jit::Module> Script() const override;
 
   // Kernel and bias per layer, in creation order.
   const std::vector<std::string>& variable_names() const override { return names_; }

@@ -84,6 +84,10 @@ std::vector<torch::Tensor> Model::Gradients() const {
   return grads;
 }
 
+absl::StatusOr<torch::jit::Module> Model::Script() const {
+  return absl::UnimplementedError("this model has no TorchScript form");
+}
+
 torch::Tensor Model::Loss(const torch::Tensor& output, const torch::Tensor& labels) const {
   if (loss_ == LossKind::kMeanSquaredError) return torch::mse_loss(output.reshape(labels.sizes()), labels);
   if (loss_ == LossKind::kLogistic) {

@@ -8,6 +8,7 @@
 #ifndef SHOAL_MODEL_MODEL_H_
 #define SHOAL_MODEL_MODEL_H_
 
+#include <torch/script.h>
 #include <torch/torch.h>
 
 #include <memory>
@@ -78,6 +79,14 @@ class Model {
   // The embedding tables the model reaches by id on the ps (row_tables.h),
   // whose rows must be pulled before each Forward; none by default.
   virtual RowTables* row_tables() { return nullptr; }
+
+  // The model as a TorchScript module holding copies of its current values
+  // (variables as parameters, buffers as buffers), in evaluation mode, whose
+  // forward() gives what Forward gives in evaluation: what a job's run
+  // folder and `shoal export` save, for torch.jit.load and
+  // torch::jit::load without shoal. Unimplemented, saying why, for a model
+  // that has no TorchScript form.
+  virtual absl::StatusOr<torch::jit::Module> Script() const;
 
  private:
   LossKind loss_ = LossKind::kCrossEntropy;

@@ -31,6 +31,7 @@ absl::StatusOr<std::unique_ptr<ModuleModel>> ModuleModel::Create(const ModuleFac
   }
   if (model->module_ == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": its factory returned null"));
   model->forward_ = factory.forward;
+  model->name_ = factory.name;
   for (const auto& parameter : model->module_->named_parameters(/*recurse=*/true)) {
     if (parameter.value().scalar_type() != torch::kFloat32) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": parameter '", parameter.key(), "' is ",
@@ -52,6 +53,12 @@ absl::StatusOr<std::unique_ptr<ModuleModel>> ModuleModel::Create(const ModuleFac
   }
   model->module_->train(true);
   return model;
+}
+
+absl::StatusOr<torch::jit::Module> ModuleModel::Script() const {
+  return absl::UnimplementedError(absl::StrCat(
+      "module '", name_, "' is a C++ torch::nn::Module, which libtorch cannot turn into TorchScript; its trained "
+      "values are in weights.pt by parameter name (torch::pickle_load, or torch.load in Python)"));
 }
 
 }  // namespace shoal

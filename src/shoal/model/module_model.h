@@ -42,11 +42,14 @@ class ModuleModel : public Model {
   const std::vector<torch::Tensor>& buffers() const override { return buffers_; }
   torch::Tensor Forward(const torch::Tensor& input) override { return forward_(*module_, input); }
   void SetTraining(bool training) override { module_->train(training); }
+  // Unimplemented: a C++ torch::nn::Module has no TorchScript form.
+  absl::StatusOr<torch::jit::Module> Script() const override;
 
  private:
   ModuleModel() = default;
 
   std::shared_ptr<torch::nn::Module> module_;
+  std::string name_;
   std::function<torch::Tensor(torch::nn::Module&, const torch::Tensor&)> forward_;
   std::vector<std::string> names_;
   std::vector<torch::Tensor> params_;

@@ -56,4 +56,10 @@ absl::StatusOr<std::unique_ptr<TorchScriptModel>> TorchScriptModel::Load(const s
 
 torch::Tensor TorchScriptModel::Forward(const torch::Tensor& input) { return module_.forward({input}).toTensor(); }
 
+absl::StatusOr<torch::jit::Module> TorchScriptModel::Script() const {
+  torch::jit::Module copy = module_.deepcopy();
+  copy.eval();
+  return copy;
+}
+
 }  // namespace shoal

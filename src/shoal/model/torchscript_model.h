@@ -32,6 +32,8 @@ class TorchScriptModel : public Model {
   const std::vector<torch::Tensor>& buffers() const override { return buffers_; }
   torch::Tensor Forward(const torch::Tensor& input) override;
   void SetTraining(bool training) override { module_.train(training); }
+  // A deep copy of the loaded module, its values as they now are.
+  absl::StatusOr<torch::jit::Module> Script() const override;
 
  private:
   explicit TorchScriptModel(torch::jit::Module module) : module_(std::move(module)) {}

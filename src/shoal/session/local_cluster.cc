@@ -24,6 +24,8 @@
 #include "absl/strings/str_join.h"
 #include "shoal/core/file.h"
 #include "shoal/core/status.h"
+#include "shoal/export/model_files.h"
+#include "shoal/session/run_folder.h"
 #include "shoal/session/task_runner.h"
 #include "shoal/strategy/training_mode.h"
 
@@ -82,6 +84,7 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
   if (progress) progress->Finish();
   for (const absl::Status& s : statuses) SHOAL_RETURN_IF_ERROR(s);
   DescribeCompute(threads, &report);
+  SHOAL_RETURN_IF_ERROR(WriteRunReport(report));
   return report;
 }
 
@@ -279,6 +282,7 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
   const std::filesystem::path dir = files.dir;
   const std::string &cluster_file = files.cluster_file, &config_file = files.config_file,
                     &result_file = files.result_file;
+  const std::string trained_file = (dir / "trained.pt").string();  // the chief's trained tensors
 
   // Each task writes its error there if it fails, so that the job's error
   // says what went wrong, not just which task's exit code was 1.
@@ -290,7 +294,7 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
                                      "--task", task.ToString(), "--config", config_file,
                                      "--error_file", error_file(task)};
     if (cluster.IsChief(task)) {
-      args.insert(args.end(), {"--result_file", result_file});
+      args.insert(args.end(), {"--result_file", result_file, "--trained_file", trained_file});
       if (!show_progress) args.push_back("--quiet");
     } else if (task.job == "worker") {
       args.push_back("--quiet");
@@ -385,10 +389,15 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
   }
   std::ifstream in(result_file);
   nlohmann::json result = nlohmann::json::parse(in, nullptr, false);
+  absl::StatusOr<NamedTensors> trained = LoadWeightsFile(trained_file);
   std::filesystem::remove_all(dir);
   if (result.is_discarded()) return absl::InternalError("the chief left no readable result");
   SHOAL_ASSIGN_OR_RETURN(TrainReport report, ReportFromJson(result));
+  if (!trained.ok()) return Annotate(trained.status(), "the chief's trained model");
+  report.trained_names = std::move(trained->names);
+  report.trained_values = std::move(trained->values);
   report.restarts = restarts;
+  SHOAL_RETURN_IF_ERROR(WriteRunReport(report));
   return report;
 }
 

@@ -98,6 +98,20 @@ Report ToReport(const TrainReport& internal) {
   report.last_loss = internal.last_loss;
   report.stop_reason = internal.stop_reason;
   report.json = ReportToJson(internal).dump();
+  for (size_t i = 0; i < internal.trained_names.size(); ++i) {
+    report.variables[internal.trained_names[i]] = internal.trained_values[i];
+  }
+  report.member = internal.trained_member;
+  report.run_dir = internal.run_dir;
+  report.model_file = internal.model_file;
+  return report;
+}
+
+// The report, with the trained values written into the program's module
+// when it gave one to train in place (Module::Of(name, net)).
+Report ReportAndTrainedModule(const TrainReport& internal, const Module* module) {
+  Report report = ToReport(internal);
+  if (module != nullptr && module->trained != nullptr) report.LoadInto(*module->trained);
   return report;
 }
 
@@ -257,7 +271,33 @@ Job& Job::AddHook(std::shared_ptr<Hook> hook) {
   return *this;
 }
 
+void Report::LoadInto(torch::nn::Module& module) const {
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // (destination, value), all checked first
+  auto check = [&](const std::string& name, const torch::Tensor& destination) {
+    auto it = variables.find(name);
+    if (it == variables.end()) {
+      throw Error("NOT_FOUND", absl::StrCat("the trained model has no variable '", name,
+                                            "', which the module has: it is another model (trained: ",
+                                            variables.size(), " variables)"));
+    }
+    if (!it->second.sizes().equals(destination.sizes())) {
+      throw Error("INVALID_ARGUMENT", absl::StrCat("trained variable '", name, "' is ", ShapeString(it->second.sizes()),
+                                                   ", the module's ", ShapeString(destination.sizes())));
+    }
+    copies.emplace_back(destination, it->second);
+  };
+  for (const auto& p : module.named_parameters()) check(p.key(), p.value());
+  for (const auto& b : module.named_buffers()) check(b.key(), b.value());
+  torch::NoGradGuard no_grad;
+  for (auto& [destination, value] : copies) destination.copy_(value);
+}
+
 std::string Job::ToYaml() const { return JobConfigToYaml(ValueOrThrow(state_->Resolve())); }
+
+torch::Tensor Job::TrainingFeatures(int64_t n) const {
+  const DataSplits data = ValueOrThrow(LoadData(ValueOrThrow(state_->Resolve())));
+  return data.train.images.narrow(0, 0, std::clamp<int64_t>(n, 0, data.train.size())).clone();
+}
 
 Report Job::Train(const RunOptions& options) const {
   JobConfig config = ValueOrThrow(state_->Resolve());
@@ -271,7 +311,7 @@ Report Job::Train(const RunOptions& options) const {
             context.extra_hooks.push_back(std::move(hook));
           }
         }));
-    return ToReport(report);
+    return ReportAndTrainedModule(report, state->module.get());
   }
   // Each task process runs the shoal binary on the config written out: it
   // can build neither the program's module nor call its hooks.
@@ -322,7 +362,7 @@ Report Job::RunTask(const std::string& cluster_json, const std::string& task_nam
   task_options.extra_hooks = state_->TaskHooks(worker, worker == 0);
   TrainReport report;
   ThrowIfError(RunWorkerTask(config, cluster, task, task_options, options.progress ? stderr : nullptr, &report));
-  return worker == 0 ? ToReport(report) : Report{};
+  return worker == 0 ? ReportAndTrainedModule(report, state_->module.get()) : Report{};
 }
 
 // The client's connections and where each variable lives.

@@ -5,6 +5,7 @@
 #include "shoal/checkpoint/saver_hook.h"
 #include "shoal/core/status.h"
 #include "shoal/hooks/standard_hooks.h"
+#include "shoal/session/run_folder.h"
 #include "shoal/strategy/training_mode.h"
 
 namespace shoal {
@@ -171,7 +172,14 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
         (report->global_step - warm_step) * examples_per_step / absl::ToDoubleSeconds(trained - warm_time);
   }
   report->last_loss = worker->last_loss;
-  return mode->Report(context, test_set, report);
+  SHOAL_RETURN_IF_ERROR(mode->Report(context, test_set, report));
+  // The trained model leaves with the report: the ps's values, which the
+  // caller loads into its own module, and the run folder's files.
+  SHOAL_ASSIGN_OR_RETURN(
+      FinalModel final_model,
+      mode->Final(*context.config, context.num_workers,
+                  [&client](const std::vector<std::string>& names) { return client.Read(names); }, /*member=*/-1));
+  return KeepTrainedModel(hooks_config, std::move(final_model), report);
 }
 
 }  // namespace shoal

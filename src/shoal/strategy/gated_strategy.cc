@@ -455,6 +455,29 @@ absl::Status ReportGated(WorkerContext& context, const Dataset& test_set, TrainR
 
 namespace {
 
+// Every network and the master (TrainingMode::Final).
+absl::StatusOr<FinalModel> FinalGatedEnsemble(const StrategyConfig& config, int workers, const ReadTensors& read,
+                                               int member) {
+  if (member >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a member (", member, ") picks one of a population's models; a gated ensemble is one model"));
+  }
+  SHOAL_ASSIGN_OR_RETURN(GatedModelConfig gated, Resolve(config, workers));
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<GatedEnsemble> ensemble, GatedEnsemble::Create(config.model, gated));
+  FinalModel final_model;
+  final_model.names = ensemble->variable_names();
+  final_model.names.insert(final_model.names.end(), ensemble->buffer_names().begin(), ensemble->buffer_names().end());
+  std::vector<torch::Tensor> like = ensemble->variables();
+  for (torch::Tensor& buffer : ensemble->BufferValues()) like.push_back(std::move(buffer));
+  SHOAL_ASSIGN_OR_RETURN(final_model.values, ReadChecked(read, final_model.names, like));
+  const auto buffers = final_model.values.begin() + static_cast<std::ptrdiff_t>(ensemble->variables().size());
+  ensemble->Load({final_model.values.begin(), buffers});
+  ensemble->LoadBuffers({buffers, final_model.values.end()});
+  ensemble->SetTraining(false);
+  final_model.script = ensemble->Script();
+  return final_model;
+}
+
 class Gated final : public TrainingMode {
  public:
   std::string name() const override { return "gated"; }
@@ -486,6 +509,10 @@ class Gated final : public TrainingMode {
   bool TrainsOneModel() const override { return false; }
   absl::Status Report(WorkerContext& context, const Dataset& test_set, TrainReport* report) const override {
     return ReportGated(context, test_set, report);
+  }
+  absl::StatusOr<FinalModel> Final(const StrategyConfig& config, int workers, const ReadTensors& read,
+                                   int member) const override {
+    return FinalGatedEnsemble(config, workers, read, member);
   }
 };
 

@@ -679,6 +679,43 @@ absl::Status ReportPopulation(WorkerContext& context, const Dataset& test_set, T
 
 namespace {
 
+// The fittest member, or the one asked for (TrainingMode::Final).
+absl::StatusOr<FinalModel> FinalPopulationMember(const StrategyConfig& config, int workers, const ReadTensors& read,
+                                                  int member) {
+  const int members = NumMembers(config, workers);
+  if (member >= members) {
+    return absl::InvalidArgumentError(absl::StrCat("member ", member, " is out of range: the population has ", members,
+                                                   " members (0 to ", members - 1, ")"));
+  }
+  if (member < 0) {  // the fittest, by the fitness each member last measured
+    std::vector<std::string> fitness_names;
+    for (int m = 0; m < members; ++m) fitness_names.push_back(FitnessVariable(m));
+    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> fitness, read(fitness_names));
+    float best = -2;
+    for (int m = 0; m < members; ++m) {
+      if (fitness[m].numel() == 0 || fitness[m].scalar_type() != torch::kFloat32) {
+        return absl::InvalidArgumentError(absl::StrCat("variable '", fitness_names[m], "' is not a fitness"));
+      }
+      if (fitness[m].reshape(-1)[0].item<float>() > best) {
+        best = fitness[m].reshape(-1)[0].item<float>();
+        member = m;
+      }
+    }
+  }
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(MemberModel(config, member)));
+  FinalModel final_model;
+  final_model.member = member;
+  std::vector<torch::Tensor> like = model->variables();
+  like.insert(like.end(), model->buffers().begin(), model->buffers().end());
+  SHOAL_ASSIGN_OR_RETURN(final_model.values, ReadChecked(read, model->StateNames(), like));
+  const std::string scope = MemberScope(member);
+  for (const std::string& name : model->StateNames()) final_model.names.push_back(name.substr(scope.size()));
+  model->LoadState(final_model.values);
+  model->SetTraining(false);
+  final_model.script = model->Script();
+  return final_model;
+}
+
 class Population final : public TrainingMode {
  public:
   std::string name() const override { return "population"; }
@@ -731,6 +768,10 @@ class Population final : public TrainingMode {
   bool TrainsOneModel() const override { return false; }
   absl::Status Report(WorkerContext& context, const Dataset& test_set, TrainReport* report) const override {
     return ReportPopulation(context, test_set, report);
+  }
+  absl::StatusOr<FinalModel> Final(const StrategyConfig& config, int workers, const ReadTensors& read,
+                                   int member) const override {
+    return FinalPopulationMember(config, workers, read, member);
   }
 };
 

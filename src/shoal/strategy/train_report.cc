@@ -18,7 +18,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainReport, test_accuracy, test
                                                 checkpoint_seconds, checkpoint_save_seconds, checkpoints_in_background,
                                                 restarts, recoveries, restores,
                                                 unfinished_workers, compute_threads, compute_threads_source, intra_op_threads,
-                                                blas, worker_steps, calls_retried)
+                                                blas, worker_steps, calls_retried, trained_member, run_dir,
+                                                model_file, no_model_file)
 
 nlohmann::json ReportToJson(const TrainReport& report) { return report; }
 

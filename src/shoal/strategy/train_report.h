@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <torch/types.h>
+
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
@@ -91,6 +93,19 @@ struct TrainReport {
   double uniform_average_accuracy = 0;
   double any_network_right = 0;              // the ceiling for a perfect gate
   std::vector<double> network_mean_weights;  // the master's mean weight for each network
+  // The trained model (TrainingMode::Final: the ps's values at the end; a
+  // population's fittest member, a gated ensemble whole): every variable's
+  // and buffer's value by name, for the caller's own module. Not in the
+  // JSON: tensors travel in weights files (session/run_folder.h).
+  std::vector<std::string> trained_names;
+  std::vector<torch::Tensor> trained_values;
+  int trained_member = -1;  // population: which member they are
+  // The run folder the chief wrote (hooks.run_dir): model.pt (unless the
+  // model has no TorchScript form: why in no_model_file), weights.pt and
+  // report.json. Empty when hooks.run_dir is.
+  std::string run_dir;
+  std::string model_file;
+  std::string no_model_file;
 };
 
 // The report as JSON (the result file `shoal worker --result_file` writes and

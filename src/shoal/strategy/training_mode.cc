@@ -87,6 +87,41 @@ absl::Status TrainingMode::Report(WorkerContext& context, const Dataset& test_se
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<torch::Tensor>> ReadChecked(const ReadTensors& read, const std::vector<std::string>& names,
+                                                       const std::vector<torch::Tensor>& like) {
+  SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, read(names));
+  if (values.size() != names.size()) {
+    return absl::InternalError(absl::StrCat("read ", values.size(), " tensors for ", names.size(), " names"));
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!values[i].sizes().equals(like[i].sizes()) || values[i].scalar_type() != like[i].scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "variable '", names[i], "' is ", c10::toString(values[i].scalar_type()), " ", ShapeString(values[i].sizes()),
+          " where the configured model has ", c10::toString(like[i].scalar_type()), " ",
+          ShapeString(like[i].sizes()), ": these values are another model's"));
+    }
+  }
+  return values;
+}
+
+absl::StatusOr<FinalModel> TrainingMode::Final(const StrategyConfig& config, int /*workers*/, const ReadTensors& read,
+                                               int member) const {
+  if (member >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a member (", member, ") picks one of a population's models; mode '", name(), "' trains one"));
+  }
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(config.model));
+  FinalModel final_model;
+  final_model.names = model->StateNames();
+  std::vector<torch::Tensor> like = model->variables();
+  like.insert(like.end(), model->buffers().begin(), model->buffers().end());
+  SHOAL_ASSIGN_OR_RETURN(final_model.values, ReadChecked(read, final_model.names, like));
+  model->LoadState(final_model.values);
+  model->SetTraining(false);
+  final_model.script = model->Script();
+  return final_model;
+}
+
 absl::StatusOr<std::unique_ptr<TrainingStrategy>> MakeStrategy(const StrategyConfig& config) {
   SHOAL_ASSIGN_OR_RETURN(const TrainingMode* mode, FindMode(config.training.mode));
   return mode->MakeStrategy();

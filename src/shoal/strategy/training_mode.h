@@ -10,6 +10,7 @@
 #ifndef SHOAL_STRATEGY_TRAINING_MODE_H_
 #define SHOAL_STRATEGY_TRAINING_MODE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,23 @@
 #include "shoal/strategy/train_report.h"
 
 namespace shoal {
+
+// Reads tensors by name: the ps's at a job's end (Client::Read), or a
+// checkpoint's (`shoal export`).
+using ReadTensors = std::function<absl::StatusOr<std::vector<torch::Tensor>>(const std::vector<std::string>& names)>;
+
+// The model a job trained, as the chief hands it back and `shoal export`
+// writes it.
+struct FinalModel {
+  // Its variables' and buffers' values, by the names the model gives them:
+  // a user's module's own (named_parameters(), named_buffers()), a built-in
+  // model's ("dense_1/kernel"); a population member's scope is left off.
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> values;
+  int member = -1;  // population: the member it is
+  // Its TorchScript form (Model::Script), or why it has none.
+  absl::StatusOr<torch::jit::Module> script = absl::UnimplementedError("not scripted");
+};
 
 class TrainingMode {
  public:
@@ -83,7 +101,20 @@ class TrainingMode {
   // The chief's report once every worker is done: by default the one
   // model's test accuracy and loss, read from the ps.
   virtual absl::Status Report(WorkerContext& context, const Dataset& test_set, TrainReport* report) const;
+  // The trained model, its values read through `read`: by default the one
+  // model's variables and buffers. `member` picks a population's member
+  // (-1: the fittest by its last measured fitness); InvalidArgument for a
+  // member that does not exist, or any member of a mode without them. A
+  // value whose shape or dtype is not the model's is InvalidArgument naming
+  // the variable (values from another model's checkpoint).
+  virtual absl::StatusOr<FinalModel> Final(const StrategyConfig& config, int workers, const ReadTensors& read,
+                                           int member) const;
 };
+
+// `names` read through `read`, checked against `shapes` and `dtypes` (what
+// the model holds): InvalidArgument naming the first that differs.
+absl::StatusOr<std::vector<torch::Tensor>> ReadChecked(const ReadTensors& read, const std::vector<std::string>& names,
+                                                       const std::vector<torch::Tensor>& like);
 
 // The mode `name` names; InvalidArgument listing the known ones otherwise.
 absl::StatusOr<const TrainingMode*> FindMode(const std::string& name);
