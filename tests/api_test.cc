@@ -99,6 +99,7 @@ TEST(ApiTest, TheProgramsModuleHoldsTheTrainedValuesAfterTrain) {
     job.Set("hooks.run_dir", absl::StrCat("\"", runs.string(), "\""))
         .SetData(data[0], data[1], data[2], data[3])
         .SetModule(shoal::Module::Of("SmallNet", net));
+    job.Set("training.epochs", "5");  // 2 of 784 features carry the label
     if (mode == "population") job.Set("cluster.workers", "2").Set("population.validation_examples", "500");
     const shoal::Report report = job.Train();
     EXPECT_FALSE(net->fc1->weight.equal(initial)) << "the module still holds its initial values";
@@ -108,7 +109,7 @@ TEST(ApiTest, TheProgramsModuleHoldsTheTrainedValuesAfterTrain) {
     torch::NoGradGuard no_grad;
     net->eval();
     const double accuracy = net->forward(data[2]).argmax(1).eq(data[3]).to(torch::kFloat64).mean().item<double>();
-    EXPECT_GT(accuracy, 0.8);
+    EXPECT_GT(accuracy, 0.7);  // chance is 0.5
     EXPECT_NEAR(accuracy, report.test_accuracy, 0.001);
     const nlohmann::json json = nlohmann::json::parse(report.json);
     EXPECT_TRUE(report.model_file.empty()) << "a C++ module has no TorchScript form";

@@ -211,6 +211,16 @@ TEST(ClickModelTest, EachDensePartMapsABatchToOneLogitAndTrainsWithTheTable) {
     const torch::Tensor input = SmallBatch(16);
     EXPECT_THROW(model.Forward(input), std::logic_error);  // rows not pulled
     ASSERT_TRUE(tables->Pull(input).ok());
+    {  // The dense part as TorchScript (what shoal export writes) takes the pooled rows and gives the same logits.
+      torch::NoGradGuard no_grad;
+      model.SetTraining(false);
+      auto script = model.Script();
+      ASSERT_TRUE(script.ok()) << script.status();
+      const auto& click = static_cast<const ClickModel&>(model);
+      const torch::Tensor logits = script->forward({input.narrow(1, 0, 3), click.bag().Pooled()}).toTensor();
+      EXPECT_TRUE(torch::allclose(logits, model.Forward(input), 1e-5, 1e-6));
+      model.SetTraining(true);
+    }
     const BatchResult batch = ComputeGradients(model, input, torch::randint(0, 2, {16}).to(torch::kFloat32));
     EXPECT_TRUE(std::isfinite(batch.loss));
     EXPECT_EQ(model.Forward(input).sizes(), (std::vector<int64_t>{16}));

@@ -164,8 +164,8 @@ TEST(FinalModelTest, ValuesOfAnotherModelAreRefusedNamingTheVariable) {
   };
   const absl::Status refused = FindMode("async").value()->Final(config, 2, read, -1).status();
   EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
-  EXPECT_NE(refused.message().find("variable 'dense_1/kernel' is float [3] where the configured model has float "
-                                   "[784, 256]"),
+  EXPECT_NE(refused.message().find("variable 'dense_1/kernel' is float32 [3] where the configured model has "
+                                   "float32 [784, 256]"),
             std::string::npos)
       << refused;
 }
@@ -278,14 +278,14 @@ TEST(ExportTest, BadInputIsAClearErrorAndWritesNoFile) {
     const absl::Status status = ExportCheckpoint(config, o).status();
     EXPECT_EQ(status.code(), code) << status;
     EXPECT_NE(status.message().find(says), std::string::npos) << status;
-    for (const auto& entry : fs::directory_iterator(fs::path(o.out).parent_path())) {
+    for (const auto& entry : fs::directory_iterator(dir)) {
       EXPECT_EQ(entry.path().filename().string().find("model.pt"), std::string::npos) << entry.path();
     }
   };
   // A checkpoint of another model: the variable it lacks or holds otherwise.
   JobConfig other = job.config;
   other.model.layers = {784, 64, 10};
-  refused(other, options, absl::StatusCode::kInvalidArgument, "variable 'dense_1/kernel' is float [784, 256]");
+  refused(other, options, absl::StatusCode::kInvalidArgument, "variable 'dense_1/kernel' is float32 [784, 256]");
   other.model.layers = {784, 256, 128, 64, 10};
   refused(other, options, absl::StatusCode::kNotFound, "holds no variable 'dense_4/kernel'");
   // A member of a mode that trains one model.

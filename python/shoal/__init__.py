@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import tempfile
+import warnings
 
 import torch  # first: shoal's extension uses the libtorch this torch loaded
 
@@ -44,7 +45,9 @@ def _as_tensor(value, what):
     except ImportError:  # numpy comes with torch; without it, only tensors
         numpy = None
     if numpy is not None and isinstance(value, numpy.ndarray):
-        return torch.from_numpy(value)  # shares the array's memory
+        with warnings.catch_warnings():  # a read-only array (np.frombuffer's) is fine: shoal never writes to it
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return torch.from_numpy(value)  # shares the array's memory
     raise TypeError(f"data: {what} must be a torch tensor or a numpy array, not {type(value).__name__}")
 
 

@@ -91,7 +91,7 @@ def test_the_trained_module_scores_the_reports_accuracy_in_plain_pytorch(tmp_pat
     train, test = separable(5000, 784)
     net = SmallNet()
     before = net.fc1.weight.detach().clone()
-    config = {**QUICK, "hooks": {"run_dir": str(tmp_path)}}
+    config = {**QUICK, "training": {"epochs": 5}, "hooks": {"run_dir": str(tmp_path)}}
     report = shoal.train(net, config, data={"train": train, "test": test})
     assert not torch.equal(net.fc1.weight, before), "the module still holds its initial values"
     net.eval()

@@ -217,7 +217,7 @@ absl::StatusOr<torch::jit::Module> ClickModel::Script() const {
   ScriptBuilder builder("ClickDense");
   std::string source = absl::StrCat(
       "def forward(self, integers: Tensor, pooled: Tensor) -> Tensor:\n", "    n = pooled.size(0)\n",
-      "    dense = torch.log1p(integers.clamp_min(0).to(torch.float32))\n");
+      "    dense = torch.log1p(integers.clamp_min(0).float())\n");
   auto add_mlp = [&builder](const char* name, const Mlp& mlp) -> absl::Status {
     SHOAL_ASSIGN_OR_RETURN(torch::jit::Module scripted, mlp.Script());
     builder.AddModule(name, scripted);
@@ -229,20 +229,20 @@ absl::StatusOr<torch::jit::Module> ClickModel::Script() const {
     SHOAL_RETURN_IF_ERROR(add_mlp("deep", *deep_));
     absl::StrAppend(&source, "    embeddings = pooled.narrow(2, 0, ", dim, ").reshape([n, -1])\n",
                     "    wide = pooled.select(2, ", dim, ").sum(1) + torch.mm(dense, self.", wide, ").view([n])\n",
-                    "    return wide + self.deep(torch.cat([embeddings, dense], 1)).view([n])\n");
+                    "    return wide + self.deep.forward(torch.cat([embeddings, dense], 1)).view([n])\n");
   } else if (config_.arch == "dlrm") {
     SHOAL_RETURN_IF_ERROR(add_mlp("bottom", *bottom_));
     SHOAL_RETURN_IF_ERROR(add_mlp("top", *top_));
     const int64_t count = config_.categorical_features + 1;
-    absl::StrAppend(&source, "    bottom = self.bottom(dense)\n",
+    absl::StrAppend(&source, "    bottom = self.bottom.forward(dense)\n",
                     "    vectors = torch.cat([bottom.unsqueeze(1), pooled], 1)\n",
                     "    dots = torch.bmm(vectors, vectors.transpose(1, 2))\n", "    pairs = torch.tril_indices(",
                     count, ", ", count, ", -1)\n", "    interactions = dots[:, pairs[0], pairs[1]]\n",
-                    "    return self.top(torch.cat([bottom, interactions], 1)).view([n])\n");
+                    "    return self.top.forward(torch.cat([bottom, interactions], 1)).view([n])\n");
   } else {
     SHOAL_ASSIGN_OR_RETURN(torch::jit::Module dense, dense_->Script());
     builder.AddModule("dense", dense);
-    absl::StrAppend(&source, "    return self.dense(torch.cat([pooled.reshape([n, -1]), dense], 1)).reshape([n])\n");
+    absl::StrAppend(&source, "    return self.dense.forward(torch.cat([pooled.reshape([n, -1]), dense], 1)).reshape([n])\n");
   }
   return builder.Finish(source);
 }

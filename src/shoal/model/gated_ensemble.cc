@@ -306,18 +306,18 @@ absl::StatusOr<torch::jit::Module> GatedEnsemble::Script() const {
   if (trunk_) {
     SHOAL_ASSIGN_OR_RETURN(torch::jit::Module trunk, trunk_->Script());
     builder.AddModule("trunk", trunk);
-    absl::StrAppend(&source, "    h = self.trunk(x)\n");
+    absl::StrAppend(&source, "    h = self.trunk.forward(x)\n");
   }
   std::vector<std::string> logits;
   for (int k = 0; k < num_networks(); ++k) {
     SHOAL_ASSIGN_OR_RETURN(torch::jit::Module network, networks_[k]->Script());
     builder.AddModule(absl::StrCat("net_", k), network);
     logits.push_back(absl::StrCat("logits_", k));
-    absl::StrAppend(&source, "    ", logits.back(), " = self.net_", k, "(h)\n");
+    absl::StrAppend(&source, "    ", logits.back(), " = self.net_", k, ".forward(h)\n");
   }
   SHOAL_ASSIGN_OR_RETURN(torch::jit::Module master, master_->Script());
   builder.AddModule("master", master);
-  absl::StrAppend(&source, "    z = self.master(torch.cat([", absl::StrJoin(logits, ", "),
+  absl::StrAppend(&source, "    z = self.master.forward(torch.cat([", absl::StrJoin(logits, ", "),
                   config_.master_sees_input ? ", x.flatten(1)" : "", "], 1))\n", "    weights = torch.",
                   config_.output == "softmax" ? "softmax(z, 1)" : "sigmoid(z)", "\n",
                   "    votes = torch.zeros_like(logits_0)\n");

@@ -53,9 +53,12 @@ absl::StatusOr<torch::jit::Module> ScriptBuilder::Finish(const std::string& sour
   try {
     module_.define(source);
   } catch (const std::exception& e) {
-    const std::string message = e.what();
-    return absl::InvalidArgumentError(absl::StrCat("the ", kind_, " model's TorchScript does not compile: ",
-                                                   message.substr(0, message.find('\n'))));
+    // The compiler's message opens with a blank line; its first paragraph
+    // says what is wrong and quotes the line.
+    std::string message = e.what();
+    message.erase(0, message.find_first_not_of(" \n"));
+    message = message.substr(0, message.find("\n\n"));
+    return absl::InvalidArgumentError(absl::StrCat("the ", kind_, " model's TorchScript does not compile: ", message));
   }
   module_.eval();
   return module_;

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "shoal/core/dtype.h"
 #include "shoal/core/status.h"
 #include "shoal/model/row_tables.h"
 #include "shoal/strategy/async_strategy.h"
@@ -96,8 +97,8 @@ absl::StatusOr<std::vector<torch::Tensor>> ReadChecked(const ReadTensors& read, 
   for (size_t i = 0; i < names.size(); ++i) {
     if (!values[i].sizes().equals(like[i].sizes()) || values[i].scalar_type() != like[i].scalar_type()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "variable '", names[i], "' is ", c10::toString(values[i].scalar_type()), " ", ShapeString(values[i].sizes()),
-          " where the configured model has ", c10::toString(like[i].scalar_type()), " ",
+          "variable '", names[i], "' is ", DTypeName(values[i].scalar_type()), " ", ShapeString(values[i].sizes()),
+          " where the configured model has ", DTypeName(like[i].scalar_type()), " ",
           ShapeString(like[i].sizes()), ": these values are another model's"));
     }
   }
