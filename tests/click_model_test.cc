@@ -290,6 +290,19 @@ JobConfig ClickJob(const std::string& dir, const std::string& mode, double* plan
   return config;
 }
 
+// ClickJob with one worker for 120 steps, saving checkpoints: its last push,
+// rows included, precedes the final save (another worker's last push may
+// land after the chief saved).
+JobConfig SavedClickJob(const std::string& dir) {
+  double planted_auc = 0;
+  JobConfig config = ClickJob(dir, "async", &planted_auc);
+  config.cluster.workers = 1;
+  config.training.max_steps = 120;
+  config.checkpoint.dir = dir + "/checkpoints";
+  config.hooks.run_dir = "";
+  return config;
+}
+
 TEST(ClickTrainingTest, WideAndDeepLearnsThePlantedModelAsyncAndHybrid) {
   const auto dir = FreshTempDir("shoal_click_", "train").string();
   for (const std::string mode : {"async", "sync"}) {
@@ -327,13 +340,7 @@ TEST(ClickTrainingTest, WideAndDeepLearnsThePlantedModelAsyncAndHybrid) {
 // started again on 3 ps tasks from what 2 saved evaluates as the first ended.
 TEST(ClickTrainingTest, AClickJobRestoredOntoThreePsTasksEvaluatesAsItEnded) {
   const auto dir = FreshTempDir("shoal_click_", "restore").string();
-  double planted_auc = 0;
-  JobConfig config = ClickJob(dir, "async", &planted_auc);
-  // One worker, so that its last push, rows included, precedes the final
-  // save (another worker's last push may land after the chief saved).
-  config.cluster.workers = 1;
-  config.training.max_steps = 120;
-  config.checkpoint.dir = dir + "/checkpoints";
+  JobConfig config = SavedClickJob(dir);
   auto first = TrainInProcess(config, InProcOptions{}, nullptr);
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_FALSE(first->last_checkpoint.empty());
@@ -367,13 +374,8 @@ TEST(ClickTrainingTest, AClickJobRestoredOntoThreePsTasksEvaluatesAsItEnded) {
 // Python example with PyTorch and NumPy alone, predict as shoal's evaluator.
 TEST(ClickTrainingTest, AnExportedClickModelServesTheEvaluatorsPredictions) {
   const auto dir = FreshTempDir("shoal_click_", "export").string();
-  double planted_auc = 0;
-  JobConfig config = ClickJob(dir, "async", &planted_auc);
-  config.cluster.workers = 1;
-  config.training.max_steps = 120;
+  JobConfig config = SavedClickJob(dir);
   config.model.click.rows = 1 << 16;  // a fixed table: ids folded into it
-  config.checkpoint.dir = dir + "/checkpoints";
-  config.hooks.run_dir = "";
   auto trained = TrainInProcess(config, InProcOptions{}, nullptr);
   ASSERT_TRUE(trained.ok()) << trained.status();
   ExportOptions options;
