@@ -208,7 +208,8 @@ void ExpectDecisionsSeeTheirOwnLatestFitness(const std::string& lineage_dir) {
       const std::string event = e.at("event");
       if (event == "keep" || event == "exploit") {
         ++decisions;
-        EXPECT_EQ(e.at("seen").at(e.at("member").get<int>()).get<double>(), latest)
+        // Ranked as the others read it: float32.
+        EXPECT_EQ(static_cast<float>(e.at("seen").at(e.at("member").get<int>()).get<double>()), static_cast<float>(latest))
             << file.path() << ":" << number << ": " << line;
       }
       if (event == "eval" || event == "exploit" || event == "rejoin") latest = e.at("fitness");

@@ -573,6 +573,63 @@ TEST(PopulationTrainingTest, TruncationCopiersAreTheBottomQuarterOfEveryMembersL
   std::filesystem::remove_all(dir);
 }
 
+// A free run of 4 members, truncation at q = 0.25 (floor(0.25 x 4) = 1
+// member in the bottom set), a decision every 10 member steps, over 21
+// intervals: in every interval every decision ranks the members by the
+// same fitness, the one each measured for it, and at most one member
+// copies, the one in the bottom set by it. (A copier that carried its
+// donor's fitness pushed another member into the bottom set in the same
+// interval: 2 or 3 copies in 40 of 240 intervals.)
+TEST(PopulationTrainingTest, TruncationCopiesAtMostTheBottomQuantileInEveryInterval) {
+  const std::string dir = FreshTempDir("shoal_", "pop_quantile");
+  JobConfig config = QuickPopulation(4, dir);
+  config.population.policy = "truncation";
+  config.population.fraction = 0.25;
+  config.population.eval_steps = 10;
+  config.population.ready_steps = 10;
+  config.population.validation_examples = 1000;
+  config.training.max_steps = 4 * 215;
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  auto events = ReadLineage(dir);
+  ASSERT_TRUE(events.ok()) << events.status();
+  struct Interval {
+    std::vector<const LineageEvent*> decisions;
+    int copies = 0;
+  };
+  std::map<int64_t, Interval> intervals;
+  for (const auto& e : *events) {
+    if (e.event != "exploit" && e.event != "keep") continue;
+    Interval& interval = intervals[e.step / 10];
+    interval.decisions.push_back(&e);
+    interval.copies += e.event == "exploit";
+  }
+  EXPECT_GE(intervals.size(), 20u);
+  std::map<int, int> histogram;
+  for (const auto& [index, interval] : intervals) {
+    const std::string at = "interval at step " + std::to_string(index * 10);
+    ++histogram[interval.copies];
+    EXPECT_LE(interval.copies, 1) << at;
+    EXPECT_EQ(interval.decisions.size(), 4u) << at;
+    for (const LineageEvent* e : interval.decisions) {
+      ASSERT_EQ(e->seen.size(), 4u) << at;
+      EXPECT_EQ(e->seen, interval.decisions.front()->seen) << at << ": member " << e->member
+                                                           << " ranked by other fitness than member "
+                                                           << interval.decisions.front()->member;
+      for (int64_t measured_at : e->seen_steps) EXPECT_EQ(measured_at, index * 10) << at;
+      if (e->event != "exploit") continue;
+      // The bottom set as the policy ranks: best first, ties in member order.
+      std::vector<int> ranked = {0, 1, 2, 3};
+      std::stable_sort(ranked.begin(), ranked.end(), [&](int a, int b) { return e->seen[a] > e->seen[b]; });
+      EXPECT_EQ(ranked.back(), e->member) << at << ": member " << e->member << " copied outside the bottom set";
+    }
+  }
+  std::string counts;
+  for (const auto& [copies, n] : histogram) counts += std::to_string(copies) + ": " + std::to_string(n) + "  ";
+  std::printf("ready intervals by copies made in them: %s\n", counts.c_str());
+  std::filesystem::remove_all(dir);
+}
+
 // A member whose weights blew up since it was last measured still shows
 // the fitness it had. Here (random policy, a copy every step) member 1
 // parks after step `round`; member 0 then gives it weights whose loss is

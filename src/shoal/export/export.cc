@@ -119,6 +119,39 @@ nlohmann::json ClickManifest(const ClickConfig& click) {
           {"pooling", click.pooling}};
 }
 
+// The checkpoint's tables and their manifest in a fresh folder beside
+// `tables_folder`, to be renamed into place once the model file is written
+// too; on failure nothing is left.
+absl::StatusOr<fs::path> BuildTablesFolder(const JobConfig& config, const std::string& checkpoint,
+                                           const CheckpointIndex& index, const fs::path& tables_folder,
+                                           std::vector<ExportedTable>* exported) {
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(config.model));
+  const fs::path building = absl::StrCat(tables_folder.string(), ".tmp-", getpid());
+  std::error_code error;
+  fs::remove_all(building, error);
+  fs::create_directories(building, error);
+  if (error) return absl::InternalError(absl::StrCat("export: cannot create '", building.string(), "'"));
+  auto tables = WriteTables(checkpoint, index, model->row_tables()->TableDefs(), building, exported);
+  absl::Status written = tables.status();
+  if (written.ok() && exported->empty()) {
+    written = absl::NotFoundError(absl::StrCat("checkpoint ", checkpoint, " holds no table rows for the click model"));
+  }
+  if (written.ok()) {
+    const nlohmann::json manifest = {{"format", "shoal-tables-1"},
+                                     {"checkpoint", checkpoint},
+                                     {"global_step", index.step},
+                                     {"tables", *tables},
+                                     {"click", ClickManifest(config.model.click)},
+                                     {"optimizer_state", "left out"}};
+    written = WriteTextFile((building / "manifest.json").string(), manifest.dump(2) + "\n");
+  }
+  if (!written.ok()) {
+    fs::remove_all(building, error);
+    return Annotate(written, "export of the tables");
+  }
+  return building;
+}
+
 }  // namespace
 
 absl::StatusOr<ExportResult> ExportCheckpoint(const JobConfig& config, const ExportOptions& options) {
@@ -170,32 +203,8 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const JobConfig& config, const Exp
   // The tables first, into a folder of their own that is renamed into
   // place: a damaged table file leaves no model file and no tables.
   fs::path building;
-  std::vector<wire::TableDef> table_defs;
   if (has_tables) {
-    SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(config.model));
-    table_defs = model->row_tables()->TableDefs();
-    building = fs::path(absl::StrCat(tables_folder.string(), ".tmp-", getpid()));
-    fs::remove_all(building, error);
-    fs::create_directories(building, error);
-    if (error) return absl::InternalError(absl::StrCat("export: cannot create '", building.string(), "'"));
-    auto tables = WriteTables(checkpoint, index, table_defs, building, &result.tables);
-    absl::Status written = tables.status();
-    if (written.ok() && result.tables.empty()) {
-      written = absl::NotFoundError(absl::StrCat("checkpoint ", checkpoint, " holds no table rows for the click model"));
-    }
-    if (written.ok()) {
-      nlohmann::json manifest = {{"format", "shoal-tables-1"},
-                                 {"checkpoint", checkpoint},
-                                 {"global_step", index.step},
-                                 {"tables", *tables},
-                                 {"click", ClickManifest(config.model.click)},
-                                 {"optimizer_state", "left out"}};
-      written = WriteTextFile((building / "manifest.json").string(), manifest.dump(2) + "\n");
-    }
-    if (!written.ok()) {
-      fs::remove_all(building, error);
-      return Annotate(written, "export of the tables");
-    }
+    SHOAL_ASSIGN_OR_RETURN(building, BuildTablesFolder(config, checkpoint, index, tables_folder, &result.tables));
   }
   absl::Status saved_model = SaveScriptFile(*final_model->script, options.out);
   if (!saved_model.ok()) {

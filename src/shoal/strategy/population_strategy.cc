@@ -17,6 +17,11 @@ namespace {
 constexpr char kPeerBytes[] = "population/peer_bytes";
 
 std::string MemberStepCounter(int member) { return absl::StrCat("population/step/", member); }
+// The member step of member `member`'s last decision, and while it waits
+// to rank the others, the step their fitness must be measured at or after
+// (0 otherwise). Not kept in checkpoints: a job started again decides afresh.
+std::string DecidedCounter(int member) { return absl::StrCat("population/decided/", member); }
+std::string NeedsCounter(int member) { return absl::StrCat("population/needs/", member); }
 
 wire::OptimizerConfig Constant() {  // for variables that are only assigned
   wire::OptimizerConfig sgd;
@@ -394,6 +399,8 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
                   context.task.ToString(), me, position, context.train_shard.size());
   }
   int64_t evaluated_at = step, decided_at = step;
+  bool decided_since_evaluated = false;
+  int64_t published_at = 0;  // the member step its published fitness was measured at
   double fitness = -1, loss = 0;
   WorkerResult result;
 
@@ -407,17 +414,67 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     model.SetTraining(true);
     return measured;
   };
+  // The evaluation round a decision at `at` ranks the members by: every
+  // member's fitness measured at or after it.
+  auto round_of = [&](int64_t at) { return at / pc.eval_steps * pc.eval_steps; };
+  // Before it publishes a fitness measured after its last decision, a
+  // member waits (up to training.sync_timeout_s, or a stop) until every
+  // other reachable member has made its decision of that round too: so the
+  // decisions of a ready interval rank the members by the same fitness, the
+  // one each measured for it, and a copy made in it moves no one else into
+  // the bottom set. It does not wait for a member that is itself waiting
+  // for a fitness newer than this one's (their steps are not aligned, as
+  // after a member's restore): that member needs this publication to go on;
+  // nor for one that has trained all its steps.
+  auto wait_for_decisions = [&]() -> absl::Status {
+    if (!decided_since_evaluated) return absl::OkStatus();
+    const absl::Time give_up = absl::Now() + absl::Seconds(config.training.sync_timeout_s);
+    std::vector<int> waiting;
+    for (int m = 0; m < members; ++m) {
+      if (m != me) waiting.push_back(m);
+    }
+    for (absl::Duration backoff = absl::Milliseconds(2); !waiting.empty();
+         backoff = std::min(2 * backoff, absl::Milliseconds(50))) {
+      std::vector<int> still;
+      for (int m : waiting) {
+        SHOAL_ASSIGN_OR_RETURN(
+            const std::vector<int64_t> theirs,
+            client.AddToCounters({{DecidedCounter(m), 0}, {NeedsCounter(m), 0}, {MemberStepCounter(m), 0}}));
+        const bool decided = theirs[0] > 0 && round_of(theirs[0]) >= round_of(decided_at);
+        const bool needs_newer = theirs[1] > published_at;
+        const bool finished = theirs[2] >= member_steps;  // decides no more
+        if (decided || needs_newer || finished) continue;
+        if (!peers.client().Read({FitnessVariable(m)}).ok()) continue;  // gone: nothing to wait for
+        still.push_back(m);
+      }
+      waiting = std::move(still);
+      if (waiting.empty()) break;
+      SHOAL_ASSIGN_OR_RETURN(bool stopped, JobStopRequested(client));
+      if (stopped) break;
+      if (absl::Now() > give_up) {
+        absl::FPrintF(stderr, "%s: member %d had not decided at step %d within %ss; publishing the next fitness\n",
+                      context.task.ToString(), waiting.front(), decided_at,
+                      absl::StrCat(config.training.sync_timeout_s));
+        break;
+      }
+      absl::SleepFor(backoff);
+    }
+    return absl::OkStatus();
+  };
   // The lead's buffers are the member's: published before each
   // evaluation, so that a member that copies this one copies them too.
   auto evaluate = [&]() -> absl::Status {
     SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(own.names));
     if (!own.buffers.empty()) SHOAL_RETURN_IF_ERROR(client.Assign(own.buffers, model.BufferValues()));
     SHOAL_ASSIGN_OR_RETURN(const Evaluation validation, validate(values));
+    SHOAL_RETURN_IF_ERROR(wait_for_decisions());
+    decided_since_evaluated = false;
     fitness = validation.accuracy;
     loss = validation.loss;
     SHOAL_RETURN_IF_ERROR(client.Assign({own.fitness}, {torch::tensor({static_cast<float>(fitness),
                                                                        static_cast<float>(loss),
                                                                        static_cast<float>(step)})}));
+    published_at = step;
     return lineage->Write(MemberEvent(me, step, "eval", fitness, loss, h));
   };
 
@@ -427,11 +484,11 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
   // multiple of eval_steps), so that no decision ranks the others by their
   // fitness of a round ago, or not at all in the first round. Before the
   // first round there is nothing to wait for; random ranks nobody.
-  auto read_statuses = [&](std::vector<int64_t>* published_at) -> absl::StatusOr<std::vector<MemberStatus>> {
-    const int64_t fresh_from = pc.policy == "random" ? 0 : step / pc.eval_steps * pc.eval_steps;
+  auto read_statuses = [&](std::vector<int64_t>* measured_at) -> absl::StatusOr<std::vector<MemberStatus>> {
+    const int64_t fresh_from = pc.policy == "random" ? 0 : round_of(step);
     const absl::Time give_up = absl::Now() + absl::Seconds(config.training.sync_timeout_s);
     std::vector<MemberStatus> statuses(members);
-    published_at->assign(members, -1);
+    measured_at->assign(members, -1);
     std::vector<bool> settled(members, false);
     for (absl::Duration backoff = absl::Milliseconds(5);; backoff = std::min(2 * backoff, absl::Milliseconds(100))) {
       bool all_settled = true;
@@ -441,14 +498,20 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
         status.member = m;
         if (m == me) {
           status.evaluated = fitness >= 0;
-          status.fitness = fitness;
+          // As the others read it (float32 on the ps), so that every member
+          // ranks a tie alike.
+          status.fitness = static_cast<float>(fitness);
           status.loss = loss;
-          (*published_at)[m] = step;
+          (*measured_at)[m] = step;
           settled[m] = true;
           continue;
         }
         auto read = peers.client().Read({FitnessVariable(m)});
         status.reachable = read.ok();
+        if (absl::IsNotFound(read.status()) && absl::Now() <= give_up) {
+          all_settled = false;  // its lead has not created its variables yet: waited for as the others
+          continue;
+        }
         if (!read.ok()) {
           peers.Warn(m, read.status());
           settled[m] = true;  // skipped by the policy
@@ -459,8 +522,8 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
         status.evaluated = f[0] >= 0;
         status.fitness = f[0];
         status.loss = f[1];
-        (*published_at)[m] = static_cast<int64_t>(f[2]);
-        settled[m] = fresh_from == 0 || (status.evaluated && (*published_at)[m] >= fresh_from);
+        (*measured_at)[m] = static_cast<int64_t>(f[2]);
+        settled[m] = fresh_from == 0 || (status.evaluated && (*measured_at)[m] >= fresh_from);
         all_settled = all_settled && settled[m];
       }
       if (all_settled) break;
@@ -510,33 +573,39 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
   // Exploit and explore, as the policy decides; every decision goes to the
   // lineage with the fitness it saw.
   auto decide = [&]() -> absl::Status {
-    std::vector<int64_t> published_at;
-    SHOAL_ASSIGN_OR_RETURN(std::vector<MemberStatus> statuses, read_statuses(&published_at));
+    std::vector<int64_t> seen_steps;
+    const bool ranks = pc.policy != "random";
+    if (ranks) SHOAL_RETURN_IF_ERROR(client.SetCounter(NeedsCounter(me), round_of(step)).status());
+    auto statuses = read_statuses(&seen_steps);
+    if (ranks) SHOAL_RETURN_IF_ERROR(client.SetCounter(NeedsCounter(me), 0).status());
+    if (!statuses.ok()) return statuses.status();
     LineageEvent decided = MemberEvent(me, step, "keep", fitness, loss, h);
-    for (const MemberStatus& s : statuses) decided.seen.push_back(s.reachable && s.evaluated ? s.fitness : -1);
-    decided.seen_steps = published_at;
-    const ExploitDecision decision = DecideExploit(pc, me, statuses, rng);
+    for (const MemberStatus& s : *statuses) decided.seen.push_back(s.reachable && s.evaluated ? s.fitness : -1);
+    decided.seen_steps = seen_steps;
+    const ExploitDecision decision = DecideExploit(pc, me, *statuses, rng);
     if (!decision.exploit) {
       decided.reason = decision.reason;
       // random decides every step without ranking anyone: only its copies are logged.
       return pc.policy == "random" ? absl::OkStatus() : lineage->Write(decided);
     }
     const Member source = MemberOf(model, me, decision.source);
-    const MemberStatus& theirs = statuses[decision.source];
+    const MemberStatus& theirs = (*statuses)[decision.source];
     absl::StatusOr<MemberState> donor = read_donor(source);
     absl::StatusOr<MemberStatus> donor_now =
         donor.ok() ? measure(source.index, *donor) : absl::StatusOr<MemberStatus>(donor.status());
     if (!donor_now.ok()) {  // the source went away meanwhile: keep training our own
       peers.Warn(decision.source, donor_now.status());
-      return absl::OkStatus();
+      decided.reason = absl::StrCat(decision.reason, "; not copied: member ", decision.source, " went away");
+      return lineage->Write(decided);
     }
-    if (std::string refused = RefuseStaleDonor(pc, statuses[me], theirs, *donor_now); !refused.empty()) {
+    if (std::string refused = RefuseStaleDonor(pc, (*statuses)[me], theirs, *donor_now); !refused.empty()) {
       decided.reason = absl::StrCat(decision.reason, "; not copied: ", refused);
       return lineage->Write(decided);
     }
     if (absl::Status copied = WriteMemberState(client, *donor, own.names, own.buffers); !copied.ok()) {
       peers.Warn(decision.source, copied);
-      return absl::OkStatus();
+      decided.reason = absl::StrCat(decision.reason, "; not copied: ", copied.message());
+      return lineage->Write(decided);
     }
     if (!donor->buffers.empty()) model.LoadBuffers(donor->buffers);  // the donor's statistics, now the member's
     if (decision.copy_hyperparameters) {
@@ -546,20 +615,15 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     h = Explore(pc, h, rng);
     SHOAL_RETURN_IF_ERROR(client.SetOptimizer(own.names, WithHyperparameters(base->config(), h)));
     SHOAL_RETURN_IF_ERROR(client.Assign({own.hparams}, {HyperparametersTensor(h)}));
-    // It now carries its donor's fitness, as just measured, until it is
-    // measured again, as in the PBT paper and Ray Tune: every member stays
-    // ranked.
-    fitness = donor_now->fitness;
-    loss = donor_now->loss;
-    SHOAL_RETURN_IF_ERROR(client.Assign({own.fitness}, {torch::tensor({static_cast<float>(fitness),
-                                                                       static_cast<float>(loss),
-                                                                       static_cast<float>(step)})}));
+    // It keeps its own measured fitness until it measures again, as Ray
+    // Tune's PBT keeps a copier's last result: carrying its donor's would
+    // push another member into the bottom set in the same interval (a
+    // cascade of copies). The donor's, measured now, is in the reason.
     if (h.batch_size != batches->batch_size()) draw_from(batches->examples_drawn(), h.batch_size);
     decided.event = "exploit";
-    decided.fitness = fitness;
-    decided.loss = loss;
     decided.source = decision.source;
-    decided.reason = decision.reason;
+    decided.reason = absl::StrFormat("%s; member %d measured %.4f on this member's validation split",
+                                     decision.reason, decision.source, donor_now->fitness);
     decided.hyperparameters = h;
     return lineage->Write(decided);
   };
@@ -598,6 +662,8 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
       decided_at = step;
       info.exchanged = true;
       SHOAL_RETURN_IF_ERROR(decide());
+      decided_since_evaluated = true;
+      SHOAL_RETURN_IF_ERROR(client.SetCounter(DecidedCounter(me), step).status());
     }
     SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
     return go_on && counters[2] == 0;
@@ -613,6 +679,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     const float* published = now[1].data_ptr<float>();
     fitness = published[0];
     loss = published[1];
+    published_at = static_cast<int64_t>(published[2]);
     if (lead) SHOAL_RETURN_IF_ERROR(lineage->Write(MemberEvent(me, step, "rejoin", fitness, loss, restored)));
     // The examples of its steps the ps took in: those drawn since, undone or
     // never sent, are drawn again.
@@ -621,6 +688,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     context.unpublished_examples = 0;
     h = restored;
     evaluated_at = decided_at = step;
+    decided_since_evaluated = false;  // its steps went back: nothing decided since is to wait for
     return absl::OkStatus();
   };
   SHOAL_RETURN_IF_ERROR(StepUntilDone(context, step_once, [&](const absl::Status& error) -> absl::Status {
