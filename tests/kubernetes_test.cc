@@ -90,6 +90,8 @@ TEST(KubernetesTest, EveryTfJobReplicaStartsTheTaskItsTfConfigNames) {
   auto config = ParseJobConfig(job_yaml);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_FALSE(config->checkpoint.dir.empty()) << "the evaluator follows the chief's checkpoints";
+  // The chief's run folder (the trained model) on the claim, not the pod's disk.
+  EXPECT_EQ(config->hooks.run_dir.rfind("/checkpoints/", 0), 0u) << config->hooks.run_dir;
   std::ofstream(dir / "job.yaml") << job_yaml;
 
   const std::map<std::string, std::pair<std::string, std::string>> expected = {
