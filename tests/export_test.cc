@@ -208,6 +208,15 @@ TEST(RunFolderTest, AJobLeavesItsModelWhichScoresTheReportsAccuracyWithoutShoal)
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_TRUE(none->run_dir.empty());
   EXPECT_EQ(none->trained_values.size(), 6u);
+  // A run folder that cannot be made (a file stands where it would go)
+  // costs the files, not the job: it says why, and the values come back.
+  std::ofstream(dir / "a_file") << "not a folder";
+  config.hooks.run_dir = (dir / "a_file").string();
+  auto blocked = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(blocked.ok()) << blocked.status();
+  EXPECT_TRUE(blocked->run_dir.empty());
+  EXPECT_NE(blocked->no_model_file.find("a_file"), std::string::npos) << blocked->no_model_file;
+  EXPECT_EQ(blocked->trained_values.size(), 6u);
 }
 
 TEST(RunFolderTest, AJobOfProcessesHandsBackItsTrainedValues) {

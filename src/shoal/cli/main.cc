@@ -496,7 +496,7 @@ absl::Status RunTaskAsConfigured(Flags& flags, bool server) {
     if (!trained_file.empty()) {
       SHOAL_RETURN_IF_ERROR(SaveWeightsFile({report.trained_names, report.trained_values}, trained_file));
     }
-    SHOAL_RETURN_IF_ERROR(WriteRunReport(report));
+    WriteRunReport(report);
   }
   return absl::OkStatus();
 }

@@ -84,7 +84,7 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
   if (progress) progress->Finish();
   for (const absl::Status& s : statuses) SHOAL_RETURN_IF_ERROR(s);
   DescribeCompute(threads, &report);
-  SHOAL_RETURN_IF_ERROR(WriteRunReport(report));
+  WriteRunReport(report);
   return report;
 }
 
@@ -397,7 +397,7 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
   report.trained_names = std::move(trained->names);
   report.trained_values = std::move(trained->values);
   report.restarts = restarts;
-  SHOAL_RETURN_IF_ERROR(WriteRunReport(report));
+  WriteRunReport(report);
   return report;
 }
 

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "shoal/core/status.h"
@@ -36,28 +37,48 @@ absl::StatusOr<std::string> MakeRunFolder(const std::string& parent, const std::
 
 }  // namespace
 
-absl::Status KeepTrainedModel(const HooksConfig& hooks, FinalModel final_model, TrainReport* report) {
-  report->trained_names = std::move(final_model.names);
-  report->trained_values = std::move(final_model.values);
-  report->trained_member = final_model.member;
-  if (hooks.run_dir.empty()) return absl::OkStatus();
+namespace {
+
+absl::Status WriteRunFolder(const HooksConfig& hooks, const absl::StatusOr<torch::jit::Module>& script,
+                            TrainReport* report) {
   SHOAL_ASSIGN_OR_RETURN(report->run_dir, MakeRunFolder(hooks.run_dir, hooks.run_name));
   const std::filesystem::path folder = report->run_dir;
   SHOAL_RETURN_IF_ERROR(
       SaveWeightsFile({report->trained_names, report->trained_values}, (folder / "weights.pt").string()));
-  if (final_model.script.ok()) {
-    report->model_file = (folder / "model.pt").string();
-    SHOAL_RETURN_IF_ERROR(SaveScriptFile(*final_model.script, report->model_file));
-  } else {
-    report->no_model_file = std::string(final_model.script.status().message());
+  if (!script.ok()) {
+    report->no_model_file = std::string(script.status().message());
+    return absl::OkStatus();
   }
+  SHOAL_RETURN_IF_ERROR(SaveScriptFile(*script, (folder / "model.pt").string()));
+  report->model_file = (folder / "model.pt").string();
   return absl::OkStatus();
 }
 
-absl::Status WriteRunReport(const TrainReport& report) {
-  if (report.run_dir.empty()) return absl::OkStatus();
+}  // namespace
+
+void KeepTrainedModel(const HooksConfig& hooks, FinalModel final_model, TrainReport* report) {
+  report->trained_names = std::move(final_model.names);
+  report->trained_values = std::move(final_model.values);
+  report->trained_member = final_model.member;
+  if (hooks.run_dir.empty()) return;
+  if (absl::Status written = WriteRunFolder(hooks, final_model.script, report); !written.ok()) {
+    // The job has trained, and the report still carries the values: a run
+    // folder that cannot be written costs the files, not the job.
+    absl::FPrintF(stderr, "shoal: warning: the run folder was not written (%s); the report still holds the "
+                  "trained values\n", written.ToString());
+    report->no_model_file = std::string(written.message());
+    report->run_dir.clear();
+    report->model_file.clear();
+  }
+}
+
+void WriteRunReport(const TrainReport& report) {
+  if (report.run_dir.empty()) return;
   const std::string text = ReportToJson(report).dump(2) + "\n";
-  return WriteTextFile((std::filesystem::path(report.run_dir) / "report.json").string(), text);
+  if (absl::Status written = WriteTextFile((std::filesystem::path(report.run_dir) / "report.json").string(), text);
+      !written.ok()) {
+    absl::FPrintF(stderr, "shoal: warning: %s\n", written.ToString());
+  }
 }
 
 }  // namespace shoal

