@@ -325,4 +325,9 @@ absl::Status RestoreVariables(Client& client, const std::vector<CheckpointVariab
   return client.AssignSlots(names, slots);
 }
 
+absl::StatusOr<std::string> CheckpointAt(const std::string& path) {
+  if (ReadCheckpointIndex(path).ok()) return path;
+  return LatestCheckpoint(path);
+}
+
 }  // namespace shoal

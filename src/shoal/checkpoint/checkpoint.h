@@ -146,6 +146,10 @@ absl::StatusOr<std::unique_ptr<CheckpointInUse>> HoldLatestCheckpoint(const std:
 
 absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& checkpoint);
 
+// `path` itself if it is a checkpoint (its index reads), else the newest
+// complete one under it (LatestCheckpoint).
+absl::StatusOr<std::string> CheckpointAt(const std::string& path);
+
 // Reads every shard of `checkpoint`, checking every checksum, and
 // reassembles each variable; DataLoss names the file and the variable.
 // `index`, if given, receives the index it read.

@@ -414,12 +414,6 @@ absl::Status Plot(Flags& flags) {
   return absl::OkStatus();
 }
 
-// `path` itself if it is a checkpoint, else the newest one under it.
-absl::StatusOr<std::string> CheckpointAt(const std::string& path) {
-  if (ReadCheckpointIndex(path).ok()) return path;
-  return LatestCheckpoint(path);
-}
-
 absl::Status CheckpointTool(const std::string& action, const std::string& path) {
   if (action == "list") {
     const std::vector<CheckpointInfo> all = ListCheckpoints(path);

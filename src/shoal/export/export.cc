@@ -26,10 +26,7 @@ namespace fs = std::filesystem;
 // The checkpoint folder `options` names.
 absl::StatusOr<std::string> ChooseCheckpoint(const ExportOptions& options) {
   if (options.checkpoint.empty()) return absl::InvalidArgumentError("export: no checkpoint given (--checkpoint DIR)");
-  if (options.step < 0) {
-    if (ReadCheckpointIndex(options.checkpoint).ok()) return options.checkpoint;
-    return LatestCheckpoint(options.checkpoint);
-  }
+  if (options.step < 0) return CheckpointAt(options.checkpoint);
   std::vector<std::string> steps;
   for (const CheckpointInfo& info : ListCheckpoints(options.checkpoint)) {
     if (!info.complete) continue;

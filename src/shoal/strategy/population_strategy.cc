@@ -771,16 +771,8 @@ absl::StatusOr<FinalModel> FinalPopulationMember(const StrategyConfig& config, i
     }
   }
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(MemberModel(config, member)));
-  FinalModel final_model;
+  SHOAL_ASSIGN_OR_RETURN(FinalModel final_model, FinalOf(*model, read, MemberScope(member)));
   final_model.member = member;
-  std::vector<torch::Tensor> like = model->variables();
-  like.insert(like.end(), model->buffers().begin(), model->buffers().end());
-  SHOAL_ASSIGN_OR_RETURN(final_model.values, ReadChecked(read, model->StateNames(), like));
-  const std::string scope = MemberScope(member);
-  for (const std::string& name : model->StateNames()) final_model.names.push_back(name.substr(scope.size()));
-  model->LoadState(final_model.values);
-  model->SetTraining(false);
-  final_model.script = model->Script();
   return final_model;
 }
 

@@ -112,14 +112,18 @@ absl::StatusOr<FinalModel> TrainingMode::Final(const StrategyConfig& config, int
         absl::StrCat("a member (", member, ") picks one of a population's models; mode '", name(), "' trains one"));
   }
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, MakeModel(config.model));
+  return FinalOf(*model, read);
+}
+
+absl::StatusOr<FinalModel> FinalOf(Model& model, const ReadTensors& read, const std::string& scope) {
   FinalModel final_model;
-  final_model.names = model->StateNames();
-  std::vector<torch::Tensor> like = model->variables();
-  like.insert(like.end(), model->buffers().begin(), model->buffers().end());
-  SHOAL_ASSIGN_OR_RETURN(final_model.values, ReadChecked(read, final_model.names, like));
-  model->LoadState(final_model.values);
-  model->SetTraining(false);
-  final_model.script = model->Script();
+  std::vector<torch::Tensor> like = model.variables();
+  like.insert(like.end(), model.buffers().begin(), model.buffers().end());
+  SHOAL_ASSIGN_OR_RETURN(final_model.values, ReadChecked(read, model.StateNames(), like));
+  for (const std::string& name : model.StateNames()) final_model.names.push_back(name.substr(scope.size()));
+  model.LoadState(final_model.values);
+  model.SetTraining(false);
+  final_model.script = model.Script();
   return final_model;
 }
 

@@ -115,6 +115,9 @@ class TrainingMode {
 // the model holds): InvalidArgument naming the first that differs.
 absl::StatusOr<std::vector<torch::Tensor>> ReadChecked(const ReadTensors& read, const std::vector<std::string>& names,
                                                        const std::vector<torch::Tensor>& like);
+// `model` with its variables and buffers read through `read` (checked),
+// scripted in evaluation mode; the names are the model's less `scope`.
+absl::StatusOr<FinalModel> FinalOf(Model& model, const ReadTensors& read, const std::string& scope = "");
 
 // The mode `name` names; InvalidArgument listing the known ones otherwise.
 absl::StatusOr<const TrainingMode*> FindMode(const std::string& name);
