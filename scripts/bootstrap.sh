@@ -17,6 +17,8 @@ packages=(
   python3-torch  # PyTorch for /usr/bin/python3: the examples (examples/pytorch/) and the benchmarks' peers
   python3-dev python3-pybind11 python3-pytest  # the Python package (python/) and its tests
   libucx-dev ucx-utils  # the data plane (transport/ucx/) and its ceiling in the benchmarks (ucx_perftest)
+  prometheus-cpp-dev  # /metrics (telemetry/prometheus_metrics.h)
+  python3-protobuf  # the test that reads TensorBoard's event files back without shoal
   iproute2  # the network-partition test (ip netns)
   libblas3  # Netlib's reference BLAS, only for the test of the slow-BLAS warning (OpenBLAS stays the system's)
 )

@@ -1,5 +1,7 @@
 #include "shoal/checkpoint/saver_hook.h"
 
+#include "shoal/telemetry/phase.h"
+
 #include "absl/strings/str_format.h"
 #include "shoal/core/status.h"
 
@@ -25,6 +27,7 @@ absl::Status CheckpointSaverHook::AfterStep(const StepInfo& step, StopRequest* s
   last_step_ = step.global_step;
   last_time_ = absl::Now();
   if (!background_) {
+    PhaseScope timed(Phase::kCheckpoint);
     const absl::Time start = absl::Now();
     auto saved = SaveAndPrune(*client_, config_, step.global_step, counters_);
     const absl::Duration took = absl::Now() - start;

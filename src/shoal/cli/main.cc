@@ -48,6 +48,7 @@ usage:
   shoal train  [--config FILE] [--mode MODE] [--processes] [--ps N] [--workers N]
                [--epochs N] [--batch_size N] [--max_steps N] [--data_dir DIR]
                [--metrics_dir DIR] [--checkpoint_dir DIR] [--max_restarts N]
+               [--logdir DIR] [--metrics_port P] [--trace FILE [--trace_steps A:B|N]]
                [--threads_per_task N] [--transport auto|grpc|ucx]
                [--set KEY=VALUE ...] [--result_file FILE] [--quiet] [--print_config]
       Runs a job on a local cluster (default: 2 ps, 2 workers, async, the
@@ -61,7 +62,12 @@ usage:
       --set training.optimizer.learning_rate=0.01 --set model.layers=[784,64,10];
       the named flags above are applied after it. server, worker, evaluator
       and resolve take --set too. --print_config prints the config that all
-      of these make, as YAML that --config reads, and exits.
+      of these make, as YAML that --config reads, and exits. Watching a run:
+      --logdir writes TensorBoard event files (the chief's evaluations in
+      DIR, each worker's steps in DIR/worker_<i>); --metrics_port serves
+      Prometheus's /metrics (on loopback; --processes: task k on P+k);
+      --trace writes a Chrome trace of each worker's last 100 steps (or
+      --trace_steps) for ui.perfetto.dev.
   shoal server --task ps:0 [--cluster FILE] [--config FILE] [--bind ADDR]
       Serves one task of a real cluster until the chief shuts it down.
   shoal worker --task worker:1 [--cluster FILE] [--config FILE] [--bind ADDR]
@@ -191,6 +197,9 @@ absl::StatusOr<JobConfig> ConfigFromFlags(Flags& flags) {
     return absl::OkStatus();
   };
   if (flags.Has("metrics_dir")) config.hooks.metrics_dir = flags.Get("metrics_dir");
+  if (flags.Has("logdir")) config.hooks.logdir = flags.Get("logdir");
+  if (flags.Has("trace")) config.hooks.trace = flags.Get("trace");
+  if (flags.Has("trace_steps")) config.hooks.trace_steps = flags.Get("trace_steps");
   if (flags.Has("checkpoint_dir")) config.checkpoint.dir = flags.Get("checkpoint_dir");
   // A token in the environment wins over the config's token file; it stays
   // out of every file the launcher writes (its children inherit it).
@@ -198,6 +207,7 @@ absl::StatusOr<JobConfig> ConfigFromFlags(Flags& flags) {
   SHOAL_RETURN_IF_ERROR(override_int("ps", &config.cluster.ps));
   SHOAL_RETURN_IF_ERROR(override_int("workers", &config.cluster.workers));
   SHOAL_RETURN_IF_ERROR(override_int("max_restarts", &config.cluster.max_restarts));
+  SHOAL_RETURN_IF_ERROR(override_int("metrics_port", &config.hooks.metrics_port));
   SHOAL_RETURN_IF_ERROR(override_int("threads_per_task", &config.cluster.threads_per_task));
   SHOAL_RETURN_IF_ERROR(override_int("epochs", &config.training.epochs));
   SHOAL_RETURN_IF_ERROR(override_int("batch_size", &config.training.batch_size));
@@ -280,6 +290,7 @@ void PrintReport(const TrainReport& report, bool clicks) {
     absl::PrintF("compute: %d BLAS thread(s) per worker (%s), %d libtorch intra-op; BLAS %s\n",
                  report.compute_threads, report.compute_threads_source, report.intra_op_threads, report.blas);
   }
+  if (const std::string time = TimeSummary(report); !time.empty()) absl::PrintF("%s\n", time);
   if (report.stale_gradients_dropped > 0) {
     absl::PrintF("stale gradients dropped (late backup workers): %d\n", report.stale_gradients_dropped);
   }

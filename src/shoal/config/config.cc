@@ -18,6 +18,7 @@
 #include "shoal/data/dataset.h"
 #include "shoal/server/optimizer.h"
 #include "shoal/strategy/training_mode.h"
+#include "shoal/telemetry/trace.h"
 
 namespace shoal {
 namespace {
@@ -350,6 +351,10 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(hooks.Get("metrics_every_steps", &c->hooks.metrics_every_steps));
   SHOAL_RETURN_IF_ERROR(hooks.Get("run_dir", &c->hooks.run_dir));
   SHOAL_RETURN_IF_ERROR(hooks.Get("run_name", &c->hooks.run_name));
+  SHOAL_RETURN_IF_ERROR(hooks.Get("logdir", &c->hooks.logdir));
+  SHOAL_RETURN_IF_ERROR(hooks.Get("metrics_port", &c->hooks.metrics_port));
+  SHOAL_RETURN_IF_ERROR(hooks.Get("trace", &c->hooks.trace));
+  SHOAL_RETURN_IF_ERROR(hooks.Get("trace_steps", &c->hooks.trace_steps));
   SHOAL_RETURN_IF_ERROR(hooks.CheckNoUnknownKeys());
 
   Section checkpoint = top.Child("checkpoint");
@@ -533,6 +538,12 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
     return absl::InvalidArgumentError("config: 'hooks.log_every_steps' and 'hooks.stop_at_step' must not be negative");
   }
   SHOAL_RETURN_IF_ERROR(Positive("hooks.metrics_every_steps", static_cast<double>(c.hooks.metrics_every_steps)));
+  if (c.hooks.metrics_port < 0 || c.hooks.metrics_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("config: 'hooks.metrics_port' is ", c.hooks.metrics_port,
+                                                   ": give a TCP port (1 to 65535), or 0 for no metrics endpoint"));
+  }
+  TraceOptions trace_options;
+  SHOAL_RETURN_IF_ERROR(ParseTraceSteps(c.hooks.trace_steps, &trace_options));
   if (c.checkpoint.every_steps < 0 || c.checkpoint.every_seconds < 0) {
     return absl::InvalidArgumentError("config: 'checkpoint.every_steps' and 'checkpoint.every_seconds' must not be negative");
   }
@@ -809,7 +820,9 @@ std::string JobConfigToYaml(const JobConfig& c) {
       << YAML::Value << k.stop_at_step << YAML::Key << "metrics_dir" << YAML::Value << k.metrics_dir << YAML::Key
       << "metrics_format" << YAML::Value << k.metrics_format << YAML::Key << "metrics_every_steps" << YAML::Value
       << k.metrics_every_steps << YAML::Key << "run_dir" << YAML::Value << k.run_dir << YAML::Key << "run_name"
-      << YAML::Value << k.run_name << YAML::EndMap;
+      << YAML::Value << k.run_name << YAML::Key << "logdir" << YAML::Value << k.logdir << YAML::Key << "metrics_port"
+      << YAML::Value << k.metrics_port << YAML::Key << "trace" << YAML::Value << k.trace << YAML::Key
+      << "trace_steps" << YAML::Value << k.trace_steps << YAML::EndMap;
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap << YAML::Key << "dir" << YAML::Value
       << c.checkpoint.dir << YAML::Key << "every_steps" << YAML::Value << c.checkpoint.every_steps << YAML::Key
       << "every_seconds" << YAML::Value << c.checkpoint.every_seconds << YAML::Key << "keep" << YAML::Value

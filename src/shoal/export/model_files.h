@@ -16,16 +16,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "shoal/core/file.h"  // WriteFileAtomically, WriteTextFile
 
 namespace shoal {
-
-// Runs `write` on a temporary path beside `path`, then renames it to
-// `path`; on any failure removes the temporary file. NotFound naming the
-// folder when `path`'s folder does not exist.
-absl::Status WriteFileAtomically(const std::string& path, const std::function<absl::Status(const std::string&)>& write);
-
-// `text` as the whole of `path`, atomically.
-absl::Status WriteTextFile(const std::string& path, const std::string& text);
 
 absl::Status SaveScriptFile(const torch::jit::Module& module, const std::string& path);
 

@@ -1,6 +1,7 @@
 #include "shoal/hooks/hook.h"
 
 #include "shoal/core/status.h"
+#include "shoal/telemetry/phase.h"
 
 namespace shoal {
 
@@ -32,6 +33,8 @@ absl::Status HookList::AfterStep(StepInfo& step, StopRequest* stop) {
   step.examples_per_second = examples_per_second_;
   last_ = step;
   last_.model = nullptr;  // may not outlive the step
+  // The phases from here on are the next step's (the trace tags them so).
+  if (PhaseRecorder* recorder = PhaseRecorder::Current(); recorder != nullptr) recorder->SetStep(step.local_step + 1);
   for (auto& hook : hooks_) SHOAL_RETURN_IF_ERROR(hook->AfterStep(step, stop));
   return absl::OkStatus();
 }

@@ -33,6 +33,13 @@ struct StepInfo {
   int64_t examples = 0;  // in this step's batch
   double examples_per_second = 0;  // this worker's, over the last few seconds (HookList fills it in)
   bool exchanged = false;          // local modes: the step ended with an exchange with the ps
+  // async: global steps others applied between this worker's read of the
+  // values and its push (-1: the mode has none).
+  double staleness = -1;
+  double learning_rate = -1;  // the worker's (a population member's own); -1: unknown
+  // What the mode has to say of the step beyond these, for TensorBoard
+  // ("sync/stale_gradients_dropped", "population/fitness", "gated/weight_1").
+  std::vector<std::pair<std::string, double>> scalars;
   const Model* model = nullptr;     // the worker's model after the step: its local replica, in local modes
 };
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "shoal/core/status.h"
+#include "shoal/hooks/watch_hooks.h"
 #include "shoal/server/variable_store.h"
 
 namespace shoal {
@@ -128,6 +129,11 @@ absl::StatusOr<std::unique_ptr<HookList>> MakeStandardHooks(const HooksConfig& c
                            MetricsHook::Create(config.metrics_dir, job, index, config.metrics_format,
                                                config.metrics_every_steps));
     hooks->Add(std::move(metrics));
+  }
+  if (!config.logdir.empty()) {
+    SHOAL_ASSIGN_OR_RETURN(auto events, TensorBoardHook::Create(EventFolderOf(config.logdir, job, index),
+                                                                config.metrics_every_steps));
+    hooks->Add(std::move(events));
   }
   return hooks;
 }

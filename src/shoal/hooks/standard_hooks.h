@@ -26,6 +26,15 @@ struct HooksConfig {
   // or the time; run_dir empty: none.
   std::string run_dir = "runs";
   std::string run_name;
+  // Watching a run (docs/watching.md): TensorBoard event files under logdir
+  // (the chief's evaluations in it, each worker's steps in worker_<i>/);
+  // Prometheus's /metrics on metrics_port (0: off); a Chrome trace written
+  // to `trace` at the end, of the steps trace_steps names ("A:B", or "N":
+  // each worker's last N).
+  std::string logdir;
+  int metrics_port = 0;
+  std::string trace;
+  std::string trace_steps = "100";
 };
 
 // Keeps non-finite numbers away from the ps: checks each step's loss and

@@ -127,7 +127,31 @@ SettledNumbers SettledNumbersOf(const wire::RequestHeader& h) {
 
 }  // namespace
 
+void VariableService::Watch(std::unique_ptr<ServerMetrics> metrics, Tracer* tracer, int track) {
+  metrics_ = std::move(metrics);
+  tracer_ = tracer;
+  track_ = track;
+}
+
 void VariableService::Handle(const Request& request, Response* response) {
+  if (metrics_ == nullptr && tracer_ == nullptr) return HandleUnwatched(request, response);
+  const bool waits = MayWait(request);
+  if (metrics_ != nullptr && waits) metrics_->Waiting(+1);
+  const absl::Time start = absl::Now();
+  const int64_t start_us = tracer_ != nullptr ? tracer_->NowMicros() : 0;
+  HandleUnwatched(request, response);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const std::string op = OpName(request.header);
+  if (tracer_ != nullptr) tracer_->Span(track_, op, start_us, tracer_->NowMicros() - start_us);
+  if (metrics_ != nullptr) {
+    if (waits) metrics_->Waiting(-1);
+    const auto bytes_in = static_cast<int64_t>(request.header.ByteSizeLong() + TensorBytes(request.tensors));
+    const auto bytes_out = static_cast<int64_t>(response->header.ByteSizeLong() + TensorBytes(response->tensors));
+    metrics_->Served(op, response->header.status_code(), bytes_in, bytes_out, seconds);
+  }
+}
+
+void VariableService::HandleUnwatched(const Request& request, Response* response) {
   // Requests run on the transport's threads, which start with libtorch's
   // default thread count; optimizer math takes the task's own.
   UseComputeThreadsInThisThread();

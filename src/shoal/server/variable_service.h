@@ -21,6 +21,8 @@
 #include "shoal/server/request_ledger.h"
 #include "shoal/server/embedding_table.h"
 #include "shoal/server/variable_store.h"
+#include "shoal/telemetry/prometheus_metrics.h"
+#include "shoal/telemetry/trace.h"
 
 namespace shoal {
 
@@ -70,6 +72,9 @@ class VariableService {
   const VariableServiceOptions& options() const { return options_; }
   // This server's incarnation, in every response header.
   uint64_t incarnation() const { return incarnation_; }
+  // Watching (telemetry/): each request counted in `metrics` and put on
+  // `tracer`'s track `track`, as it asks (null: not). Set before serving.
+  void Watch(std::unique_ptr<ServerMetrics> metrics, Tracer* tracer, int track);
   // Says, in answer to an `endpoints` request, that this task also serves
   // over transport `kind` at `port` (on the host of its address).
   void AdvertiseFastEndpoint(const std::string& kind, int port);
@@ -79,6 +84,7 @@ class VariableService {
   // `tensors` tensors (`which`: what they are, for the error).
   absl::StatusOr<EmbeddingTable*> TableFor(absl::string_view op, const std::string& name, const Request& request,
                                            size_t tensors, absl::string_view which);
+  void HandleUnwatched(const Request& request, Response* response);
   absl::Status Dispatch(const Request& request, Response* response);
   // Dispatch, with an exception turned into an error for that request alone.
   absl::Status DispatchGuarded(const Request& request, Response* response);
@@ -97,6 +103,9 @@ class VariableService {
   absl::Mutex endpoint_mu_;
   std::string fast_kind_ ABSL_GUARDED_BY(endpoint_mu_);
   int fast_port_ ABSL_GUARDED_BY(endpoint_mu_) = 0;
+  std::unique_ptr<ServerMetrics> metrics_;
+  Tracer* tracer_ = nullptr;
+  int track_ = 0;
   std::once_flag shutdown_once_;
   absl::Notification shutdown_requested_;
 };

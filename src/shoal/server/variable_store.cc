@@ -506,6 +506,11 @@ absl::Status VariableStore::ReadSlots(const std::vector<std::string>& names,
   return absl::OkStatus();
 }
 
+int64_t VariableStore::count() const {
+  std::shared_lock lock(map_mu_);
+  return static_cast<int64_t>(variables_.size());
+}
+
 std::vector<SavedVariable> VariableStore::Snapshot() const {
   std::vector<std::shared_ptr<Variable>> vars;
   {

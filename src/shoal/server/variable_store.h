@@ -143,6 +143,8 @@ class VariableStore {
   // Bytes of the values and optimizer slots held: what the task's memory
   // holds besides its tables (their memory check counts it).
   int64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
+  // Variables (and partitions, and buffers) held.
+  int64_t count() const;
 
  private:
   struct Variable {

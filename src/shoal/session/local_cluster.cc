@@ -27,6 +27,7 @@
 #include "shoal/export/model_files.h"
 #include "shoal/session/run_folder.h"
 #include "shoal/session/task_runner.h"
+#include "shoal/session/watching.h"
 #include "shoal/strategy/training_mode.h"
 
 namespace shoal {
@@ -43,12 +44,14 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
   SHOAL_ASSIGN_OR_RETURN(DataSplits data, LoadData(config));
   InProcNetwork network;
   InProcTransport transport(&network, transport_options);
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Watching> watching, Watching::Start(config, /*process_tag=*/""));
 
   // Every task runs a server, workers included (later modes host variables there).
   std::vector<std::unique_ptr<VariableService>> services;
   std::vector<std::unique_ptr<ServerHandle>> servers;
   for (const TaskId& task : cluster.AllTasks()) {
     services.push_back(MakeVariableService(config, task));
+    watching->WatchServer(*services.back(), task);
     SHOAL_ASSIGN_OR_RETURN(std::string address, cluster.AddressOf(task));
     SHOAL_ASSIGN_OR_RETURN(auto server, transport.Serve(address, services.back().get()));
     servers.push_back(std::move(server));
@@ -76,12 +79,16 @@ absl::StatusOr<TrainReport> TrainInProcess(const JobConfig& config, const InProc
       if (progress) {
         context.on_step = [&](int64_t step, double loss, double auc) { progress->OnStep(step, loss, auc); };
       }
+      watching->WatchWorker(context);
       if (customize) customize(context);
       statuses[i] = RunWorkerSession(context, config.hooks, data.test, &report);
     });
   }
   for (auto& t : worker_threads) t.join();
   if (progress) progress->Finish();
+  if (absl::Status written = watching->Finish(); !written.ok()) {
+    absl::FPrintF(stderr, "the trace was not written: %s\n", written.message());
+  }
   for (const absl::Status& s : statuses) SHOAL_RETURN_IF_ERROR(s);
   DescribeCompute(threads, &report);
   WriteRunReport(report);
@@ -266,6 +273,11 @@ absl::StatusOr<LocalJobFiles> WriteLocalJobFiles(JobConfig config, const Cluster
   return files;
 }
 
+int MetricsPortOf(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task) {
+  const std::vector<TaskId> tasks = cluster.AllTasks();
+  return config.hooks.metrics_port + static_cast<int>(std::find(tasks.begin(), tasks.end(), task) - tasks.begin());
+}
+
 absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, const std::string& shoal_binary,
                                                   bool show_progress, const std::atomic<int>* signal) {
   SHOAL_RETURN_IF_ERROR(ValidateJobConfig(config_in));
@@ -293,6 +305,10 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
     std::vector<std::string> args = {task.job == "ps" ? "server" : "worker", "--cluster", cluster_file,
                                      "--task", task.ToString(), "--config", config_file,
                                      "--error_file", error_file(task)};
+    if (config.hooks.metrics_port > 0) {
+      // One endpoint a process: each task on the next port, in cluster order.
+      args.insert(args.end(), {"--set", absl::StrCat("hooks.metrics_port=", MetricsPortOf(config, cluster, task))});
+    }
     if (cluster.IsChief(task)) {
       args.insert(args.end(), {"--result_file", result_file, "--trained_file", trained_file});
       if (!show_progress) args.push_back("--quiet");

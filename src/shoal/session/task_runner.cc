@@ -9,6 +9,7 @@
 #include "absl/strings/strip.h"
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/core/file.h"
+#include "shoal/hooks/watch_hooks.h"
 #include "shoal/core/status.h"
 #include "shoal/hooks/standard_hooks.h"
 #include "shoal/session/evaluator.h"
@@ -69,8 +70,9 @@ namespace {
 
 // Starts `task`'s own server; every task hosts one.
 absl::Status Serve(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
-                   const TaskOptions& options, Transport& transport, std::unique_ptr<VariableService>* service,
-                   std::unique_ptr<ServerHandle>* server, bool has_token) {
+                   const TaskOptions& options, Transport& transport, Watching& watching,
+                   std::unique_ptr<VariableService>* service, std::unique_ptr<ServerHandle>* server,
+                   bool has_token) {
   SHOAL_ASSIGN_OR_RETURN(std::string address, cluster.AddressOf(task));
   if (!options.bind_address.empty()) address = options.bind_address;
   // TensorFlow's servers answered anyone who reached their port; shoal's
@@ -86,6 +88,7 @@ absl::Status Serve(const JobConfig& config, const ClusterSpec& cluster, const Ta
   std::function<bool(const std::string&)> is_job_peer;
   if (!has_token) is_job_peer = [cluster](const std::string& peer) { return IsPeerOfJob(peer, cluster); };
   *service = MakeVariableService(config, task, std::move(is_job_peer));
+  watching.WatchServer(**service, task);
   SHOAL_ASSIGN_OR_RETURN(*server, transport.Serve(address, service->get()));
   return absl::OkStatus();
 }
@@ -163,9 +166,10 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
   // address: it serves nothing, and is done a second after it has evaluated
   // the job's last step, or when it is told to stop.
   const bool listed = cluster.AddressOf(task).ok();
+  Watching unwatched;  // its server serves only the chief's shutdown
   if (listed) {
-    SHOAL_RETURN_IF_ERROR(
-        Serve(config, cluster, task, options, *transport, &service, &server, !grpc_options.token.empty()));
+    SHOAL_RETURN_IF_ERROR(Serve(config, cluster, task, options, *transport, unwatched, &service, &server,
+                                !grpc_options.token.empty()));
   }
   const int64_t last_step = MaxSteps(config, data.train.size(), static_cast<int>(cluster.TrainingTasks().size()));
   std::ofstream metrics;
@@ -174,6 +178,10 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
     const auto path = std::filesystem::path(config.hooks.metrics_dir) / MetricsFileName(task.job, task.index, "jsonl");
     metrics.open(path, std::ios::app);
     if (!metrics) return absl::InternalError(absl::StrCat(task.ToString(), " cannot write ", path.string()));
+  }
+  std::unique_ptr<EventFileWriter> events;  // TensorBoard's, in hooks.logdir/evaluator_<i>
+  if (!config.hooks.logdir.empty()) {
+    SHOAL_ASSIGN_OR_RETURN(events, EventFileWriter::Create(EventFolderOf(config.hooks.logdir, task.job, task.index)));
   }
   const bool fall_back = config.checkpoint.on_corrupt == "fall_back";
   int64_t evaluated_step = -1;
@@ -196,6 +204,12 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
                       evaluation.test_loss,
                       evaluation.test_auc ? absl::StrFormat(", AUC %.4f", *evaluation.test_auc) : "");
         if (metrics.is_open()) metrics << EvaluationJsonLine(task.ToString(), evaluation) << std::endl;
+        if (events != nullptr) {
+          SHOAL_RETURN_IF_ERROR(events->AddScalars(
+              evaluation.global_step,
+              EvaluationScalars(evaluation.test_accuracy, evaluation.test_loss, evaluation.test_auc)));
+          SHOAL_RETURN_IF_ERROR(events->Flush());
+        }
       }
     }
     if (ending) return absl::OkStatus();
@@ -211,9 +225,11 @@ absl::StatusOr<TaskServer> ServeTask(const JobConfig& config, const ClusterSpec&
                                      const TaskOptions& options) {
   SHOAL_ASSIGN_OR_RETURN(GrpcOptions grpc_options, GrpcOptionsFor(config));
   TaskServer served;
+  SHOAL_ASSIGN_OR_RETURN(const std::string address, cluster.AddressOf(task));
+  SHOAL_ASSIGN_OR_RETURN(served.watching, Watching::Start(config, absl::StrCat(task.job, "_", task.index), address));
   SHOAL_ASSIGN_OR_RETURN(served.transport, MakeTransport(config));
-  SHOAL_RETURN_IF_ERROR(Serve(config, cluster, task, options, *served.transport, &served.service, &served.server,
-                              !grpc_options.token.empty()));
+  SHOAL_RETURN_IF_ERROR(Serve(config, cluster, task, options, *served.transport, *served.watching, &served.service,
+                              &served.server, !grpc_options.token.empty()));
   return served;
 }
 
@@ -229,7 +245,7 @@ absl::Status RunServerTask(const JobConfig& config, const ClusterSpec& cluster, 
     }
     if (absl::Now() >= give_up) break;
   }
-  return absl::OkStatus();
+  return served.watching->Finish();
 }
 
 absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
@@ -242,15 +258,19 @@ absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, 
   SHOAL_ASSIGN_OR_RETURN(DataSplits data, LoadData(config));
   SHOAL_ASSIGN_OR_RETURN(GrpcOptions grpc_options, GrpcOptionsFor(config));
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport, MakeTransport(config));
+  SHOAL_ASSIGN_OR_RETURN(const std::string address, cluster.AddressOf(task));
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Watching> watching,
+                         Watching::Start(config, absl::StrCat(task.job, "_", task.index), address));
   std::unique_ptr<VariableService> service;
   std::unique_ptr<ServerHandle> server;
-  SHOAL_RETURN_IF_ERROR(
-      Serve(config, cluster, task, options, *transport, &service, &server, !grpc_options.token.empty()));
+  SHOAL_RETURN_IF_ERROR(Serve(config, cluster, task, options, *transport, *watching, &service, &server,
+                              !grpc_options.token.empty()));
   SHOAL_ASSIGN_OR_RETURN(auto placement, MakePlacement(config, cluster));
   SHOAL_ASSIGN_OR_RETURN(auto client,
                          Client::Create(cluster, transport.get(), placement, ClientOptionsFor(config)));
   const int64_t max_steps = MaxSteps(config, data.train.size(), static_cast<int>(cluster.TrainingTasks().size()));
   WorkerContext context = MakeWorkerContext(config, cluster, task, client.get(), data.train, max_steps);
+  watching->WatchWorker(context);
   if (options.signal != nullptr) context.extra_hooks.push_back(std::make_shared<StopOnSignalHook>(options.signal));
   for (const auto& hook : options.extra_hooks) context.extra_hooks.push_back(hook);
   std::unique_ptr<ProgressReporter> progress;
@@ -261,6 +281,9 @@ absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, 
   }
   absl::Status status = RunWorkerSession(context, config.hooks, data.test, report);
   if (progress) progress->Finish();
+  if (absl::Status written = watching->Finish(); !written.ok()) {
+    absl::FPrintF(stderr, "%s: the trace was not written: %s\n", task.ToString(), written.message());
+  }
   if (report) DescribeCompute(threads, report);
   // A population member's variables may live on its own task: it serves them
   // until the chief has read every member for the report.

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "shoal/compute/compute_threads.h"
+#include "shoal/session/watching.h"
 #include "shoal/session/worker_session.h"
 #include "shoal/transport/grpc/grpc_transport.h"
 
@@ -66,6 +67,7 @@ absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const JobConfig& config
 // Without a token it refuses an address beyond loopback (unless
 // security.insecure) and takes shutdowns from the job's hosts only.
 struct TaskServer {
+  std::unique_ptr<Watching> watching;  // its metrics and trace, as the config asks
   std::unique_ptr<Transport> transport;
   std::unique_ptr<VariableService> service;
   std::unique_ptr<ServerHandle> server;  // declared last: stops first

@@ -6,7 +6,10 @@
 #include "shoal/core/status.h"
 #include "shoal/hooks/standard_hooks.h"
 #include "shoal/session/run_folder.h"
+#include "shoal/session/watching.h"
+#include "shoal/hooks/watch_hooks.h"
 #include "shoal/strategy/training_mode.h"
+#include "shoal/telemetry/phase.h"
 
 namespace shoal {
 
@@ -34,6 +37,43 @@ std::vector<std::string> SavedCounters(const TrainingMode& mode, const WorkerCon
     for (int w = 0; w < context.num_workers; ++w) counters.push_back(DataPositionCounter(w, context.num_workers));
   }
   return counters;
+}
+
+// A worker's steps and time by phase (in microseconds), kept on the counter
+// task for the chief's summary (they only add: a restarted worker adds on).
+std::string TaskTimeCounter(int worker_index, const char* what) {
+  return absl::StrCat("task_time/", worker_index, "/", what);
+}
+constexpr const char* kTimeParts[] = {"steps", "seconds_us", "compute_us", "communication_us", "waiting_us",
+                                      "checkpoint_us"};
+
+absl::Status PublishTaskTime(Client& client, int worker_index, const PhaseRecorder& phases, int64_t steps) {
+  auto micros = [](double seconds) { return static_cast<int64_t>(seconds * 1e6); };
+  const int64_t values[] = {steps,
+                            micros(phases.elapsed_seconds()),
+                            micros(phases.seconds(Phase::kCompute)),
+                            micros(phases.seconds(Phase::kPull) + phases.seconds(Phase::kPush)),
+                            micros(phases.seconds(Phase::kWait)),
+                            micros(phases.seconds(Phase::kCheckpoint))};
+  for (size_t i = 0; i < std::size(kTimeParts); ++i) {
+    SHOAL_RETURN_IF_ERROR(client.AddToCounter(TaskTimeCounter(worker_index, kTimeParts[i]), values[i]).status());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TaskTime> ReadTaskTime(Client& client, int worker_index) {
+  int64_t values[std::size(kTimeParts)];
+  for (size_t i = 0; i < std::size(kTimeParts); ++i) {
+    SHOAL_ASSIGN_OR_RETURN(values[i], client.AddToCounter(TaskTimeCounter(worker_index, kTimeParts[i]), 0));
+  }
+  TaskTime time;
+  time.steps = values[0];
+  time.seconds = values[1] / 1e6;
+  time.compute = values[2] / 1e6;
+  time.communication = values[3] / 1e6;
+  time.waiting = values[4] / 1e6;
+  time.checkpoint = values[5] / 1e6;
+  return time;
 }
 
 }  // namespace
@@ -80,8 +120,23 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
     hooks->Add(saver);
   }
   for (const auto& hook : context.extra_hooks) hooks->Add(hook);
+  // Where the time goes (the summary), and the trace and Prometheus when on.
+  const std::string task_name = absl::StrCat(context.task.job, ":", context.task.index);
+  std::unique_ptr<WorkerMetrics> worker_metrics;
+  PhaseObserver observe_phase;
+  if (context.metrics_endpoint != nullptr) {
+    worker_metrics = context.metrics_endpoint->ForWorker(task_name);
+    hooks->Add(std::make_shared<PrometheusHook>(worker_metrics.get()));
+    observe_phase = [metrics = worker_metrics.get()](Phase phase, double seconds) { metrics->PhaseDone(phase, seconds); };
+  }
+  PhaseRecorder phases(context.tracer, context.tracer != nullptr ? context.tracer->Track(task_name, false) : 0,
+                       std::move(observe_phase));
   context.hooks = hooks.get();
-  auto worker = strategy->RunWorker(context);
+  absl::StatusOr<WorkerResult> worker;
+  {
+    PhaseRecorder::Installed installed(&phases);
+    worker = strategy->RunWorker(context);
+  }
   hooks->End(worker.status());
   context.hooks = nullptr;
   const absl::Time trained = absl::Now();
@@ -99,6 +154,7 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kCallsRetried, client.retries()).status());
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kRowCacheLookups, worker->row_cache.lookups).status());
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kRowCacheHits, worker->row_cache.hits).status());
+  SHOAL_RETURN_IF_ERROR(PublishTaskTime(client, context.worker_index, phases, worker->local_steps));
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kWorkersDone, 1).status());
   if (!context.is_chief) return absl::OkStatus();
 
@@ -172,7 +228,24 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
         (report->global_step - warm_step) * examples_per_step / absl::ToDoubleSeconds(trained - warm_time);
   }
   report->last_loss = worker->last_loss;
+  for (int w = 0; w < context.num_workers; ++w) {
+    SHOAL_ASSIGN_OR_RETURN(TaskTime time, ReadTaskTime(client, w));
+    if (time.seconds > 0) {
+      time.task = absl::StrCat(context.workers[w].job, ":", context.workers[w].index);
+      report->task_times.push_back(std::move(time));
+    }
+  }
   SHOAL_RETURN_IF_ERROR(mode->Report(context, test_set, report));
+  if (!hooks_config.logdir.empty()) {
+    const auto evaluation =
+        EvaluationScalars(report->test_accuracy, report->test_loss,
+                          report->test_auc > 0 ? std::optional<double>(report->test_auc) : std::nullopt);
+    if (absl::Status written = WriteEvaluationEvents(hooks_config.logdir, report->global_step, evaluation);
+        !written.ok()) {
+      absl::FPrintF(stderr, "%s: the evaluation is not in TensorBoard's files: %s\n", context.task.ToString(),
+                    written.message());
+    }
+  }
   // The trained model leaves with the report: the ps's values, which the
   // caller loads into its own module, and the run folder's files.
   SHOAL_ASSIGN_OR_RETURN(

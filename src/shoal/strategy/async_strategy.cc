@@ -21,7 +21,10 @@ class AsyncPolicy : public StepPolicy {
     pushed_values_.clear();  // rejoining (a ps was lost and restored): pull afresh
     return absl::OkStatus();
   }
-  absl::Status Pull(Model& model) override { return PullUnlessPushed(*context_.client, model, &pushed_values_); }
+  absl::Status Pull(Model& model) override {
+    if (pushed_values_.empty()) read_step_ = -1;  // a pull of its own: which step it read is unknown
+    return PullUnlessPushed(*context_.client, model, &pushed_values_);
+  }
   absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients, StepInfo& step,
                                    const UpdateCheck& check) override {
     pushed_values_.clear();
@@ -31,6 +34,10 @@ class AsyncPolicy : public StepPolicy {
     SHOAL_ASSIGN_OR_RETURN(Client::AppliedValues applied,
                            context_.client->ApplyGradientsAndRead(model.variable_names(), gradients, counters));
     step.global_step = global_step_ = applied.counters[0];
+    // The others' updates applied between the read this step trained from
+    // and this one: 0 when nobody else pushed.
+    if (read_step_ >= 0) step.staleness = static_cast<double>(global_step_ - 1 - read_step_);
+    read_step_ = global_step_;
     ++local_step_;
     done_ = applied.counters[1] != 0 || global_step_ >= context_.max_steps;
     if (!done_) pushed_values_ = std::move(applied.values);
@@ -40,6 +47,7 @@ class AsyncPolicy : public StepPolicy {
  private:
   WorkerContext& context_;
   int64_t global_step_ = 0, local_step_ = 0;
+  int64_t read_step_ = -1;  // the global step the values of the next step were read at (-1: unknown)
   bool done_ = false;
   std::vector<torch::Tensor> pushed_values_;  // the last push's answer, for the next step
 };

@@ -279,6 +279,10 @@ class LockstepWorker {
     batch.loss = master_loss.item<double>();
     batch.examples = n;
     StepInfo info = MakeStepInfo(t + 1, t, batch, master);
+    const torch::Tensor mean_weights = weights.detach().mean(0);
+    for (int k = 0; k < networks; ++k) {
+      info.scalars.emplace_back(absl::StrCat("gated/weight_", k), mean_weights[k].item<double>());
+    }
     WorkerResult unused;
     SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context_, master.variable_names(), master_gradients, info, &unused));
     if (!send) return false;

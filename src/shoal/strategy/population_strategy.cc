@@ -1,5 +1,7 @@
 #include "shoal/strategy/population_strategy.h"
 
+#include "shoal/telemetry/phase.h"
+
 #include <cmath>
 #include <map>
 #include <set>
@@ -572,6 +574,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
 
   // Exploit and explore, as the policy decides; every decision goes to the
   // lineage with the fitness it saw.
+  int64_t exploits = 0;  // this member's copies of another, for TensorBoard
   auto decide = [&]() -> absl::Status {
     std::vector<int64_t> seen_steps;
     const bool ranks = pc.policy != "random";
@@ -621,6 +624,7 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     // cascade of copies). The donor's, measured now, is in the reason.
     if (h.batch_size != batches->batch_size()) draw_from(batches->examples_drawn(), h.batch_size);
     decided.event = "exploit";
+    ++exploits;
     decided.source = decision.source;
     decided.reason = absl::StrFormat("%s; member %d measured %.4f on this member's validation split",
                                      decision.reason, decision.source, donor_now->fitness);
@@ -633,7 +637,11 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     if (context.before_step) context.before_step(result.local_steps);
     std::vector<std::string> pull = own.names;
     if (!lead) pull.push_back(own.hparams);  // the lead may have changed the batch size
-    SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> values, client.Read(pull));
+    std::vector<torch::Tensor> values;
+    {
+      PhaseScope timed(Phase::kPull);
+      SHOAL_ASSIGN_OR_RETURN(values, client.Read(pull));
+    }
     if (!lead) {
       const Hyperparameters now = FromTensor(values.back());
       values.pop_back();
@@ -647,11 +655,15 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
     const std::vector<torch::Tensor> gradients = model.Gradients();
     SHOAL_ASSIGN_OR_RETURN(bool send, CheckUpdate(context, own.names, gradients, info, &result));
     if (!send) return false;
-    SHOAL_ASSIGN_OR_RETURN(auto counters, client.ApplyGradients(own.names, gradients,
-                                                                {{MemberStepCounter(me), 1},
-                                                                 {kGlobalStep, 1},
-                                                                 {kStopRequested, 0},
-                                                                 TakeDataPosition(context)}));
+    std::vector<int64_t> counters;
+    {
+      PhaseScope timed(Phase::kPush);
+      SHOAL_ASSIGN_OR_RETURN(counters, client.ApplyGradients(own.names, gradients,
+                                                             {{MemberStepCounter(me), 1},
+                                                              {kGlobalStep, 1},
+                                                              {kStopRequested, 0},
+                                                              TakeDataPosition(context)}));
+    }
     step = counters[0];
     info.global_step = counters[1];
     if (lead && step - evaluated_at >= pc.eval_steps) {
@@ -665,6 +677,8 @@ absl::StatusOr<WorkerResult> PopulationStrategy::RunWorker(WorkerContext& contex
       decided_since_evaluated = true;
       SHOAL_RETURN_IF_ERROR(client.SetCounter(DecidedCounter(me), step).status());
     }
+    info.learning_rate = h.learning_rate;
+    info.scalars = {{"population/fitness", fitness}, {"population/exploits", static_cast<double>(exploits)}};
     SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, info, &result));
     return go_on && counters[2] == 0;
   };

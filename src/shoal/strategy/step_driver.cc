@@ -4,6 +4,7 @@
 #include "absl/strings/str_format.h"
 #include "shoal/core/status.h"
 #include "shoal/model/row_tables.h"
+#include "shoal/telemetry/phase.h"
 
 namespace shoal {
 
@@ -54,27 +55,42 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
     if (!joined) SHOAL_RETURN_IF_ERROR(join());
     if (!policy.HasStepsLeft()) return false;
     if (context.before_step) context.before_step(policy.LocalStep());
-    SHOAL_ASSIGN_OR_RETURN(bool may_step, policy.Barrier());
-    if (!may_step) return false;
-    SHOAL_RETURN_IF_ERROR(policy.Pull(model));
+    {
+      PhaseScope timed(Phase::kWait);
+      SHOAL_ASSIGN_OR_RETURN(bool may_step, policy.Barrier());
+      if (!may_step) return false;
+    }
     torch::Tensor input, labels;
     batches.Next(&input, &labels);
+    {
+      PhaseScope timed(Phase::kPull);
+      SHOAL_RETURN_IF_ERROR(policy.Pull(model));
+      if (tables != nullptr) SHOAL_RETURN_IF_ERROR(tables->Pull(input));
+    }
     context.unpublished_examples += labels.size(0);
-    if (tables != nullptr) SHOAL_RETURN_IF_ERROR(tables->Pull(input));
     const BatchResult batch = ComputeGradients(model, input, labels);
     StepInfo step = MakeStepInfo(result.local_steps + 1, policy.GlobalStep(), batch, model);
     const UpdateCheck check = [&](const std::vector<std::string>& update_names,
                                   const std::vector<torch::Tensor>& update) {
       return CheckUpdate(context, update_names, update, step, &result);
     };
-    SHOAL_ASSIGN_OR_RETURN(PushOutcome outcome, policy.Push(model, model.Gradients(), step, check));
-    if (outcome == PushOutcome::kStopped) return false;
-    // Rows go to the tables asynchronously whatever the mode does with the
-    // dense variables (sync: Persia's hybrid of sync dense and async tables).
-    if (tables != nullptr && outcome != PushOutcome::kRewound) SHOAL_RETURN_IF_ERROR(tables->Push());
+    PushOutcome outcome;
+    {
+      PhaseScope timed(Phase::kPush);
+      SHOAL_ASSIGN_OR_RETURN(outcome, policy.Push(model, model.Gradients(), step, check));
+      if (outcome == PushOutcome::kStopped) return false;
+      // Rows go to the tables asynchronously whatever the mode does with the
+      // dense variables (sync: Persia's hybrid of sync dense and async tables).
+      if (tables != nullptr && outcome != PushOutcome::kRewound) SHOAL_RETURN_IF_ERROR(tables->Push());
+    }
     if (outcome == PushOutcome::kRewound) {
       SHOAL_RETURN_IF_ERROR(join());
       return true;
+    }
+    if (tables != nullptr) {
+      if (const RowTables::CacheStats cache = tables->cache_stats(); cache.lookups > 0) {
+        step.scalars.emplace_back("tables/cache_hit_rate", static_cast<double>(cache.hits) / cache.lookups);
+      }
     }
     SHOAL_ASSIGN_OR_RETURN(bool go_on, FinishStep(context, step, &result));
     return go_on && outcome == PushOutcome::kStepDone;

@@ -1,5 +1,7 @@
 #include "shoal/strategy/strategy.h"
 
+#include "shoal/telemetry/phase.h"
+
 #include <algorithm>
 #include <optional>
 
@@ -38,6 +40,7 @@ BatchResult ComputeGradients(Model& model, BatchIterator& batches) {
 }
 
 BatchResult ComputeGradients(Model& model, const torch::Tensor& input, const torch::Tensor& labels) {
+  PhaseScope timed(Phase::kCompute);
   for (const auto& p : model.variables()) p.mutable_grad().reset();
   torch::Tensor output = model.Forward(input);
   torch::Tensor loss = model.Loss(output, labels);
@@ -123,6 +126,7 @@ absl::Status PublishChiefBuffers(WorkerContext& context, const StepInfo& step) {
 
 absl::StatusOr<bool> FinishStep(WorkerContext& context, StepInfo& step, WorkerResult* result) {
   SHOAL_RETURN_IF_ERROR(PublishChiefBuffers(context, step));
+  if (step.learning_rate < 0) step.learning_rate = context.config->training.optimizer.learning_rate();
   ++result->local_steps;
   result->last_loss = step.loss;
   if (context.on_step) context.on_step(step.global_step, step.loss, step.auc);
@@ -465,6 +469,7 @@ absl::StatusOr<bool> StoppedOrAborted(WorkerContext& context, absl::string_view 
 
 absl::StatusOr<int64_t> WaitForCounter(WorkerContext& context, const std::string& name, int64_t target,
                                        absl::Duration timeout, const std::string& what, const TaskId* completer) {
+  PhaseScope timed(Phase::kWait);
   Client& client = *context.client;
   const absl::Time give_up = absl::Now() + timeout;
   while (true) {
@@ -511,6 +516,7 @@ absl::StatusOr<bool> ApplyAccumulatedOrStop(WorkerContext& context, const std::v
 
 absl::StatusOr<StepWait> ReadAtStepOrStop(WorkerContext& context, const std::vector<std::string>& names,
                                           int64_t min_step, int replicas, const std::function<absl::Status()>& resend) {
+  PhaseScope timed(Phase::kWait);
   Client& client = *context.client;
   const absl::Duration timeout = absl::Seconds(context.config->training.sync_timeout_s);
   const absl::Time give_up = absl::Now() + timeout;

@@ -20,6 +20,8 @@
 #include "shoal/model/mlp.h"
 #include "shoal/model/row_tables.h"
 #include "shoal/strategy/strategy_config.h"
+#include "shoal/telemetry/prometheus_metrics.h"
+#include "shoal/telemetry/trace.h"
 
 namespace shoal {
 
@@ -115,6 +117,10 @@ struct WorkerContext {
   // DataPositionCounter: its mode's next exchange with the counter task
   // carries them (TakeDataPosition).
   int64_t unpublished_examples = 0;
+  // Watching (telemetry/), when the job asks: the trace and the process's
+  // Prometheus endpoint. Null: off.
+  Tracer* tracer = nullptr;
+  MetricsEndpoint* metrics_endpoint = nullptr;
   // Set by the step driver (async, sync, ssp): the chief publishes its
   // buffers every training.buffer_publish_steps steps (PublishChiefBuffers).
   bool chief_publishes_buffers = false;

@@ -54,7 +54,11 @@ class SyncPolicy : public StepPolicy {
     if (const int64_t uncounted = StepsNotCounted(); uncounted > 0) counters.push_back({kGlobalStep, uncounted});
     SHOAL_ASSIGN_OR_RETURN(int dropped, client_.Accumulate(names, gradients, local_step_, me_, replicas_, counters));
     if (context_.is_chief) global_step_ = local_step_;
-    if (dropped > 0) SHOAL_RETURN_IF_ERROR(client_.AddToCounter(kStaleGradients, 1).status());
+    if (dropped > 0) {
+      SHOAL_RETURN_IF_ERROR(client_.AddToCounter(kStaleGradients, 1).status());
+      ++dropped_;
+    }
+    step.scalars.emplace_back("sync/stale_gradients_dropped", static_cast<double>(dropped_));
     // The barrier and the next step's pull in one call.
     auto resend = [&] { return client_.Accumulate(names, gradients, local_step_, me_, replicas_).status(); };
     SHOAL_ASSIGN_OR_RETURN(StepWait next, ReadAtStepOrStop(context_, names, local_step_ + 1, replicas_, resend));
@@ -82,6 +86,7 @@ class SyncPolicy : public StepPolicy {
   const std::string me_;
   int64_t local_step_ = 0;
   int64_t global_step_ = 0;  // the chief's last word to the global_step counter
+  int64_t dropped_ = 0;      // this worker's gradients that came too late for their step
 };
 
 class Sync final : public TrainingMode {

@@ -15,6 +15,15 @@
 
 namespace shoal {
 
+// Where one worker's training time went (telemetry/phase.h): seconds in
+// each phase, their own (a wait inside a push is waiting), and the rest.
+struct TaskTime {
+  std::string task;  // "worker:1"
+  int64_t steps = 0;
+  double seconds = 0;  // training, start to end
+  double compute = 0, communication = 0, waiting = 0, checkpoint = 0;
+};
+
 // One member of a population, at the end.
 struct MemberReport {
   int member = 0;
@@ -106,7 +115,14 @@ struct TrainReport {
   std::string run_dir;
   std::string model_file;
   std::string no_model_file;
+  // Where the workers' time went, one entry each (the job's summary).
+  std::vector<TaskTime> task_times;
 };
+
+// The summary people read when scaling does not pay: the workers' time as
+// compute, communication, waiting, checkpoint and other fractions, and the
+// slowest worker by seconds per step. Empty without task times.
+std::string TimeSummary(const TrainReport& report);
 
 // The report as JSON (the result file `shoal worker --result_file` writes and
 // the local launcher reads back), and back; missing keys keep defaults.
