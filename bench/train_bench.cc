@@ -14,10 +14,18 @@
 // the same for (c) and (d). A second ceiling times the model's own products
 // (batch 64 through 784-256-128-10), which run well below the peak rate.
 //
+// Watching: the main job again with TensorBoard files, Prometheus's
+// endpoint and the trace all on (docs/watching.md), alternated with the
+// plain main job, as a ratio; and the nanoseconds of one phase timer, the
+// one piece of watching that runs when all are off (the job's summary).
+//
 //   build/bench/train_bench [--steps N] [--repeats R]   -> one JSON line
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <string>
 
@@ -26,6 +34,7 @@
 #include "shoal/compute/compute_threads.h"
 #include "shoal/server/optimizer.h"
 #include "shoal/session/local_cluster.h"
+#include "shoal/telemetry/phase.h"
 #include "shoal/transport/grpc/grpc_transport.h"
 
 namespace shoal {
@@ -151,6 +160,24 @@ std::pair<double, double> AdamUpdateMicros(const JobConfig& config) {
   return {torch_us, shoal_us};
 }
 
+// Nanoseconds one PhaseScope costs (best of several runs of many): with no
+// recorder on the thread, and with one that sums (all watching off).
+std::pair<double, double> PhaseScopeNanos() {
+  auto best_of = [](int n) {
+    double best = 1e30;
+    for (int r = 0; r < 20; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < n; ++i) PhaseScope timed(Phase::kCompute);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return best / n * 1e9;
+  };
+  const double without = best_of(100000);
+  PhaseRecorder recorder(nullptr, 0, nullptr);
+  PhaseRecorder::Installed installed(&recorder);
+  return {without, best_of(100000)};
+}
+
 int Main(int argc, char** argv) {
   const auto [steps, repeats] = ParseRunFlags(argc, argv, {1500, 3});
   JobConfig one_worker = DefaultJobConfig();
@@ -162,6 +189,17 @@ int Main(int argc, char** argv) {
   JobConfig main_job = DefaultJobConfig();  // 2 ps, 2 workers, in-process
   main_job.training.max_steps = 2 * steps;
   main_job.data.test_examples = 1000;
+  main_job.hooks.run_dir = "";
+  JobConfig watched_job = main_job;  // TensorBoard, Prometheus and the trace on
+  const std::string watch_dir = absl::StrFormat("/tmp/shoal_train_bench_%d", getpid());
+  watched_job.hooks.logdir = watch_dir + "/tb";
+  watched_job.hooks.trace = watch_dir + "_trace.json";
+  auto port = FreeLoopbackPorts(1);
+  if (!port.ok()) {
+    absl::FPrintF(stderr, "train_bench: %s\n", port.status().ToString());
+    return 1;
+  }
+  watched_job.hooks.metrics_port = (*port)[0];
   auto data = LoadData(one_worker);
   if (!data.ok()) {
     absl::FPrintF(stderr, "train_bench: %s\n", data.status().ToString());
@@ -169,7 +207,7 @@ int Main(int argc, char** argv) {
   }
   const int cores = UsableCores();
   const double flops = TrainingFlopsPerExample(one_worker.model.layers);
-  std::vector<double> gemm, model_gemm, plain, plain_shoal_adam, shoal, two_workers;
+  std::vector<double> gemm, model_gemm, plain, plain_shoal_adam, shoal, two_workers, two_workers_watched;
   for (int64_t r = 0; r < repeats; ++r) {
     gemm.push_back(SingleCoreGemmGflops());
     model_gemm.push_back(ModelShapeGemmGflops(one_worker.model.layers, one_worker.training.batch_size, flops));
@@ -177,7 +215,8 @@ int Main(int argc, char** argv) {
     SetComputeThreads(cores);
     plain.push_back(PlainLibtorch(one_worker, data->train, steps, PlainUpdate::kTorchAdam));
     plain_shoal_adam.push_back(PlainLibtorch(one_worker, data->train, steps, PlainUpdate::kShoalAdam));
-    for (auto [config, into] : {std::pair{&one_worker, &shoal}, std::pair{&main_job, &two_workers}}) {
+    for (auto [config, into] : {std::pair{&one_worker, &shoal}, std::pair{&main_job, &two_workers},
+                                std::pair{&watched_job, &two_workers_watched}}) {
       auto report = TrainInProcess(*config, InProcOptions{}, nullptr);
       if (!report.ok()) {
         absl::FPrintF(stderr, "train_bench: %s\n", report.status().ToString());
@@ -186,6 +225,9 @@ int Main(int argc, char** argv) {
       into->push_back(config == &one_worker ? report->examples_per_second : report->steady_examples_per_second);
     }
   }
+  std::filesystem::remove_all(watch_dir);
+  std::filesystem::remove(watched_job.hooks.trace);
+  const auto [scope_ns_unwatched, scope_ns_summed] = PhaseScopeNanos();
   SetComputeThreads(1);
   const auto [torch_adam_us, shoal_adam_us] = AdamUpdateMicros(one_worker);
   const double ceiling = Median(gemm) * 1e9 * cores / flops;
@@ -200,12 +242,15 @@ int Main(int argc, char** argv) {
       "\"model_shape_gemm_gflops\": %.2f, \"model_shape_ceiling_examples_per_second\": %.1f, "
       "\"main_job_vs_model_shape_ceiling\": %.4f, \"libtorch_vs_model_shape_ceiling\": %.4f, "
       "\"libtorch_shoal_adam_examples_per_second\": %.1f, \"ratio_shoal_vs_libtorch_shoal_adam\": %.4f, "
-      "\"torch_adam_update_us\": %.1f, \"shoal_adam_update_us\": %.1f}\n",
+      "\"torch_adam_update_us\": %.1f, \"shoal_adam_update_us\": %.1f, "
+      "\"main_job_watched_examples_per_second\": %.1f, \"ratio_watched_vs_unwatched\": %.4f, "
+      "\"phase_scope_ns_no_recorder\": %.1f, \"phase_scope_ns_summing\": %.1f}\n",
       steps, one_worker.training.batch_size, repeats, cores, IdentifyBlas().name, Median(gemm), flops, ceiling,
       Median(plain), Median(shoal), Median(shoal) / Median(plain), Median(plain) / ceiling, Median(shoal) / ceiling,
       Median(two_workers), Median(two_workers) / ceiling, Median(model_gemm), model_ceiling,
       Median(two_workers) / model_ceiling, Median(plain) / model_ceiling, Median(plain_shoal_adam),
-      Median(shoal) / Median(plain_shoal_adam), torch_adam_us, shoal_adam_us);
+      Median(shoal) / Median(plain_shoal_adam), torch_adam_us, shoal_adam_us, Median(two_workers_watched),
+      Median(two_workers_watched) / Median(two_workers), scope_ns_unwatched, scope_ns_summed);
   return 0;
 }
 
