@@ -5,9 +5,9 @@
 #include "shoal/checkpoint/saver_hook.h"
 #include "shoal/core/status.h"
 #include "shoal/hooks/standard_hooks.h"
+#include "shoal/hooks/watch_hooks.h"
 #include "shoal/session/run_folder.h"
 #include "shoal/session/watching.h"
-#include "shoal/hooks/watch_hooks.h"
 #include "shoal/strategy/training_mode.h"
 #include "shoal/telemetry/phase.h"
 
