@@ -80,6 +80,35 @@ TEST(CliTest, ABadSetNamesTheKeyAndTrainsNothing) {
   EXPECT_NE(no_value.err.find("is not KEY=VALUE"), std::string::npos) << no_value.err;
 }
 
+TEST(CliTest, AMistypedFlagKeyOrCommandSuggestsTheNearestAndEveryCommandHasItsHelp) {
+  CliRun flag = RunTrain("--metric_port 9100");
+  EXPECT_EQ(flag.exit_code, 1);
+  EXPECT_NE(flag.err.find("unknown flag --metric_port (did you mean --metrics_port?)"), std::string::npos) << flag.err;
+  CliRun far = RunTrain("--colour blue");
+  EXPECT_NE(far.err.find("unknown flag --colour"), std::string::npos) << far.err;
+  EXPECT_EQ(far.err.find("did you mean"), std::string::npos) << far.err;  // nothing is near
+  CliRun key = RunTrain("--set hooks.logdri=/tmp/x");
+  EXPECT_NE(key.err.find("unknown key 'hooks.logdri' (did you mean hooks.logdir?)"), std::string::npos) << key.err;
+  const std::filesystem::path dir = FreshTempDir("cli_", "help");
+  auto run = [&](const std::string& args) {
+    const std::string command = std::string(SHOAL_BINARY) + " " + args + " > " + (dir / "out").string() + " 2>&1";
+    const int status = std::system(command.c_str());
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadAll(dir / "out"));
+  };
+  auto [code, said] = run("trian");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(said.find("unknown command 'trian' (did you mean train?)"), std::string::npos) << said;
+  for (const char* command : {"train", "server", "worker", "evaluator", "plot", "export", "checkpoint", "resolve"}) {
+    auto [help_code, help] = run(std::string(command) + " --help");
+    EXPECT_EQ(help_code, 0) << command << ": " << help;
+    EXPECT_EQ(help.rfind(std::string("usage:\n  shoal ") + command, 0), 0u) << help;
+    EXPECT_EQ(help.find("shoal plot", 1) == std::string::npos, std::string(command) != "plot") << command;
+  }
+  auto [train_code, train] = run("train --help");
+  EXPECT_NE(train.find("--metrics_port"), std::string::npos) << train;
+  std::filesystem::remove_all(dir);
+}
+
 // A job leaves its model in a run folder and says where; `shoal export` turns
 // a checkpoint into the same kind of file, and refuses bad input by name.
 TEST(CliTest, TrainLeavesARunFolderAndExportWritesACheckpointsModel) {

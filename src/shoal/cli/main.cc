@@ -27,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "shoal/cluster/slurm.h"
+#include "shoal/core/nearest_word.h"
 #include "shoal/core/status.h"
 #include "shoal/report/metrics_plot.h"
 #include "shoal/hooks/standard_hooks.h"
@@ -108,6 +109,22 @@ usage:
   task serves while the others train.
 )";
 
+// `shoal COMMAND --help`: the command's part of kUsage (and, for the
+// commands that run a cluster's task, how a task learns who it is); empty
+// for a command kUsage does not name.
+std::string CommandUsage(const std::string& command) {
+  const std::string usage = kUsage;
+  const size_t start = usage.find("\n  shoal " + command + " ");
+  if (start == std::string::npos) return "";
+  const size_t notes = usage.find("\n  Without --cluster");
+  const size_t end = std::min(usage.find("\n  shoal ", start + 1), notes);
+  std::string text = "usage:" + usage.substr(start, end - start) + "\n";
+  if (command == "server" || command == "worker" || command == "evaluator" || command == "resolve") {
+    text += usage.substr(notes + 1);
+  }
+  return text;
+}
+
 // The first SIGINT or SIGTERM (what Kubernetes sends a pod it deletes) stops
 // the job after the step in progress, with a final checkpoint and a report;
 // a second SIGINT exits at once.
@@ -142,7 +159,9 @@ struct Flags {
   }
   absl::Status CheckAllUsed() const {
     for (const auto& [key, value] : values) {
-      if (!used.count(key)) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", key));
+      if (!used.count(key)) {
+        return absl::InvalidArgumentError(absl::StrCat("unknown flag --", key, DidYouMean(key, used, "--")));
+      }
     }
     return absl::OkStatus();
   }
@@ -525,6 +544,14 @@ int Main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg != "--help" && arg != "-h") continue;
+    const std::string usage = CommandUsage(command);
+    if (usage.empty()) break;  // an unknown command: said below
+    std::fputs(usage.c_str(), stdout);
+    return 0;
+  }
   if (command == "checkpoint") {
     absl::Status status = argc == 4 ? CheckpointTool(argv[2], argv[3])
                                     : absl::InvalidArgumentError("usage: shoal checkpoint list|inspect|verify PATH");
@@ -548,7 +575,10 @@ int Main(int argc, char** argv) {
     } else if (command == "plot") {
       status = Plot(*flags);
     } else {
-      status = absl::InvalidArgumentError(absl::StrCat("unknown command '", command, "'; see shoal --help"));
+      static const std::set<std::string> kCommands = {"train",  "server", "worker", "evaluator",
+                                                       "resolve", "export", "plot",   "checkpoint"};
+      status = absl::InvalidArgumentError(
+          absl::StrCat("unknown command '", command, "'", DidYouMean(command, kCommands), "; see shoal --help"));
     }
   }
   if (!status.ok()) {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "shoal/core/file.h"
+#include "shoal/core/nearest_word.h"
 #include "shoal/core/status.h"
 #include "shoal/data/dataset.h"
 #include "shoal/server/optimizer.h"
@@ -88,7 +89,12 @@ class Section {
     if (!node_ || !node_.IsMap()) return absl::OkStatus();
     for (const auto& kv : node_) {
       std::string key = kv.first.as<std::string>();
-      if (!used_.count(key)) return absl::InvalidArgumentError(absl::StrCat("config: unknown key '", Key(key), "'"));
+      if (!used_.count(key)) {
+        std::set<std::string> known;
+        for (const std::string& k : used_) known.insert(Key(k));
+        return absl::InvalidArgumentError(
+            absl::StrCat("config: unknown key '", Key(key), "'", DidYouMean(Key(key), known)));
+      }
     }
     return absl::OkStatus();
   }
