@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The training-mode table of the README: the default MLP on Fashion-MNIST for
+# The training-mode table of docs/modes/sync.md: the default MLP on Fashion-MNIST for
 # 5 epochs, in-process, async (the main job), sync, sync with a backup worker,
 # and SSP. Writes bench/out/mode_<name>.json and prints a Markdown table.
 #

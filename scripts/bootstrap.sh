@@ -2,26 +2,42 @@
 # Installs what shoal needs from Debian's packages (only what is missing),
 # then configures and builds it in ./build.
 #
-#   scripts/bootstrap.sh            # library, CLI, tests and benchmarks
+#   scripts/bootstrap.sh --main     # what the main job needs: the library and the shoal command
+#   scripts/bootstrap.sh            # everything: also the tests, benchmarks, Python package and docs checks
 #   SHOAL_EXTRA_PACKAGES="ucx-utils" scripts/bootstrap.sh   # and any other package
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+main_only=false
+case "${1:-}" in
+  --main) main_only=true ;;
+  "") ;;
+  *) echo "usage: scripts/bootstrap.sh [--main]" >&2; exit 2 ;;
+esac
+
+# The library and the shoal command.
 packages=(
   cmake ninja-build g++ ccache pkg-config
   libopenblas0-pthread  # before libtorch-dev: otherwise apt's BLAS is Netlib's reference one, ~15x slower
   libtorch-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev libcairo2-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
-  dataset-fashion-mnist
-  python3-torch  # PyTorch for /usr/bin/python3: the examples (examples/pytorch/) and the benchmarks' peers
-  python3-dev python3-pybind11 python3-pytest  # the Python package (python/) and its tests
-  libucx-dev ucx-utils  # the data plane (transport/ucx/) and its ceiling in the benchmarks (ucx_perftest)
+  libucx-dev  # the data plane (transport/ucx/)
   prometheus-cpp-dev  # /metrics (telemetry/prometheus_metrics.h)
-  python3-protobuf  # the test that reads TensorBoard's event files back without shoal
-  iproute2  # the network-partition test (ip netns)
-  libblas3  # Netlib's reference BLAS, only for the test of the slow-BLAS warning (OpenBLAS stays the system's)
+  dataset-fashion-mnist
 )
+# The rest: tests, benchmarks, the Python package, the docs site.
+if ! $main_only; then
+  packages+=(
+    libgtest-dev libgmock-dev libbenchmark-dev
+    python3-torch  # PyTorch for /usr/bin/python3: the examples (examples/pytorch/) and the benchmarks' peers
+    python3-dev python3-pybind11 python3-pytest  # the Python package (python/) and its tests
+    ucx-utils  # UCX's own ceiling in the benchmarks (ucx_perftest)
+    python3-protobuf  # the test that reads TensorBoard's event files back without shoal
+    iproute2  # the network-partition test (ip netns)
+    libblas3  # Netlib's reference BLAS, only for the test of the slow-BLAS warning (OpenBLAS stays the system's)
+    mkdocs mkdocs-material  # the docs site, built --strict by a test
+  )
+fi
 # shellcheck disable=SC2206
 packages+=(${SHOAL_EXTRA_PACKAGES:-})
 
@@ -39,5 +55,15 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
 fi
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j "${SHOAL_BUILD_JOBS:-2}"
+if $main_only; then
+  # Configured without the parts whose packages were not installed; a later
+  # full bootstrap turns them on in the same build folder, and ccache keeps
+  # what was compiled.
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DSHOAL_BUILD_TESTS=OFF -DSHOAL_BUILD_BENCH=OFF -DSHOAL_BUILD_PYTHON=OFF >/dev/null
+  cmake --build build -j "${SHOAL_BUILD_JOBS:-2}" --target shoal_cli
+else
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DSHOAL_BUILD_TESTS=ON -DSHOAL_BUILD_BENCH=ON -DSHOAL_BUILD_PYTHON=ON >/dev/null
+  cmake --build build -j "${SHOAL_BUILD_JOBS:-2}"
+fi

@@ -1,4 +1,5 @@
 #include "shoal/config/config.h"
+#include "shoal/config/config_reference.h"
 
 #include <gtest/gtest.h>
 
@@ -381,6 +382,44 @@ TEST(ConfigTest, AConfigPathNamingADirectoryIsRefused) {
   auto config = LoadJobConfig(std::filesystem::temp_directory_path().string());
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(config.status().message().find("is a directory, not a file"), std::string::npos) << config.status();
+}
+
+}  // namespace
+}  // namespace shoal
+
+namespace shoal {
+namespace {
+
+TEST(ConfigReferenceTest, EveryKeyTheParserReadsIsDescribedAndNothingElse) {
+  ASSERT_TRUE(CheckConfigReference().ok()) << CheckConfigReference();
+  auto keys = AllConfigKeys();
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  // Keys from every branch of the parser: the defaults, a list's items,
+  // keys read only when present, a gated master given as a model.
+  for (const char* key : {"cluster.ps", "training.optimizer.learning_rate", "model.click.rows", "model.conv[].kernel",
+                          "data.normalize.mean", "gated.master", "hooks.trace_steps", "transport.kind"}) {
+    EXPECT_TRUE(keys->count(key)) << key;
+  }
+  // A key the parser does not read is not one.
+  EXPECT_FALSE(keys->count("training.learnig_rate"));
+  EXPECT_FALSE(keys->count("gated.master.kind"));  // listed whole, as a model's keys
+}
+
+TEST(ConfigReferenceTest, TheDocsPageIsWhatShoalConfigReferencePrints) {
+  const std::filesystem::path page =
+      std::filesystem::path(SHOAL_SOURCE_DIR) / "docs" / "reference" / "configuration.md";
+  std::ifstream in(page);
+  ASSERT_TRUE(in) << page;
+  const std::string on_disk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto generated = ConfigReferenceMarkdown();
+  ASSERT_TRUE(generated.ok()) << generated.status();
+  EXPECT_EQ(on_disk, *generated) << page
+                                 << " differs from what the parser's keys make; regenerate it with "
+                                    "build/shoal config --reference > docs/reference/configuration.md";
+  // Defaults come from the code: the main job's, and a kind's own section.
+  EXPECT_NE(generated->find("| `cluster.ps` | `2` |"), std::string::npos);
+  EXPECT_NE(generated->find("| `model.click.rows` | `1000000` |"), std::string::npos);
+  EXPECT_NE(generated->find("| `data.normalize.mean` | — |"), std::string::npos);
 }
 
 }  // namespace

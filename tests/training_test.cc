@@ -1,6 +1,6 @@
 // End-to-end training on Fashion-MNIST: in-process, and as real processes
 // over gRPC and over UCX on loopback. Subsets keep these quick; the full default job
-// is measured by `shoal train` (see README).
+// is measured by `shoal train` (see docs/modes/sync.md).
 #include <gtest/gtest.h>
 
 #include <unistd.h>

@@ -479,7 +479,7 @@ double CpuSeconds() {
 // their deadline (ModeFaultTest sync_ps0, about 1 run in 8). Every call
 // fails at once naming the task. (What this test does not assert: the
 // client's worker can stay wedged for new connections afterwards, a UCX
-// 1.13 limit recorded in README "The data plane".)
+// 1.13 limit recorded in docs/data_plane.md.)
 // A server on shared memory killed with large answers and requests queued
 // both ways: every call fails at once naming the task, and afterwards the
 // client's transport neither polls a core nor stalls new connections (the

@@ -27,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "shoal/cluster/slurm.h"
+#include "shoal/config/config_reference.h"
 #include "shoal/core/nearest_word.h"
 #include "shoal/core/status.h"
 #include "shoal/report/metrics_plot.h"
@@ -90,6 +91,9 @@ usage:
       part). A click model's tables go to --tables_dir (default: tables/
       beside --out) as NumPy ids and rows per shard, with manifest.json.
       Give the config the job trained with.
+  shoal config --reference
+      Prints the configuration reference (every key, its default and what
+      it does, as Markdown; docs/reference/configuration.md is this output).
   shoal checkpoint list DIR | inspect PATH | verify PATH
       Lists the checkpoints under DIR; shows what a checkpoint (a ckpt-<step>
       folder, or DIR for its newest) holds; reads every tensor of it and
@@ -168,7 +172,7 @@ struct Flags {
 };
 
 const std::set<std::string>& BooleanFlags() {
-  static const auto* flags = new std::set<std::string>{"processes", "quiet", "help", "print_config"};
+  static const auto* flags = new std::set<std::string>{"processes", "quiet", "help", "print_config", "reference"};
   return *flags;
 }
 
@@ -495,6 +499,16 @@ absl::Status Resolve(Flags& flags) {
   return absl::OkStatus();
 }
 
+absl::Status ConfigCommand(Flags& flags) {
+  const bool reference = flags.Has("reference");
+  SHOAL_RETURN_IF_ERROR(flags.CheckAllUsed());
+  if (!reference) return absl::InvalidArgumentError("usage: shoal config --reference");
+  SHOAL_RETURN_IF_ERROR(CheckConfigReference());
+  SHOAL_ASSIGN_OR_RETURN(const std::string page, ConfigReferenceMarkdown());
+  std::fputs(page.c_str(), stdout);
+  return absl::OkStatus();
+}
+
 absl::Status RunTaskAsConfigured(Flags& flags, bool server) {
   const bool slurm = flags.Has("slurm");
   SHOAL_ASSIGN_OR_RETURN(JobConfig config, ConfigFromFlags(flags));
@@ -574,9 +588,11 @@ int Main(int argc, char** argv) {
       status = Export(*flags);
     } else if (command == "plot") {
       status = Plot(*flags);
+    } else if (command == "config") {
+      status = ConfigCommand(*flags);
     } else {
-      static const std::set<std::string> kCommands = {"train",  "server", "worker", "evaluator",
-                                                       "resolve", "export", "plot",   "checkpoint"};
+      static const std::set<std::string> kCommands = {"train", "server", "worker", "evaluator", "resolve",
+                                                       "export", "plot",  "config", "checkpoint"};
       status = absl::InvalidArgumentError(
           absl::StrCat("unknown command '", command, "'", DidYouMean(command, kCommands), "; see shoal --help"));
     }

@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "shoal/core/file.h"
 #include "shoal/core/nearest_word.h"
+#include "shoal/config/config_reference.h"
 #include "shoal/core/status.h"
 #include "shoal/data/dataset.h"
 #include "shoal/server/optimizer.h"
@@ -23,6 +24,9 @@
 
 namespace shoal {
 namespace {
+
+// While TraceConfigKeys parses, every key path a Section is asked for.
+thread_local std::set<std::string>* g_keys_read = nullptr;
 
 // Reads one YAML mapping, remembering which keys were used so that the rest
 // can be reported as unknown.
@@ -39,7 +43,7 @@ class Section {
 
   template <typename T>
   absl::Status Get(const std::string& key, T* out) {
-    used_.insert(key);
+    Use(key);
     if (!node_ || !node_.IsMap() || !node_[key]) return absl::OkStatus();
     try {
       *out = node_[key].as<T>();
@@ -55,7 +59,7 @@ class Section {
   // own ("model.conv[1]"); empty when the key is absent.
   // With mappings_only false, an item may be any node (As reads it).
   absl::StatusOr<std::vector<Section>> Items(const std::string& key, bool mappings_only = true) {
-    used_.insert(key);
+    Use(key);
     std::vector<Section> items;
     if (!Has(key)) return items;
     const YAML::Node list = node_[key];
@@ -81,7 +85,7 @@ class Section {
   }
 
   Section Child(const std::string& key) {
-    used_.insert(key);
+    Use(key);
     return Section(node_ && node_.IsMap() ? node_[key] : YAML::Node(), Key(key));
   }
 
@@ -102,6 +106,11 @@ class Section {
   std::string Key(const std::string& key) const { return path_.empty() ? key : absl::StrCat(path_, ".", key); }
 
  private:
+  void Use(const std::string& key) {
+    used_.insert(key);
+    if (g_keys_read != nullptr) g_keys_read->insert(Key(key));
+  }
+
   YAML::Node node_;
   std::string path_;
   std::set<std::string> used_;
@@ -657,6 +666,18 @@ absl::StatusOr<JobConfig> ParseJobConfig(const std::string& yaml_text, const std
   SHOAL_RETURN_IF_ERROR(ParseAll(root, &config));
   SHOAL_RETURN_IF_ERROR(ValidateJobConfig(config));
   return config;
+}
+
+absl::StatusOr<ConfigKeysRead> TraceConfigKeys(const std::string& yaml_text) {
+  SHOAL_ASSIGN_OR_RETURN(YAML::Node root, LoadYaml(yaml_text, "config is not valid YAML"));
+  ConfigKeysRead read;
+  JobConfig config = DefaultJobConfig();
+  g_keys_read = &read.keys;
+  const absl::Status parsed = ParseAll(root, &config);
+  g_keys_read = nullptr;
+  SHOAL_RETURN_IF_ERROR(parsed);
+  read.yaml = JobConfigToYaml(config);
+  return read;
 }
 
 absl::StatusOr<wire::OptimizerConfig> ParseOptimizerYaml(const std::string& yaml_text, const std::string& where) {

@@ -8,7 +8,7 @@
 //                     [n, width]) as NPY pairs, streamed a chunk at a time
 //                     from the checkpoint's table files (a table larger than
 //                     memory is exported all the same), and manifest.json
-//                     (README "Use the trained model" describes it). The optimizer's slots are
+//                     (docs/trained_model.md describes it). The optimizer's slots are
 //                     left out.
 // Nothing is written until the checkpoint has been read and checked, and
 // each file appears whole or not at all (the tables' folder is renamed into
