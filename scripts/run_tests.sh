@@ -14,7 +14,7 @@ if [ "${1:-}" = "--all" ]; then
 fi
 status=0
 ctest --test-dir build --output-on-failure -j "$jobs" -LE long || status=$?
-left_out=$(ctest --test-dir build -N -L long | sed -n 's/^ *Test *#[0-9]*: //p')
+left_out=$(ctest --test-dir build -N -L long | sed -n 's/^ *Test *#[0-9]*: //p' | sed 's/  # GetParam().*//')
 count=$(printf '%s\n' "$left_out" | grep -c . || true)
 echo
 echo "run_tests: left out ${count} long test(s), labelled 'long':"
