@@ -12,6 +12,7 @@
 
 #include "shoal/config/config.h"
 #include "temp_dir.h"
+#include "source_paths.h"
 
 namespace shoal {
 namespace {

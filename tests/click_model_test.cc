@@ -25,6 +25,7 @@
 #include "shoal/session/worker_session.h"
 #include "shoal/strategy/strategy.h"
 #include "temp_dir.h"
+#include "source_paths.h"
 
 namespace shoal {
 namespace {

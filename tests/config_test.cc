@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "temp_dir.h"
+#include "source_paths.h"
 
 namespace shoal {
 namespace {

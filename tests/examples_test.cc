@@ -10,6 +10,7 @@
 #include "temp_dir.h"
 #include "shoal/config/config.h"
 #include "shoal/session/local_cluster.h"
+#include "source_paths.h"
 
 namespace shoal {
 namespace {

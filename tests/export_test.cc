@@ -23,6 +23,7 @@
 #include "shoal/shoal.h"
 #include "shoal/strategy/population_strategy.h"
 #include "temp_dir.h"
+#include "source_paths.h"
 
 namespace shoal {
 namespace {

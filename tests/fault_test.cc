@@ -23,6 +23,7 @@
 #include "quick_job.h"
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/session/local_cluster.h"
+#include "source_paths.h"
 
 namespace shoal {
 namespace {

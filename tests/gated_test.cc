@@ -22,6 +22,7 @@
 #include "shoal/session/local_cluster.h"
 #include "shoal/session/task_runner.h"
 #include "shoal/transport/inproc/inproc_transport.h"
+#include "source_paths.h"
 
 namespace shoal {
 namespace {

@@ -20,6 +20,7 @@
 #include "shoal/core/status.h"
 #include "shoal/session/local_cluster.h"
 #include "tcp_proxy.h"
+#include "source_paths.h"
 
 namespace shoal {
 namespace {

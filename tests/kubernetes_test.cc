@@ -17,6 +17,7 @@
 #include "temp_dir.h"
 #include "shoal/cluster/cluster_spec.h"
 #include "shoal/config/config.h"
+#include "source_paths.h"
 
 namespace shoal {
 namespace {

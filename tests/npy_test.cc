@@ -15,6 +15,7 @@
 #include "temp_dir.h"
 #include "shoal/data/data_source.h"
 #include "shoal/session/local_cluster.h"
+#include "source_paths.h"
 
 namespace shoal {
 namespace {

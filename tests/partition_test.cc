@@ -18,6 +18,7 @@
 #include "process_helpers.h"
 #include "shoal/checkpoint/checkpoint.h"
 #include "quick_job.h"
+#include "source_paths.h"
 
 namespace shoal {
 namespace {

@@ -27,6 +27,7 @@
 #include "shoal/transport/inproc/inproc_transport.h"
 #include "step_recorder.h"
 #include "temp_dir.h"
+#include "source_paths.h"
 
 namespace shoal {
 namespace {

@@ -21,6 +21,7 @@
 #include "shoal/config/config.h"
 #include "shoal/hooks/standard_hooks.h"
 #include "shoal/session/local_cluster.h"
+#include "source_paths.h"
 
 namespace shoal {
 

@@ -21,6 +21,7 @@
 #include "shoal/session/worker_session.h"
 #include "shoal/strategy/async_strategy.h"
 #include "shoal/transport/inproc/inproc_transport.h"
+#include "source_paths.h"
 
 namespace shoal {
 namespace {

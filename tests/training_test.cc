@@ -13,6 +13,7 @@
 #include "shoal/session/local_cluster.h"
 #include "shoal/session/task_runner.h"
 #include "quick_job.h"
+#include "source_paths.h"
 
 namespace shoal {
 namespace {

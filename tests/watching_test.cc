@@ -27,6 +27,7 @@
 #include "shoal/telemetry/scrape_listener.h"
 #include "shoal/telemetry/trace.h"
 #include "temp_dir.h"
+#include "source_paths.h"
 
 namespace shoal {
 namespace {
