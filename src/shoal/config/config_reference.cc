@@ -276,11 +276,10 @@ std::string Compact(const YAML::Node& node) {
 // one with no keys given, then those naming a kind or a format); "—" where
 // none does (a key whose absence means something, such as
 // data.normalize.mean).
-std::string DefaultOf(const std::string& key, const std::vector<ConfigKeysRead>& reads) {
+std::string DefaultOf(const std::string& key, const std::vector<YAML::Node>& defaults) {
   if (key.find('[') == std::string::npos) {
-    for (const ConfigKeysRead& read : reads) {
-      if (read.yaml.empty()) continue;
-      const YAML::Node node = Find(YAML::Load(read.yaml), key);
+    for (const YAML::Node& root : defaults) {
+      const YAML::Node node = Find(root, key);
       if (node.IsDefined()) return absl::StrCat("`", Compact(node), "`");
     }
   }
@@ -341,6 +340,10 @@ absl::Status CheckConfigReference() {
 
 absl::StatusOr<std::string> ConfigReferenceMarkdown() {
   SHOAL_ASSIGN_OR_RETURN(const std::vector<ConfigKeysRead> reads, ReadEveryBranch());
+  std::vector<YAML::Node> defaults;  // parsed once, not once a key
+  for (const ConfigKeysRead& read : reads) {
+    if (!read.yaml.empty()) defaults.push_back(YAML::Load(read.yaml));
+  }
   std::string page =
       "# Configuration reference\n\n"
       "Every key a job's YAML file (or `--set KEY=VALUE`) may give, with its default and what it does. Every key is "
@@ -360,7 +363,7 @@ absl::StatusOr<std::string> ConfigReferenceMarkdown() {
       section = top;
       absl::StrAppend(&page, "\n## ", section, "\n\n| key | default | what it does |\n|---|---|---|\n");
     }
-    absl::StrAppend(&page, "| `", key, "` | ", DefaultOf(key, reads), " | ",
+    absl::StrAppend(&page, "| `", key, "` | ", DefaultOf(key, defaults), " | ",
                     absl::StrReplaceAll(doc.meaning, {{"|", "\\|"}}), " |\n");
   }
   return page;
