@@ -55,15 +55,15 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
 fi
 
+# `--main` configures without the parts whose packages it did not install;
+# a later full bootstrap turns them on in the same build folder, and
+# ninja and ccache keep what was compiled.
+parts=ON
+targets=()
 if $main_only; then
-  # Configured without the parts whose packages were not installed; a later
-  # full bootstrap turns them on in the same build folder, and ccache keeps
-  # what was compiled.
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DSHOAL_BUILD_TESTS=OFF -DSHOAL_BUILD_BENCH=OFF -DSHOAL_BUILD_PYTHON=OFF >/dev/null
-  cmake --build build -j "${SHOAL_BUILD_JOBS:-2}" --target shoal_cli
-else
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DSHOAL_BUILD_TESTS=ON -DSHOAL_BUILD_BENCH=ON -DSHOAL_BUILD_PYTHON=ON >/dev/null
-  cmake --build build -j "${SHOAL_BUILD_JOBS:-2}"
+  parts=OFF
+  targets=(--target shoal_cli)
 fi
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DSHOAL_BUILD_TESTS=$parts -DSHOAL_BUILD_BENCH=$parts -DSHOAL_BUILD_PYTHON=$parts >/dev/null
+cmake --build build -j "${SHOAL_BUILD_JOBS:-2}" "${targets[@]}"
