@@ -18,6 +18,19 @@ its step count with it, and the ledger would no longer balance.
 
     /usr/bin/python3 scripts/chaos_soak.py                 # about 7 minutes
     /usr/bin/python3 scripts/chaos_soak.py --quick         # about 2 minutes
+
+--elastic: jobs on leased data (data.leases) whose workers come and go. Every
+little while one of: SIGKILL of a worker (the launcher starts it again; its
+lease runs out and another worker takes the shard over), SIGSTOP of a worker
+for 1-4 s (past the 2 s lease timeout: its shard is taken over and its late
+update refused), a worker added (SIGUSR1 to the launcher) or removed
+(SIGUSR2: the newest worker leaves). Checkpoints every 100 steps. Then checks,
+from every ps task's exactly-once ledger, that no example of a finished epoch
+was lost and none applied twice, and that accuracy is within 1 point of an
+undisturbed run; and prints the takeover and join times.
+
+    /usr/bin/python3 scripts/chaos_soak.py --elastic          # about 10 minutes
+    /usr/bin/python3 scripts/chaos_soak.py --elastic --quick  # about 3 minutes
 """
 import argparse
 import json
@@ -96,6 +109,123 @@ def run_job(shoal, mode, epochs, every_steps, workdir, faults=None, interval=(2,
     return launcher.returncode, result, log
 
 
+def run_elastic_job(shoal, mode, epochs, workdir, faults=None, interval=(2, 4), seed=0):
+    """One job on leased data; returns (exit code, result dict or None, fault log)."""
+    tag = f"{mode}_{'chaos' if faults else 'calm'}"
+    config = os.path.join(workdir, f"{tag}.yaml")
+    training = f"mode: {mode}, epochs: {epochs}"
+    if mode == "sync":
+        training += ", replicas_to_aggregate: 2"  # a backup worker: its late gradients are dropped
+    with open(config, "w") as f:
+        f.write(f"cluster: {{ps: 2, workers: 3, max_restarts: 100}}\n"
+                f"training: {{{training}}}\n"
+                f"data: {{leases: true, lease_timeout_s: 2}}\n"
+                f"checkpoint: {{dir: {os.path.join(workdir, tag + '_ckpt')}, every_steps: 100, keep: 2}}\n")
+    result_file = os.path.join(workdir, f"{tag}.json")
+    launcher = subprocess.Popen([shoal, "train", "--processes", "--quiet", "--config", config,
+                                 "--result_file", result_file], stderr=subprocess.PIPE, text=True)
+    log, stderr_lines = [], []
+    reader = threading.Thread(target=lambda: stderr_lines.extend(launcher.stderr), daemon=True)
+    reader.start()
+    rng = random.Random(seed)
+    next_fault = time.time() + rng.uniform(*interval)
+    added = 0
+    while launcher.poll() is None:
+        time.sleep(0.2)
+        if not faults or time.time() < next_fault:
+            continue
+        next_fault = time.time() + rng.uniform(*interval)
+        workers = [(pid, cmd) for pid, cmd in children_of(launcher.pid) if "/job:worker/" in cmd]
+        if not workers:
+            continue
+        kind = rng.choice(["kill", "freeze", "add", "remove"])
+        if kind == "add" or (kind == "remove" and added == 0):
+            launcher.send_signal(signal.SIGUSR1)
+            added += 1
+            log.append(("add", ""))
+        elif kind == "remove":
+            launcher.send_signal(signal.SIGUSR2)
+            added -= 1
+            log.append(("remove", ""))
+        elif kind == "kill":
+            pid, cmd = rng.choice(workers)
+            os.kill(pid, signal.SIGKILL)
+            log.append(("kill", cmd.split("--task ")[1].split()[0]))
+        else:
+            pid, cmd = rng.choice(workers)
+            pause = rng.uniform(1, 4)
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(pause)
+            os.kill(pid, signal.SIGCONT)
+            log.append((f"freeze {pause:.1f}s", cmd.split("--task ")[1].split()[0]))
+    reader.join(timeout=5)
+    result = None
+    if os.path.exists(result_file):
+        with open(result_file) as f:
+            result = json.load(f)
+    if launcher.returncode != 0:
+        sys.stderr.write("".join(stderr_lines[-20:]))
+    return launcher.returncode, result, log
+
+
+def elastic_main(args):
+    # About 100 s each undisturbed on 2 cores (--quick: about 25 s).
+    epochs = {"async": 40, "sync": 25}
+    if args.quick:
+        epochs = {m: max(6, e // 4) for m, e in epochs.items()}
+    modes = [m for m in args.modes.split(",") if m in epochs]
+    rows, ok = [], True
+    with tempfile.TemporaryDirectory(prefix="shoal-elastic-") as workdir:
+        for mode in modes:
+            e = epochs[mode]
+            start = time.time()
+            calm_code, calm, _ = run_elastic_job(args.shoal, mode, e, workdir)
+            calm_s = time.time() - start
+            interval = (max(2.0, 0.06 * calm_s), max(4.0, 0.12 * calm_s))
+            start = time.time()
+            code, chaos, log = run_elastic_job(args.shoal, mode, e, workdir, faults=True, interval=interval,
+                                               seed=args.seed)
+            chaos_s = time.time() - start
+            checks = []
+            if calm_code != 0 or calm is None:
+                checks.append("undisturbed run failed")
+            if code != 0 or chaos is None:
+                checks.append("disturbed run failed")
+            if not log:
+                checks.append("no fault was injected")
+            ledger = (chaos or {}).get("data_ledger", {})
+            if chaos is not None:
+                if not ledger.get("leased"):
+                    checks.append("the result has no ledger")
+                if ledger.get("places_missing", 1) != 0:
+                    checks.append(f"{ledger.get('places_missing')} examples lost")
+                if ledger.get("places_repeated", 1) != 0:
+                    checks.append(f"{ledger.get('places_repeated')} examples applied twice")
+                if ledger.get("epochs_finished", 0) < e // 2:
+                    checks.append(f"only {ledger.get('epochs_finished')} epochs finished")
+            if calm is not None and chaos is not None and abs(calm["test_accuracy"] - chaos["test_accuracy"]) > 0.01:
+                checks.append("accuracy differs by more than 1 point")
+            ok = ok and not checks
+            count = lambda kind: sum(1 for k, _ in log if k.startswith(kind))
+            rows.append((mode, e, f"{calm['test_accuracy'] * 100:.2f}%" if calm else "-",
+                         f"{chaos['test_accuracy'] * 100:.2f}%" if chaos else "-",
+                         f"{count('kill')} / {count('freeze')} / {count('add')} / {count('remove')}",
+                         ledger.get("epochs_finished", "-"), ledger.get("places_applied", "-"),
+                         ledger.get("places_missing", "-"), ledger.get("places_repeated", "-"),
+                         f"{ledger.get('takeovers', 0)}: {ledger.get('takeover_seconds_mean', 0):.2f} / "
+                         f"{ledger.get('takeover_seconds_max', 0):.2f}",
+                         f"{ledger.get('joins', 0)}: {ledger.get('join_seconds_mean', 0):.2f}",
+                         f"{calm_s:.0f} / {chaos_s:.0f}", "ok" if not checks else "; ".join(checks)))
+            print(f"{mode}: faults {log}", flush=True)
+    print("\n| mode | epochs | accuracy undisturbed | accuracy with faults | killed / frozen / added / removed "
+          "| epochs finished | examples applied | lost | twice | takeovers: s mean / max "
+          "| joins: s to first update | seconds (calm / chaos) | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(str(c) for c in row) + " |")
+    return 0 if ok else 1
+
+
 def lost_steps(mode, result, workers=2):
     """Steps the workers made that the job no longer counts (rewound by
     restores); negative would mean updates applied twice."""
@@ -111,7 +241,10 @@ def main():
     parser.add_argument("--modes", default="async,sync,model_average")
     parser.add_argument("--quick", action="store_true", help="shorter jobs, checkpoints every 200 steps")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--elastic", action="store_true", help="leased data; workers killed, frozen, added, removed")
     args = parser.parse_args()
+    if args.elastic:
+        return elastic_main(args)
     # 45-100 s each, undisturbed, on 2 cores.
     epochs = {"async": 60, "sync": 45, "downpour": 60, "model_average": 120}
     every_steps = 500

@@ -71,6 +71,8 @@ absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& di
   // Every task writes its shard at once (a ps task's tables can take
   // seconds), into the same folder of its own checkpoint directory, which
   // must be this one (the same config, a shared file system).
+  SHOAL_ASSIGN_OR_RETURN(const wire::LeaseTableState leases, client.LeaseTable());
+  if (leases.examples() > 0) index.lease_table = leases;
   const int64_t restarts_before = client.restarts_seen();
   SHOAL_ASSIGN_OR_RETURN(const auto saved_by_task, client.SaveShards(shard_of, step));
   // A task that restarted meanwhile wrote what it held then: nothing, or a
@@ -122,6 +124,15 @@ absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& di
   nlohmann::json text = index;
   text["counters"] = index.counters;  // optional: older indexes have none
   if (!index.table_shards.empty()) text["table_shards"] = index.table_shards;  // optional, as counters
+  if (index.lease_table.has_value()) {
+    const wire::LeaseTableState& table = *index.lease_table;
+    text["lease_table"] = {{"data_fingerprint", table.data_fingerprint()},
+                           {"examples", table.examples()},
+                           {"shard_examples", table.shard_examples()},
+                           {"epochs_done", table.epochs_done()},
+                           {"shard_offsets", std::vector<int64_t>(table.shard_offsets().begin(),
+                                                                  table.shard_offsets().end())}};
+  }
   // The index last: until it is in place, this checkpoint does not exist.
   SHOAL_RETURN_IF_ERROR(WriteFileAtomically((fs::path(folder) / kIndexFile).string(), text.dump(1)));
   return folder;
@@ -214,6 +225,16 @@ absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& checkpoin
     index = json.get<CheckpointIndex>();
     if (json.contains("counters")) index.counters = json["counters"].get<std::map<std::string, int64_t>>();
     if (json.contains("table_shards")) index.table_shards = json["table_shards"].get<std::vector<int>>();
+    if (json.contains("lease_table")) {
+      const nlohmann::json& table = json["lease_table"];
+      wire::LeaseTableState state;
+      state.set_data_fingerprint(table.at("data_fingerprint").get<int64_t>());
+      state.set_examples(table.at("examples").get<int64_t>());
+      state.set_shard_examples(table.at("shard_examples").get<int64_t>());
+      state.set_epochs_done(table.at("epochs_done").get<int64_t>());
+      for (int64_t offset : table.at("shard_offsets").get<std::vector<int64_t>>()) state.add_shard_offsets(offset);
+      index.lease_table = std::move(state);
+    }
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat("checkpoint index '", path, "' is corrupt: ", e.what()));
   }

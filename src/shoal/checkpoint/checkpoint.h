@@ -79,6 +79,10 @@ struct CheckpointIndex {
   // (tables-<n>.ckpt, server/table_checkpoint.h); restored by every ps task
   // through Client::RestoreTables.
   std::vector<int> table_shards;
+  // Leased data (server/data_leases.h): the lease table when the checkpoint
+  // was taken, read before the shards were written, so that a restore
+  // trains on from places no later than those the variables hold.
+  std::optional<wire::LeaseTableState> lease_table;
 };
 
 // A variable as restored: whole, with its optimizer slots.

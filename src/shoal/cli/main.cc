@@ -286,9 +286,13 @@ absl::Status ClusterAndTask(Flags& flags, const JobConfig& config, ClusterSpec* 
   // An evaluator may be left out of the cluster, as the training operator
   // leaves it (ParseTfConfig).
   const bool unlisted_evaluator = task->job == "evaluator" && cluster->NumTasks("evaluator") == 0;
-  if (!cluster->HasTask(*task) && !unlisted_evaluator) {
+  // On leased data a worker past the listed ones joins the running job.
+  const bool joining_worker = task->job == "worker" && config.data.leases;
+  if (!cluster->HasTask(*task) && !unlisted_evaluator && !joining_worker) {
     return absl::InvalidArgumentError(absl::StrCat(task->ToString(), " is out of range: job '", task->job, "' has ",
-                                                   cluster->NumTasks(task->job), " tasks"));
+                                                   cluster->NumTasks(task->job), " tasks",
+                                                   task->job == "worker" ? " (with data.leases it would join the job)"
+                                                                         : ""));
   }
   return absl::OkStatus();
 }
@@ -342,6 +346,11 @@ void PrintReport(const TrainReport& report, bool clicks) {
     absl::PrintF("checkpoints: %d saved before the end, in %.1f s of the chief's time (it trains nothing while one "
                  "is written)\n",
                  report.checkpoints_saved, report.checkpoint_seconds);
+  }
+  if (const DataLedgerReport& ledger = report.data_ledger; ledger.leased) {
+    absl::PrintF("leased data: %d epochs finished; every ps task applied %d examples, %d missing, %d twice%s\n",
+                 ledger.epochs_finished, ledger.places_applied, ledger.places_missing, ledger.places_repeated,
+                 ledger.places_missing == 0 && ledger.places_repeated == 0 ? " (exactly once)" : "");
   }
   if (report.unfinished_workers > 0) {
     absl::PrintF("%d worker(s) had not finished when the chief evaluated\n", report.unfinished_workers);

@@ -61,6 +61,24 @@ void AddCounters(const std::vector<CounterDelta>& counters, Request* request) {
   }
 }
 
+// What the tasks an update reached say of its places, as one answer: the
+// least watermark (where the sender's next update begins), applied where
+// every task applied, and a lease lost where any said so.
+template <typename Calls, typename ProgressOf>
+wire::ProgressAnswer GatherProgress(const Calls& calls, const ProgressOf& progress_of) {
+  wire::ProgressAnswer gathered;
+  bool first = true;
+  gathered.set_applied(true);
+  for (const auto& [task, call] : calls) {
+    const wire::ProgressAnswer& answer = progress_of(call.response.header);
+    gathered.set_watermark(first ? answer.watermark() : std::min(gathered.watermark(), answer.watermark()));
+    first = false;
+    gathered.set_applied(gathered.applied() && answer.applied());
+    gathered.set_lease_lost(gathered.lease_lost() || answer.lease_lost());
+  }
+  return gathered;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClusterSpec& cluster, Transport* transport,
@@ -431,9 +449,12 @@ absl::StatusOr<std::vector<int64_t>> Client::ApplyGradients(const std::vector<st
 
 absl::StatusOr<Client::AppliedValues> Client::ApplyGradientsAndRead(const std::vector<std::string>& names,
                                                                    const std::vector<torch::Tensor>& gradients,
-                                                                   const std::vector<CounterDelta>& counters) {
+                                                                   const std::vector<CounterDelta>& counters,
+                                                                   const wire::DataProgress* progress,
+                                                                   wire::ProgressAnswer* answer) {
   AppliedValues applied;
-  SHOAL_ASSIGN_OR_RETURN(applied.counters, Update(wire::UPDATE_OPTIMIZER, names, gradients, counters, &applied.values));
+  SHOAL_ASSIGN_OR_RETURN(applied.counters, Update(wire::UPDATE_OPTIMIZER, names, gradients, counters, &applied.values,
+                                                  /*elastic_alpha=*/0, progress, answer));
   return applied;
 }
 
@@ -462,7 +483,8 @@ absl::StatusOr<Client::AppliedValues> Client::MoveTowards(const std::vector<std:
 absl::StatusOr<std::vector<int64_t>> Client::Update(wire::UpdateRule rule, const std::vector<std::string>& names,
                                                    const std::vector<torch::Tensor>& updates,
                                                    const std::vector<CounterDelta>& counters,
-                                                   std::vector<torch::Tensor>* values, double elastic_alpha) {
+                                                   std::vector<torch::Tensor>* values, double elastic_alpha,
+                                                   const wire::DataProgress* progress, wire::ProgressAnswer* answer) {
   TaskCalls calls;
   std::vector<VariablePlacement> placements;
   SHOAL_RETURN_IF_ERROR(AddPerShard(names, updates, "apply",
@@ -480,7 +502,14 @@ absl::StatusOr<std::vector<int64_t>> Client::Update(wire::UpdateRule rule, const
   if (!counters.empty()) {
     AddCounters(counters, calls[placement_->counter_task()].request.header.mutable_apply_gradients());
   }
+  if (progress != nullptr) {
+    calls[placement_->counter_task()].request.header.mutable_apply_gradients();  // the lease's holder hears of it
+    for (auto& [task, call] : calls) *call.request.header.mutable_apply_gradients()->mutable_progress() = *progress;
+  }
   SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  if (answer != nullptr) {
+    *answer = GatherProgress(calls, [](const wire::ResponseHeader& h) { return h.apply_gradients().progress(); });
+  }
   if (values != nullptr) {
     SHOAL_ASSIGN_OR_RETURN(*values, Reassemble(placements, calls));
   }
@@ -520,7 +549,8 @@ absl::StatusOr<int64_t> Client::PollCounter(const std::string& name, int64_t at_
 absl::StatusOr<int> Client::Accumulate(const std::vector<std::string>& names,
                                        const std::vector<torch::Tensor>& gradients, int64_t local_step,
                                        const std::string& worker, int apply_at,
-                                       const std::vector<CounterDelta>& counters) {
+                                       const std::vector<CounterDelta>& counters,
+                                       const wire::DataProgress* progress, wire::ProgressAnswer* answer) {
   TaskCalls calls;
   auto describe = [&](wire::AccumulateRequest* accumulate) {
     accumulate->set_local_step(local_step);
@@ -539,12 +569,66 @@ absl::StatusOr<int> Client::Accumulate(const std::vector<std::string>& names,
     describe(accumulate);
     AddCounters(counters, accumulate);
   }
+  if (progress != nullptr) {
+    describe(calls[placement_->counter_task()].request.header.mutable_accumulate());
+    for (auto& [task, call] : calls) *call.request.header.mutable_accumulate()->mutable_progress() = *progress;
+  }
   SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  if (answer != nullptr) {
+    *answer = GatherProgress(calls, [](const wire::ResponseHeader& h) { return h.accumulate().progress(); });
+  }
   int dropped = 0;
   for (auto& [task, call] : calls) {
     for (bool accepted : call.response.header.accumulate().accepted()) dropped += accepted ? 0 : 1;
   }
   return dropped;
+}
+
+absl::StatusOr<wire::LeaseResponse> Client::Lease(const wire::LeaseRequest& request) {
+  TaskCalls calls;
+  *calls[placement_->counter_task()].request.header.mutable_lease() = request;
+  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  return calls.begin()->second.response.header.lease();
+}
+
+absl::StatusOr<wire::LeaseTableState> Client::LeaseTable(const wire::LeaseTableState* restore) {
+  TaskCalls calls;
+  if (restore != nullptr) {
+    // Every task's watermarks go back with the table; the counter task's last.
+    for (const TaskId& task : VariableTasks()) {
+      if (task == placement_->counter_task()) continue;
+      auto* request = calls[task].request.header.mutable_lease_table();
+      request->set_restore(true);
+      *request->mutable_state() = *restore;
+    }
+    SHOAL_RETURN_IF_ERROR(RunAll(calls));
+    calls.clear();
+  }
+  auto* request = calls[placement_->counter_task()].request.header.mutable_lease_table();
+  if (restore != nullptr) {
+    request->set_restore(true);
+    *request->mutable_state() = *restore;
+  }
+  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  return calls.begin()->second.response.header.lease_table().state();
+}
+
+std::set<TaskId> Client::VariableTasks() const {
+  std::set<TaskId> tasks;
+  for (const auto& [name, placed] : placement_->variables()) {
+    for (const Shard& shard : placed.shards) tasks.insert(shard.task);
+  }
+  return tasks;
+}
+
+absl::StatusOr<std::map<TaskId, wire::LedgerResponse>> Client::Ledgers() {
+  TaskCalls calls;
+  for (const TaskId& task : VariableTasks()) calls[task].request.header.mutable_ledger();
+  calls[placement_->counter_task()].request.header.mutable_ledger();
+  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  std::map<TaskId, wire::LedgerResponse> ledgers;
+  for (auto& [task, call] : calls) ledgers[task] = call.response.header.ledger();
+  return ledgers;
 }
 
 absl::Status IncompleteStepError(int64_t step, int arrived, int replicas, absl::Duration timeout,

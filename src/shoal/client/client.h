@@ -124,9 +124,14 @@ class Client {
     std::vector<int64_t> counters;
     std::vector<torch::Tensor> values;
   };
+  // With `progress` (leased data), every task the gradients reach, and the
+  // counter task, applies them only with their places (DataLeases::Admit),
+  // and `answer` says where the tasks stand (GatherProgress).
   absl::StatusOr<AppliedValues> ApplyGradientsAndRead(const std::vector<std::string>& names,
                                                       const std::vector<torch::Tensor>& gradients,
-                                                      const std::vector<CounterDelta>& counters = {});
+                                                      const std::vector<CounterDelta>& counters = {},
+                                                      const wire::DataProgress* progress = nullptr,
+                                                      wire::ProgressAnswer* answer = nullptr);
 
   // Adds each delta to its variable's value (no optimizer; TensorFlow's
   // assign_add), then bumps `counters` as ApplyGradients does.
@@ -168,9 +173,19 @@ class Client {
   // With apply_at > 0 the servers apply each accumulator's mean as soon as
   // it holds apply_at gradients (no ApplyAccumulated needed). `counters`
   // ride to the counter task with the gradients, as ApplyGradients' do.
+  // `progress` and `answer` as ApplyGradientsAndRead's.
   absl::StatusOr<int> Accumulate(const std::vector<std::string>& names, const std::vector<torch::Tensor>& gradients,
                                  int64_t local_step, const std::string& worker, int apply_at = 0,
-                                 const std::vector<CounterDelta>& counters = {});
+                                 const std::vector<CounterDelta>& counters = {},
+                                 const wire::DataProgress* progress = nullptr,
+                                 wire::ProgressAnswer* answer = nullptr);
+
+  // Leased data (server/data_leases.h): a lease from the counter task's
+  // table; the table itself (restoring `state` onto every task first when
+  // given); and every task's exactly-once ledger.
+  absl::StatusOr<wire::LeaseResponse> Lease(const wire::LeaseRequest& request);
+  absl::StatusOr<wire::LeaseTableState> LeaseTable(const wire::LeaseTableState* restore = nullptr);
+  absl::StatusOr<std::map<TaskId, wire::LedgerResponse>> Ledgers();
 
   // The chief's side of a synchronous step: on every task, waits for
   // `replicas_to_aggregate` tensors per variable, uses their mean as `rule`
@@ -287,6 +302,8 @@ class Client {
   absl::StatusOr<std::vector<VariablePlacement>> LocateAll(const std::vector<std::string>& names) const;
   // The one task of each named variable; InvalidArgument for a partitioned
   // one (`what` names the operation).
+  // The tasks the placement puts variables on.
+  std::set<TaskId> VariableTasks() const;
   absl::StatusOr<std::vector<TaskId>> LocateWhole(const std::vector<std::string>& names, absl::string_view what) const;
   // Sends every call in parallel and waits for all, sending again those whose
   // task was unreachable until the deadline; returns the first error.
@@ -311,7 +328,9 @@ class Client {
                                               const std::vector<torch::Tensor>& updates,
                                               const std::vector<CounterDelta>& counters,
                                               std::vector<torch::Tensor>* values = nullptr,
-                                              double elastic_alpha = 0);
+                                              double elastic_alpha = 0,
+                                              const wire::DataProgress* progress = nullptr,
+                                              wire::ProgressAnswer* answer = nullptr);
   // Adds each variable's tensor, sliced per shard, to the call for the
   // shard's task (and the shard to the call's `pieces`); `add_name` records
   // the shard in that call's header, given the stored name, the variable's

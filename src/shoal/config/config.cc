@@ -279,6 +279,9 @@ absl::Status ParseAll(const YAML::Node& root, JobConfig* c) {
   SHOAL_RETURN_IF_ERROR(normalize.CheckNoUnknownKeys());
   SHOAL_RETURN_IF_ERROR(data.Get("train_examples", &c->data.train_examples));
   SHOAL_RETURN_IF_ERROR(data.Get("test_examples", &c->data.test_examples));
+  SHOAL_RETURN_IF_ERROR(data.Get("leases", &c->data.leases));
+  SHOAL_RETURN_IF_ERROR(data.Get("lease_shard_examples", &c->data.lease_shard_examples));
+  SHOAL_RETURN_IF_ERROR(data.Get("lease_timeout_s", &c->data.lease_timeout_s));
   SHOAL_RETURN_IF_ERROR(data.CheckNoUnknownKeys());
 
   Section training = top.Child("training");
@@ -508,6 +511,20 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
     return absl::InvalidArgumentError("config: 'data.train_examples' and 'data.test_examples' must not be negative");
   }
   SHOAL_ASSIGN_OR_RETURN(const TrainingMode* mode, FindMode(c.training.mode));
+  if (c.data.leases) {
+    if (c.data.lease_shard_examples < 0) {
+      return absl::InvalidArgumentError("config: 'data.lease_shard_examples' must not be negative (0 = derive it)");
+    }
+    SHOAL_RETURN_IF_ERROR(Positive("data.lease_timeout_s", c.data.lease_timeout_s));
+    if (!mode->LeasesData()) {
+      return absl::InvalidArgumentError(absl::StrCat("config: 'data.leases' works with training.mode async, sync and "
+                                                     "ssp, not ", c.training.mode));
+    }
+    if (c.data.format == "criteo") {
+      return absl::InvalidArgumentError(
+          "config: 'data.leases' needs a training set held in memory (idx, npy); criteo click logs are streamed");
+    }
+  }
   if (mode->ClassifiesOnly() && c.model.loss != "cross_entropy") {
     return absl::InvalidArgumentError(absl::StrCat("config: training.mode ", c.training.mode,
                                                    " classifies (model.loss cross_entropy), not ", c.model.loss));
@@ -782,7 +799,9 @@ std::string JobConfigToYaml(const JobConfig& c) {
   if (c.data.normalize.mean) out << YAML::Key << "mean" << YAML::Value << *c.data.normalize.mean;
   if (c.data.normalize.std) out << YAML::Key << "std" << YAML::Value << *c.data.normalize.std;
   out << YAML::EndMap << YAML::Key << "train_examples" << YAML::Value << c.data.train_examples << YAML::Key
-      << "test_examples" << YAML::Value << c.data.test_examples << YAML::EndMap;
+      << "test_examples" << YAML::Value << c.data.test_examples << YAML::Key << "leases" << YAML::Value
+      << c.data.leases << YAML::Key << "lease_shard_examples" << YAML::Value << c.data.lease_shard_examples
+      << YAML::Key << "lease_timeout_s" << YAML::Value << c.data.lease_timeout_s << YAML::EndMap;
   out << YAML::Key << "training" << YAML::Value << YAML::BeginMap << YAML::Key << "mode" << YAML::Value
       << c.training.mode << YAML::Key << "epochs" << YAML::Value << c.training.epochs << YAML::Key << "max_steps"
       << YAML::Value << c.training.max_steps << YAML::Key << "batch_size" << YAML::Value << c.training.batch_size

@@ -52,6 +52,12 @@ struct DataConfig {
   Normalization normalize;
   int64_t train_examples = 0;  // 0: all; else the first N (quick runs, tests)
   int64_t test_examples = 0;
+  // Leased data (strategy/leased_data.h): workers take shards of each epoch
+  // from the counter task as they go, so that workers may come and go and
+  // every example is trained once. Off: each worker reads its own slice.
+  bool leases = false;
+  int64_t lease_shard_examples = 0;  // 0: about 1/16 of an epoch, a whole number of batches (at most 32)
+  double lease_timeout_s = 10;       // a lease its holder did not renew for this long goes to another worker
 };
 
 // The format is known and has its files named; the deviation is positive.

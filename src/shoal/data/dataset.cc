@@ -169,13 +169,15 @@ int64_t BatchIterator::ExamplesInBatches(int64_t batches) const {
   return examples;
 }
 
-void BatchIterator::Shuffle() {
+torch::Tensor EpochOrder(int64_t size, uint64_t seed, int64_t epoch) {
   // Each epoch's order from its own seed, so that seeking to any epoch
   // costs one shuffle, whatever the position (epoch 0's seed is `seed`).
-  const uint64_t epoch_seed = seed_ + static_cast<uint64_t>(epoch_) * 0x9E3779B97F4A7C15ull;
+  const uint64_t epoch_seed = seed + static_cast<uint64_t>(epoch) * 0x9E3779B97F4A7C15ull;
   torch::Generator generator = at::make_generator<at::CPUGeneratorImpl>(epoch_seed);
-  order_ = torch::randperm(data_.size(), generator, torch::kInt64);
+  return torch::randperm(size, generator, torch::kInt64);
 }
+
+void BatchIterator::Shuffle() { order_ = EpochOrder(data_.size(), seed_, epoch_); }
 
 void BatchIterator::Next(torch::Tensor* images, torch::Tensor* labels) {
   if (position_ >= data_.size()) {

@@ -56,6 +56,10 @@ absl::StatusOr<RawMnist> ReadMnistFormat(const std::string& dir, const std::stri
 // mean and deviation.
 absl::StatusOr<Dataset> LoadMnistFormat(const std::string& dir, const std::string& split);
 
+// The order in which an epoch visits `size` examples: a permutation drawn
+// from the seed and the epoch alone, so any worker draws the same one.
+torch::Tensor EpochOrder(int64_t size, uint64_t seed, int64_t epoch);
+
 // Yields shuffled mini-batches, reshuffling at every epoch (each epoch's
 // order drawn from the seed and the epoch).
 class BatchIterator {

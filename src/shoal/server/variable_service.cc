@@ -1,6 +1,7 @@
 #include "shoal/server/variable_service.h"
 
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -107,8 +108,11 @@ bool VariableService::Changes(const Request& request) {
     case wire::RequestHeader::kReadSlots:
     case wire::RequestHeader::kEndpoints:
     case wire::RequestHeader::kPullRows:
+    case wire::RequestHeader::kLedger:
     case wire::RequestHeader::OP_NOT_SET:
       return false;
+    case wire::RequestHeader::kLeaseTable:
+      return h.lease_table().restore();
     case wire::RequestHeader::kCounter:
       return h.counter().counter().delta() != 0 || h.counter().assign();
     default:
@@ -297,12 +301,25 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
         return absl::InvalidArgumentError(absl::StrCat("unknown update rule ", apply.rule(), " sent to ", options_.task_name));
       }
       SHOAL_RETURN_IF_ERROR(CheckCounterNames(apply.counters(), h, options_.task_name));
-      SHOAL_RETURN_IF_ERROR(store_.ApplyGradients(Names(apply.names()), request.tensors, &versions, apply.rule(),
-                                                  apply.elastic_alpha(), &response->tensors));
       auto* out = response->header.mutable_apply_gradients();
+      // Leased data: the update and its places are applied in one step, or
+      // neither (places applied already, or a lease lost).
+      std::optional<DataLeases::Admission> admission;
+      if (apply.has_progress()) {
+        SHOAL_ASSIGN_OR_RETURN(admission, leases_.Admit(apply.progress(), absl::Now()));
+      }
+      const bool applies = !admission.has_value() || admission->apply();
+      if (applies) {
+        SHOAL_RETURN_IF_ERROR(store_.ApplyGradients(Names(apply.names()), request.tensors, &versions, apply.rule(),
+                                                    apply.elastic_alpha(), &response->tensors));
+      }
       CopyInts(versions, out->mutable_versions());
       for (const auto& counter : apply.counters()) {
-        out->add_counter_values(store_.AddToCounter(counter.name(), counter.delta()));
+        out->add_counter_values(store_.AddToCounter(counter.name(), applies ? counter.delta() : 0));
+      }
+      if (admission.has_value()) {
+        admission->Commit();
+        *out->mutable_progress() = admission->answer();
       }
       return absl::OkStatus();
     }
@@ -351,11 +368,28 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
                                                        accumulate.apply_at(), ", must not be negative"));
       }
       SHOAL_RETURN_IF_ERROR(CheckCounterNames(accumulate.counters(), h, options_.task_name));
+      std::optional<DataLeases::Admission> admission;
+      if (accumulate.has_progress()) {
+        SHOAL_ASSIGN_OR_RETURN(admission, leases_.Admit(accumulate.progress(), absl::Now()));
+      }
+      auto* out = response->header.mutable_accumulate();
+      if (admission.has_value() && !admission->apply()) {
+        // Not taken: the places were applied already, or the lease is lost.
+        for (int i = 0; i < accumulate.names_size(); ++i) out->add_accepted(false);
+        *out->mutable_progress() = admission->answer();
+        return absl::OkStatus();
+      }
       std::vector<bool> accepted;
       SHOAL_RETURN_IF_ERROR(store_.Accumulate(Names(accumulate.names()), request.tensors, accumulate.local_step(),
                                               accumulate.worker(), &accepted, accumulate.apply_at()));
-      for (bool a : accepted) response->header.mutable_accumulate()->add_accepted(a);
+      for (bool a : accepted) out->add_accepted(a);
       for (const auto& counter : accumulate.counters()) store_.AddToCounter(counter.name(), counter.delta());
+      if (admission.has_value()) {
+        // A stale gradient was dropped: its places stay unapplied here, for
+        // the worker to train again.
+        if (std::all_of(accepted.begin(), accepted.end(), [](bool a) { return a; })) admission->Commit();
+        *out->mutable_progress() = admission->answer();
+      }
       return absl::OkStatus();
     }
     case wire::RequestHeader::kApplyAccumulated: {
@@ -485,6 +519,24 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       for (int shard : shards) files.push_back((folder / TableFileName(shard)).string());
       SHOAL_ASSIGN_OR_RETURN(const int64_t rows, RestoreTables(tables_, files));
       response->header.mutable_restore_tables()->set_rows(rows);
+      return absl::OkStatus();
+    }
+    case wire::RequestHeader::kLease: {
+      SHOAL_ASSIGN_OR_RETURN(*response->header.mutable_lease(), leases_.Lease(h.lease(), absl::Now()));
+      // Counters carry the takeovers to whoever reports them.
+      const DataLeases::Takeovers takeovers = leases_.takeovers();
+      store_.SetCounter(kLeaseTakeoversCounter, takeovers.count);
+      store_.SetCounter(kLeaseTakeoverMsCounter, absl::ToInt64Milliseconds(takeovers.total));
+      store_.SetCounter(kLeaseLongestTakeoverMsCounter, absl::ToInt64Milliseconds(takeovers.longest));
+      return absl::OkStatus();
+    }
+    case wire::RequestHeader::kLeaseTable: {
+      if (h.lease_table().restore()) SHOAL_RETURN_IF_ERROR(leases_.Restore(h.lease_table().state()));
+      *response->header.mutable_lease_table()->mutable_state() = leases_.Snapshot();
+      return absl::OkStatus();
+    }
+    case wire::RequestHeader::kLedger: {
+      *response->header.mutable_ledger() = leases_.Ledger();
       return absl::OkStatus();
     }
     case wire::RequestHeader::OP_NOT_SET:

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "shoal/core/message.h"
+#include "shoal/server/data_leases.h"
 #include "shoal/server/request_ledger.h"
 #include "shoal/server/embedding_table.h"
 #include "shoal/server/variable_store.h"
@@ -46,6 +47,7 @@ class VariableService {
         store_(options_.task_name),
         tables_(options_.task_name, options_.memory_bytes),
         ledger_(options_.task_name),
+        leases_(options_.task_name),
         incarnation_(DrawIncarnation()) {}
 
   // Serves one request. Always fills response->header.status_code.
@@ -99,6 +101,7 @@ class VariableService {
   VariableStore store_;
   TableStore tables_;
   RequestLedger ledger_;
+  DataLeases leases_;  // leased data: the lease table (counter task) and every task's progress
   const uint64_t incarnation_;
   absl::Mutex endpoint_mu_;
   std::string fast_kind_ ABSL_GUARDED_BY(endpoint_mu_);

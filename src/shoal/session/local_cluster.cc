@@ -166,7 +166,15 @@ struct Child {
   pid_t pid = -1;
   bool exited = false;
   int status = 0;
+  bool leaving = false;  // told to leave the job (leased data): its exit is not restarted
 };
+
+// Leased data: SIGUSR1 asks the launcher for one more worker, SIGUSR2 for
+// one fewer (elastic workers on one machine; the chaos soak drives them).
+std::atomic<int> g_workers_to_add{0};
+std::atomic<int> g_workers_to_remove{0};
+void OnAddWorker(int) { g_workers_to_add.fetch_add(1); }
+void OnRemoveWorker(int) { g_workers_to_remove.fetch_add(1); }
 
 absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::string>& args) {
   const pid_t launcher = getpid();
@@ -185,6 +193,32 @@ absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::st
     _exit(127);
   }
   return pid;
+}
+
+// Starts the workers SIGUSR1 asked for (worker:N, N past the listed ones:
+// they join the job) and tells those SIGUSR2 asked to go to leave (SIGTERM:
+// the newest worker still running, never the chief).
+template <typename ArgsFor>
+void ScaleWorkers(const std::string& binary, const ArgsFor& args_for, int* next_joiner, std::vector<Child>& children) {
+  for (; g_workers_to_add.load() > 0; g_workers_to_add.fetch_sub(1)) {
+    const TaskId task{"worker", (*next_joiner)++};
+    auto pid = Spawn(binary, args_for(task));
+    if (!pid.ok()) {
+      absl::FPrintF(stderr, "shoal: cannot start %s: %s\n", task.ToString(), pid.status().message());
+      continue;
+    }
+    children.push_back({task, *pid});
+    absl::FPrintF(stderr, "shoal: %s joins the job\n", task.ToString());
+  }
+  for (; g_workers_to_remove.load() > 0; g_workers_to_remove.fetch_sub(1)) {
+    for (auto c = children.rbegin(); c != children.rend(); ++c) {
+      if (c->exited || c->leaving || c->task.job != "worker" || c->task.index == 0) continue;
+      c->leaving = true;
+      kill(c->pid, SIGTERM);
+      absl::FPrintF(stderr, "shoal: %s leaves the job\n", c->task.ToString());
+      break;
+    }
+  }
 }
 
 void StopAll(std::vector<Child>& children) {
@@ -318,6 +352,13 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
     return args;
   };
   std::vector<Child> children;
+  int next_joiner = static_cast<int>(cluster.Tasks("worker").size());
+  if (config.data.leases) {
+    g_workers_to_add.store(0);
+    g_workers_to_remove.store(0);
+    ::signal(SIGUSR1, OnAddWorker);
+    ::signal(SIGUSR2, OnRemoveWorker);
+  }
   for (const TaskId& task : cluster.AllTasks()) {
     auto pid = Spawn(shoal_binary, args_for(task));
     if (!pid.ok()) {
@@ -360,11 +401,13 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
                     hung.size() == 1 ? "it" : "them");
       break;
     }
+    if (config.data.leases && exit_deadline == absl::InfiniteFuture()) ScaleWorkers(shoal_binary, args_for, &next_joiner, children);
     all_done = true;
     for (Child& c : children) {
       if (!c.exited && waitpid(c.pid, &c.status, WNOHANG) == c.pid) {
         c.exited = true;
-        const bool succeeded = WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
+        const bool succeeded = (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) ||
+                               (c.leaving && WIFSIGNALED(c.status) && WTERMSIG(c.status) == SIGTERM);
         if (succeeded && cluster.IsChief(c.task)) exit_deadline = std::min(exit_deadline, absl::Now() + after_chief);
         if (!succeeded) {
           std::string what = absl::StrCat(c.task.ToString(), " ", DescribeExit(c.status));

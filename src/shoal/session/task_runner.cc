@@ -14,6 +14,7 @@
 #include "shoal/hooks/standard_hooks.h"
 #include "shoal/session/evaluator.h"
 #include "shoal/session/progress.h"
+#include "shoal/strategy/leased_data.h"
 #include "shoal/strategy/training_mode.h"
 #include "shoal/transport/fast_path_transport.h"
 #include "shoal/transport/grpc/grpc_transport.h"
@@ -141,12 +142,21 @@ WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& clus
   context.task = task;
   context.worker_index = static_cast<int>(std::find(workers.begin(), workers.end(), task) - workers.begin());
   context.num_workers = static_cast<int>(workers.size());
+  // A worker that joined (leased data) counts after the listed ones.
+  if (context.worker_index == context.num_workers) context.worker_index = context.num_workers + task.index;
   context.workers = workers;
   context.is_chief = cluster.IsChief(task);
   context.client = client;
   context.config = &config;
   context.train_examples = train.size();
   context.data_fingerprint = DataFingerprint(train);
+  if (config.data.leases) {
+    context.leases.enabled = true;
+    context.leases.shard_examples =
+        LeaseShardExamples(config.data.lease_shard_examples, train.size(), config.training.batch_size);
+    context.leases.timeout = absl::Seconds(config.data.lease_timeout_s);
+    context.train_set = train;
+  }
   // The mode's share of the training set (mode names are checked before any task starts).
   FindMode(config.training.mode).value()->SplitData(config, train, context);
   context.max_steps = max_steps;
@@ -250,28 +260,46 @@ absl::Status RunServerTask(const JobConfig& config, const ClusterSpec& cluster, 
 
 absl::Status RunWorkerTask(const JobConfig& config, const ClusterSpec& cluster, const TaskId& task,
                            const TaskOptions& options, std::FILE* progress_out, TrainReport* report) {
+  const absl::Time started = absl::Now();
   const std::vector<TaskId> workers = cluster.TrainingTasks();
-  if (std::find(workers.begin(), workers.end(), task) == workers.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(task.ToString(), " is not a training task (chief or worker)"));
+  // On leased data a worker the cluster does not list joins the running job
+  // (elastic workers): it takes leases like any other, and serves nothing.
+  const bool listed = std::find(workers.begin(), workers.end(), task) != workers.end();
+  if (!listed && !(config.data.leases && task.job == "worker")) {
+    return absl::InvalidArgumentError(absl::StrCat(task.ToString(),
+                                                   " is not a training task (chief or worker) of the cluster; with "
+                                                   "data.leases a worker the cluster does not list joins the job"));
   }
   const ComputeThreads threads = SetUpComputeThreads(config, /*training_task=*/true, cluster.TrainingTasksOnHostOf(task));
   SHOAL_ASSIGN_OR_RETURN(DataSplits data, LoadData(config));
   SHOAL_ASSIGN_OR_RETURN(GrpcOptions grpc_options, GrpcOptionsFor(config));
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport, MakeTransport(config));
-  SHOAL_ASSIGN_OR_RETURN(const std::string address, cluster.AddressOf(task));
+  std::string address;
+  if (listed) {
+    SHOAL_ASSIGN_OR_RETURN(address, cluster.AddressOf(task));
+  }
   SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Watching> watching,
                          Watching::Start(config, absl::StrCat(task.job, "_", task.index), address));
   std::unique_ptr<VariableService> service;
   std::unique_ptr<ServerHandle> server;
-  SHOAL_RETURN_IF_ERROR(Serve(config, cluster, task, options, *transport, *watching, &service, &server,
-                              !grpc_options.token.empty()));
+  if (listed) {
+    SHOAL_RETURN_IF_ERROR(Serve(config, cluster, task, options, *transport, *watching, &service, &server,
+                                !grpc_options.token.empty()));
+  }
   SHOAL_ASSIGN_OR_RETURN(auto placement, MakePlacement(config, cluster));
   SHOAL_ASSIGN_OR_RETURN(auto client,
                          Client::Create(cluster, transport.get(), placement, ClientOptionsFor(config)));
   const int64_t max_steps = MaxSteps(config, data.train.size(), static_cast<int>(cluster.TrainingTasks().size()));
   WorkerContext context = MakeWorkerContext(config, cluster, task, client.get(), data.train, max_steps);
+  context.started = started;
   watching->WatchWorker(context);
-  if (options.signal != nullptr) context.extra_hooks.push_back(std::make_shared<StopOnSignalHook>(options.signal));
+  // SIGTERM stops the job, but on leased data a worker other than the chief
+  // leaves it alone (a scaled-down pod), and the others train on.
+  if (config.data.leases && !context.is_chief) {
+    context.leave_requested = options.signal;
+  } else if (options.signal != nullptr) {
+    context.extra_hooks.push_back(std::make_shared<StopOnSignalHook>(options.signal));
+  }
   for (const auto& hook : options.extra_hooks) context.extra_hooks.push_back(hook);
   std::unique_ptr<ProgressReporter> progress;
   if (progress_out && context.is_chief) {

@@ -8,6 +8,7 @@
 #include "shoal/hooks/watch_hooks.h"
 #include "shoal/session/run_folder.h"
 #include "shoal/session/watching.h"
+#include "shoal/strategy/leased_data.h"
 #include "shoal/strategy/training_mode.h"
 #include "shoal/telemetry/phase.h"
 
@@ -156,18 +157,28 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kRowCacheHits, worker->row_cache.hits).status());
   SHOAL_RETURN_IF_ERROR(PublishTaskTime(client, context.worker_index, phases, worker->local_steps));
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kWorkersDone, 1).status());
+  // Leased data: the shard held goes back for others, and this worker
+  // leaves the live count the chief waits on, its last word to the job.
+  if (context.leased_data != nullptr) SHOAL_RETURN_IF_ERROR(context.leased_data->Leave());
   if (!context.is_chief) return absl::OkStatus();
 
   // The chief evaluates once every worker has pushed its last step. A
   // worker that died (a killed backup in sync mode, a crashed one in async)
   // never will: after the RPC deadline the chief evaluates what the ps hold
   // and says so, rather than failing a job whose steps are all done.
+  // On leased data the lease table knows who still trains (workers that
+  // joined too); one that died drops out of it after the lease timeout.
   const absl::Time give_up = absl::Now() + absl::Seconds(context.config->transport.rpc_timeout_s);
   while (true) {
     SHOAL_ASSIGN_OR_RETURN(int64_t done, context.client->AddToCounter(kWorkersDone, 0));
-    if (done >= context.num_workers) break;
+    if (context.leases.enabled) {
+      SHOAL_ASSIGN_OR_RETURN(const int64_t live, LiveLeaseHolders(client, context.task.ToString()));
+      if (live == 0) break;
+    } else if (done >= context.num_workers) {
+      break;
+    }
     if (absl::Now() > give_up) {
-      report->unfinished_workers = context.num_workers - done;
+      report->unfinished_workers = static_cast<int>(std::max<int64_t>(0, context.num_workers - done));
       absl::FPrintF(stderr, "%s: %d of %d workers did not finish within %s s; evaluating without them\n",
                     context.task.ToString(), report->unfinished_workers, context.num_workers,
                     absl::StrCat(context.config->transport.rpc_timeout_s));
@@ -190,6 +201,10 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
     SHOAL_ASSIGN_OR_RETURN(report->last_checkpoint,
                            SaveAndPrune(*context.client, context.config->checkpoint, report->global_step,
                                         SavedCounters(*mode, context)));
+  }
+  if (context.leases.enabled) {
+    SHOAL_ASSIGN_OR_RETURN(report->data_ledger, CheckJobLedgers(client, context.train_set.size()));
+    report->data_ledger.leases_taken = worker->leases_taken;
   }
   SHOAL_ASSIGN_OR_RETURN(report->stale_gradients_dropped, context.client->AddToCounter(kStaleGradients, 0));
   SHOAL_ASSIGN_OR_RETURN(report->bytes_sent, context.client->AddToCounter(kBytesSent, 0));

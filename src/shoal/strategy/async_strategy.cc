@@ -32,7 +32,9 @@ class AsyncPolicy : public StepPolicy {
     if (!send) return PushOutcome::kStopped;
     const std::vector<CounterDelta> counters = {{kGlobalStep, 1}, {kStopRequested, 0}, TakeDataPosition(context_)};
     SHOAL_ASSIGN_OR_RETURN(Client::AppliedValues applied,
-                           context_.client->ApplyGradientsAndRead(model.variable_names(), gradients, counters));
+                           context_.client->ApplyGradientsAndRead(model.variable_names(), gradients, counters,
+                                                                                 context_.step_progress,
+                                                                                 &context_.step_answer));
     step.global_step = global_step_ = applied.counters[0];
     // The others' updates applied between the read this step trained from
     // and this one: 0 when nobody else pushed.
@@ -55,6 +57,7 @@ class AsyncPolicy : public StepPolicy {
 class Async final : public TrainingMode {
  public:
   std::string name() const override { return "async"; }
+  bool LeasesData() const override { return true; }
   std::unique_ptr<TrainingStrategy> MakeStrategy() const override { return std::make_unique<AsyncStrategy>(); }
 };
 

@@ -4,6 +4,8 @@
 #include "absl/strings/str_format.h"
 #include "shoal/core/status.h"
 #include "shoal/model/row_tables.h"
+#include "shoal/server/data_leases.h"
+#include "shoal/strategy/leased_data.h"
 #include "shoal/telemetry/phase.h"
 
 namespace shoal {
@@ -27,7 +29,24 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
   const std::vector<std::string>& names = model.variable_names();
   BatchIterator batches(context.train_shard, config.training.batch_size,
                         config.training.seed * 1000003 + context.worker_index);
+  // Leased data: batches from shards of the whole set, taken as the worker goes.
+  std::shared_ptr<LeasedData> leased;
+  if (context.leases.enabled) {
+    leased = std::make_shared<LeasedData>(
+        *context.client, context.train_set,
+        LeasedData::Options{context.task.ToString(), config.training.batch_size, context.leases.shard_examples,
+                            static_cast<uint64_t>(config.training.seed), context.data_fingerprint,
+                            context.leases.timeout});
+    context.leased_data = leased;
+  }
+  // While no shard is free: whether the job is over for this worker.
+  auto job_over = [&]() -> absl::StatusOr<bool> {
+    SHOAL_ASSIGN_OR_RETURN(const std::vector<int64_t> now,
+                           context.client->AddToCounters({{kGlobalStep, 0}, {kStopRequested, 0}}));
+    return now[0] >= context.max_steps || now[1] != 0;
+  };
   WorkerResult result;
+  bool join_noted = false;
   // Joining (the job's buffers, then the policy's place in the job) is part
   // of the first step, so that a ps lost while this worker starts, after
   // the variables were there, is recovered from as one lost mid-step is,
@@ -36,6 +55,10 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
   auto join = [&]() -> absl::Status {
     SHOAL_RETURN_IF_ERROR(LoadJobBuffers(context, model));
     SHOAL_RETURN_IF_ERROR(policy.Join(model));
+    if (leased != nullptr) {  // the lease table says where the data stands
+      joined = true;
+      return absl::OkStatus();
+    }
     // Where this worker's data stands for the job: the examples of its steps
     // the ps took in (those drawn since, undone or never sent, are drawn again).
     SHOAL_ASSIGN_OR_RETURN(const int64_t position, ReadDataPosition(context));
@@ -54,6 +77,7 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
   auto step_once = [&]() -> absl::StatusOr<bool> {
     if (!joined) SHOAL_RETURN_IF_ERROR(join());
     if (!policy.HasStepsLeft()) return false;
+    if (context.leave_requested != nullptr && context.leave_requested->load() != 0) return false;
     if (context.before_step) context.before_step(policy.LocalStep());
     {
       PhaseScope timed(Phase::kWait);
@@ -61,7 +85,13 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
       if (!may_step) return false;
     }
     torch::Tensor input, labels;
-    batches.Next(&input, &labels);
+    if (leased != nullptr) {
+      SHOAL_ASSIGN_OR_RETURN(const bool got, leased->Next(&input, &labels, job_over));
+      if (!got) return false;
+      context.step_progress = &leased->progress();
+    } else {
+      batches.Next(&input, &labels);
+    }
     {
       PhaseScope timed(Phase::kPull);
       SHOAL_RETURN_IF_ERROR(policy.Pull(model));
@@ -79,6 +109,16 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
       PhaseScope timed(Phase::kPush);
       SHOAL_ASSIGN_OR_RETURN(outcome, policy.Push(model, model.Gradients(), step, check));
       if (outcome == PushOutcome::kStopped) return false;
+      // Where the next batch begins: past this one, or over places a task did not take.
+      if (leased != nullptr && outcome != PushOutcome::kRewound) {
+        leased->Settle(context.step_answer);
+        // A worker that joined the running job: from its start to its first applied update.
+        if (!join_noted && context.worker_index >= context.num_workers && context.step_answer.applied()) {
+          join_noted = true;
+          const int64_t ms = absl::ToInt64Milliseconds(absl::Now() - context.started);
+          SHOAL_RETURN_IF_ERROR(context.client->AddToCounters({{kJoinsCounter, 1}, {kJoinMsCounter, ms}}).status());
+        }
+      }
       // Rows go to the tables asynchronously whatever the mode does with the
       // dense variables (sync: Persia's hybrid of sync dense and async tables).
       if (tables != nullptr && outcome != PushOutcome::kRewound) SHOAL_RETURN_IF_ERROR(tables->Push());
@@ -103,6 +143,10 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
                                         return join();
                                       }));
   SHOAL_RETURN_IF_ERROR(policy.Finish());
+  if (leased != nullptr) {
+    result.leases_taken = leased->leases_taken();
+    result.leases_lost = leased->leases_lost();
+  }
   if (tables != nullptr) {
     result.row_cache = tables->cache_stats();
     for (const wire::TableDef& table : tables->TableDefs()) result.tables.push_back(table.name());

@@ -163,6 +163,8 @@ std::pair<std::vector<std::string>, std::vector<torch::Tensor>> WithBuffers(cons
 // one lost); a job started again over a checkpoint begins its counters
 // afresh (a new session: nobody is done yet, nobody has asked to stop).
 // What a restore put back: the checkpoint's step, and the table rows.
+absl::Status RestoreLeaseTable(WorkerContext& context, const std::string& checkpoint, const CheckpointIndex& index);
+
 struct Restored {
   int64_t step = 0;
   int64_t table_rows = 0;
@@ -178,6 +180,7 @@ absl::StatusOr<Restored> RestoreOnto(WorkerContext& context, const std::string& 
   CheckpointIndex index;
   SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored, LoadVariables(checkpoint, names, shapes, &index));
   SHOAL_RETURN_IF_ERROR(client.SetCounter(kGlobalStep, index.step).status());
+  if (context.leases.enabled) SHOAL_RETURN_IF_ERROR(RestoreLeaseTable(context, checkpoint, index));
   if (mid_job) {
     SHOAL_RETURN_IF_ERROR(RestoreSavedCounters(client, index));
   } else {
@@ -212,6 +215,25 @@ absl::StatusOr<Restored> RestoreOnto(WorkerContext& context, const std::string& 
   }
   SHOAL_RETURN_IF_ERROR(client.SetCounter(kRestoreInProgress, 0).status());
   return done;
+}
+
+// Leased data: the checkpoint's lease table onto every task, when it has
+// one for this data (a checkpoint without one: the data starts afresh).
+absl::Status RestoreLeaseTable(WorkerContext& context, const std::string& checkpoint, const CheckpointIndex& index) {
+  if (!index.lease_table.has_value()) return absl::OkStatus();
+  const wire::LeaseTableState& table = *index.lease_table;
+  if (table.data_fingerprint() != context.data_fingerprint || table.examples() != context.train_set.size()) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint '", checkpoint, "' leases data with fingerprint ", table.data_fingerprint(), " (",
+        table.examples(), " examples), but this job's training set has fingerprint ", context.data_fingerprint, " (",
+        context.train_set.size(), " examples): its lease table cannot say which of these examples were trained"));
+  }
+  if (table.shard_examples() != context.leases.shard_examples) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint '", checkpoint, "' leases shards of ", table.shard_examples(), " examples; this job asks for ",
+        context.leases.shard_examples, " (set data.lease_shard_examples to ", table.shard_examples(), ")"));
+  }
+  return context.client->LeaseTable(&table).status();
 }
 
 // "global step 112" and, when there were tables, ", 3021 table rows".

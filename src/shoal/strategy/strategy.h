@@ -6,6 +6,7 @@
 #ifndef SHOAL_STRATEGY_STRATEGY_H_
 #define SHOAL_STRATEGY_STRATEGY_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -60,6 +61,8 @@ inline constexpr char kDataStartStep[] = "data_start_step";
 // worker count, since another count shards the data otherwise.
 std::string DataPositionCounter(int worker_index, int num_workers);
 
+class LeasedData;  // strategy/leased_data.h
+
 // Called after each step a worker finishes (from that worker's thread);
 // `auc` is the batch's for a click model, else -1.
 using StepCallback = std::function<void(int64_t global_step, double loss, double auc)>;
@@ -67,6 +70,7 @@ using StepCallback = std::function<void(int64_t global_step, double loss, double
 // What one worker's training loop works with. Nothing here is owned.
 struct WorkerContext {
   TaskId task;
+  absl::Time started = absl::Now();  // when the task began (a joining worker's time to its first update)
   int worker_index = 0;  // among the training tasks
   int num_workers = 1;
   std::vector<TaskId> workers;  // every training task, by worker index
@@ -113,6 +117,23 @@ struct WorkerContext {
   // The model's embedding tables (CreateRowTables), which a restore creates
   // again on a restarted ps task before it restores their rows.
   std::vector<wire::TableDef> table_defs;
+  // Leased data (data.leases; LeasedData): the whole training set, and the
+  // places the step's batch came from, which the mode's push carries to
+  // every task (null: not leased), and the tasks' answer to it.
+  struct Leases {
+    bool enabled = false;
+    int64_t shard_examples = 0;
+    absl::Duration timeout = absl::Seconds(10);
+  } leases;
+  Dataset train_set;
+  // Set by the step driver: the session hands its lease back and leaves the
+  // live count once this worker's last counters are in (LeasedData::Leave).
+  std::shared_ptr<LeasedData> leased_data;
+  // Leased data: once this is set (a worker's SIGTERM), the worker leaves
+  // after its step, alone; the job trains on. May be null.
+  const std::atomic<int>* leave_requested = nullptr;
+  const wire::DataProgress* step_progress = nullptr;
+  wire::ProgressAnswer step_answer;
   // Examples this worker drew since it last added them to its
   // DataPositionCounter: its mode's next exchange with the counter task
   // carries them (TakeDataPosition).
@@ -132,6 +153,8 @@ struct WorkerResult {
   std::string stop_reason;  // set when a hook of this worker stopped the job
   RowTables::CacheStats row_cache;  // a model with row tables: its cache's figures
   std::vector<std::string> tables;  // ... and their names
+  int64_t leases_taken = 0;         // leased data: shards this worker leased, and lost to others
+  int64_t leases_lost = 0;
 };
 
 // The counter delta that adds the examples drawn since the last one to this

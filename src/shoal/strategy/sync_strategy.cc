@@ -52,7 +52,8 @@ class SyncPolicy : public StepPolicy {
     // checkpoints take their step from the barrier's read, not from it.
     std::vector<CounterDelta> counters = {TakeDataPosition(context_)};
     if (const int64_t uncounted = StepsNotCounted(); uncounted > 0) counters.push_back({kGlobalStep, uncounted});
-    SHOAL_ASSIGN_OR_RETURN(int dropped, client_.Accumulate(names, gradients, local_step_, me_, replicas_, counters));
+    SHOAL_ASSIGN_OR_RETURN(int dropped, client_.Accumulate(names, gradients, local_step_, me_, replicas_, counters,
+                                                                context_.step_progress, &context_.step_answer));
     if (context_.is_chief) global_step_ = local_step_;
     if (dropped > 0) {
       SHOAL_RETURN_IF_ERROR(client_.AddToCounter(kStaleGradients, 1).status());
@@ -92,6 +93,7 @@ class SyncPolicy : public StepPolicy {
 class Sync final : public TrainingMode {
  public:
   std::string name() const override { return "sync"; }
+  bool LeasesData() const override { return true; }
   bool CheckpointsHoldOneStep() const override { return true; }
   std::unique_ptr<TrainingStrategy> MakeStrategy() const override { return std::make_unique<SyncStrategy>(); }
   absl::Status Validate(const StrategyConfig& config, int workers) const override {

@@ -9,6 +9,10 @@ namespace shoal {
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TaskTime, task, steps, seconds, compute, communication, waiting,
                                                 checkpoint)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(DataLedgerReport, leased, epochs_finished, epochs_checked,
+                                                places_applied, places_missing, places_repeated, leases_taken,
+                                                takeovers, takeover_seconds_mean, takeover_seconds_max, joins,
+                                                join_seconds_mean)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(MemberReport, member, fitness, test_accuracy, hyperparameters)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainReport, test_accuracy, test_loss, test_auc, row_cache_hit_rate,
                                                 table_rows_held, table_ids_refused, table_rows_evicted,
@@ -22,7 +26,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainReport, test_accuracy, test
                                                 restored_from, last_checkpoint, checkpoints_saved,
                                                 checkpoint_seconds, checkpoint_save_seconds, checkpoints_in_background,
                                                 restarts, recoveries, restores,
-                                                unfinished_workers, compute_threads, compute_threads_source, intra_op_threads,
+                                                unfinished_workers, data_ledger, compute_threads, compute_threads_source, intra_op_threads,
                                                 blas, worker_steps, calls_retried, trained_member, run_dir,
                                                 model_file, no_model_file, task_times)
 

@@ -32,6 +32,29 @@ struct MemberReport {
   std::string hyperparameters;
 };
 
+// The exactly-once check of a job on leased data (CheckJobLedgers): over
+// the epochs the ledgers keep, places each ps task applied, places missing
+// from a finished epoch on some task, and places applied again.
+struct DataLedgerReport {
+  bool leased = false;
+  int64_t epochs_finished = 0;
+  int64_t epochs_checked = 0;
+  int64_t places_applied = 0;  // the least over the tasks, summed over epochs
+  int64_t places_missing = 0;
+  int64_t places_repeated = 0;
+  int64_t leases_taken = 0;  // by the chief's own worker
+  // Shards another worker took over once their holder stopped renewing
+  // (died, stalled or left): how many, and the seconds from the holder's
+  // last update to the takeover (mean, longest).
+  int64_t takeovers = 0;
+  double takeover_seconds_mean = 0;
+  double takeover_seconds_max = 0;
+  // Workers that joined the running job, and their mean seconds from start
+  // to their first applied update.
+  int64_t joins = 0;
+  double join_seconds_mean = 0;
+};
+
 struct TrainReport {
   double test_accuracy = 0;  // classification (model.loss cross_entropy)
   double test_loss = 0;      // the mean loss on the test set (mse: the regression's figure; clicks: log loss)
@@ -65,6 +88,8 @@ struct TrainReport {
   // member's lead's), start-up included.
   int64_t restores = 0;
   int unfinished_workers = 0;           // workers that had not finished when the chief evaluated (dead ones)
+  // Leased data (data.leases): what every ps task's exactly-once ledger says.
+  DataLedgerReport data_ledger;
   // The chief's compute: its BLAS threads, why that many, libtorch's
   // intra-op threads beside them, and the BLAS its matrix products ran on.
   int compute_threads = 0;

@@ -91,6 +91,9 @@ class TrainingMode {
   // gated ensemble draws a batch a lockstep step, so its step says where its
   // data stands.
   virtual bool KeepsDataPosition() const { return true; }
+  // Whether the mode can train from leased data (data.leases): its push
+  // carries each step's places (StepPolicy, LeasedData). Async and sync.
+  virtual bool LeasesData() const { return false; }
   // Whether a checkpoint must hold one global step's values (the ps change
   // in lockstep), so that the chief trains nothing while one is written;
   // otherwise it saves in the background (checkpoint.background: auto).

@@ -1,0 +1,143 @@
+#include "shoal/strategy/leased_data.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "shoal/core/status.h"
+#include "shoal/server/data_leases.h"
+
+namespace shoal {
+
+int64_t LeaseShardExamples(int64_t configured, int64_t examples, int64_t batch_size) {
+  if (configured > 0) return configured;
+  const int64_t batches = std::clamp<int64_t>(examples / std::max<int64_t>(1, batch_size * 16), 1, 32);
+  return batches * batch_size;
+}
+
+absl::StatusOr<DataLedgerReport> CheckJobLedgers(Client& client, int64_t examples) {
+  SHOAL_ASSIGN_OR_RETURN(const wire::LeaseTableState table, client.LeaseTable());
+  SHOAL_ASSIGN_OR_RETURN(const auto by_task, client.Ledgers());
+  std::vector<wire::LedgerResponse> ledgers;
+  for (const auto& [task, ledger] : by_task) ledgers.push_back(ledger);
+  DataLedgerReport report;
+  report.leased = true;
+  report.epochs_finished = table.epochs_done();
+  for (const EpochCheck& epoch : CheckLedgers(ledgers, examples, table.epochs_done())) {
+    ++report.epochs_checked;
+    report.places_applied += epoch.applied_once;
+    report.places_missing += epoch.missing;
+    report.places_repeated += epoch.repeated;
+  }
+  SHOAL_ASSIGN_OR_RETURN(const std::vector<int64_t> counted,
+                         client.AddToCounters({{kLeaseTakeoversCounter, 0},
+                                               {kLeaseTakeoverMsCounter, 0},
+                                               {kLeaseLongestTakeoverMsCounter, 0},
+                                               {kJoinsCounter, 0},
+                                               {kJoinMsCounter, 0}}));
+  report.takeovers = counted[0];
+  if (counted[0] > 0) report.takeover_seconds_mean = counted[1] / 1e3 / counted[0];
+  report.takeover_seconds_max = counted[2] / 1e3;
+  report.joins = counted[3];
+  if (counted[3] > 0) report.join_seconds_mean = counted[4] / 1e3 / counted[3];
+  return report;
+}
+
+absl::StatusOr<int64_t> LiveLeaseHolders(Client& client, const std::string& worker) {
+  SHOAL_ASSIGN_OR_RETURN(const wire::LeaseTableState table, client.LeaseTable());
+  if (table.examples() == 0) return 0;  // no worker ever leased
+  wire::LeaseRequest request;
+  request.set_worker(worker);
+  request.set_data_fingerprint(table.data_fingerprint());
+  request.set_examples(table.examples());
+  request.set_shard_examples(table.shard_examples());
+  request.set_leaving(true);
+  SHOAL_ASSIGN_OR_RETURN(const wire::LeaseResponse response, client.Lease(request));
+  return response.live_workers();
+}
+
+LeasedData::LeasedData(Client& client, Dataset data, Options options)
+    : client_(client), data_(std::move(data)), options_(std::move(options)) {}
+
+absl::StatusOr<bool> LeasedData::TakeLease(bool finished) {
+  wire::LeaseRequest request;
+  request.set_worker(options_.worker);
+  request.set_data_fingerprint(options_.data_fingerprint);
+  request.set_examples(data_.size());
+  request.set_shard_examples(options_.shard_examples);
+  request.set_timeout_ms(absl::ToInt64Milliseconds(options_.lease_timeout));
+  request.set_return_lease(lease_.lease());
+  request.set_finished(finished);
+  SHOAL_ASSIGN_OR_RETURN(wire::LeaseResponse response, client_.Lease(request));
+  live_workers_ = response.live_workers();
+  lease_ = std::move(response);
+  if (lease_.lease() == 0) return false;
+  ++leases_taken_;
+  cursor_ = lease_.begin();
+  return true;
+}
+
+const torch::Tensor& LeasedData::OrderOf(int64_t epoch) {
+  auto found = orders_.find(epoch);
+  if (found != orders_.end()) return found->second;
+  while (orders_.size() >= 2) orders_.erase(orders_.begin());
+  return orders_.emplace(epoch, EpochOrder(data_.size(), options_.seed, epoch)).first->second;
+}
+
+absl::StatusOr<bool> LeasedData::Next(torch::Tensor* images, torch::Tensor* labels,
+                                      const std::function<absl::StatusOr<bool>()>& job_over) {
+  const absl::Time give_up = absl::Now() + 3 * options_.lease_timeout;
+  // A shard is used up when every task applied it to its end (a lease may
+  // also resume there: its last holder died before handing it back).
+  while (lease_.lease() == 0 || cursor_ >= lease_.end()) {
+    const bool finished = lease_.lease() != 0;
+    SHOAL_ASSIGN_OR_RETURN(bool taken, TakeLease(finished));
+    if (taken) continue;
+    SHOAL_ASSIGN_OR_RETURN(bool over, job_over());
+    if (over) return false;
+    if (absl::Now() > give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          options_.worker, " found no shard of the data free to lease for ",
+          absl::FormatDuration(3 * options_.lease_timeout), ": every open shard stays leased to other workers"));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const int64_t count = std::min(options_.batch_size, lease_.end() - cursor_);
+  const torch::Tensor picked = OrderOf(lease_.epoch()).narrow(0, cursor_, count);
+  *images = data_.images.index_select(0, picked);
+  *labels = data_.labels.index_select(0, picked);
+  progress_.set_lease(lease_.lease());
+  progress_.set_epoch(lease_.epoch());
+  progress_.set_shard(lease_.shard());
+  progress_.set_shard_begin(lease_.shard() * options_.shard_examples);
+  progress_.set_begin(cursor_);
+  progress_.set_end(cursor_ + count);
+  return true;
+}
+
+void LeasedData::Settle(const wire::ProgressAnswer& answer) {
+  if (answer.lease_lost()) {
+    // Another worker holds the shard now; it resumes from the counter task's record.
+    lease_.Clear();
+    ++leases_lost_;
+    return;
+  }
+  cursor_ = answer.watermark();
+}
+
+absl::Status LeasedData::Leave() {
+  wire::LeaseRequest request;
+  request.set_worker(options_.worker);
+  request.set_data_fingerprint(options_.data_fingerprint);
+  request.set_examples(data_.size());
+  request.set_shard_examples(options_.shard_examples);
+  request.set_return_lease(lease_.lease());
+  request.set_finished(lease_.lease() != 0 && cursor_ >= lease_.end());
+  request.set_leaving(true);
+  SHOAL_ASSIGN_OR_RETURN(wire::LeaseResponse response, client_.Lease(request));
+  live_workers_ = response.live_workers();
+  lease_.Clear();
+  return absl::OkStatus();
+}
+
+}  // namespace shoal

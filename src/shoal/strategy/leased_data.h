@@ -1,0 +1,97 @@
+// LeasedData: a worker's batches from shards of the whole training set that
+// it leases from the counter task as it goes (data.leases;
+// server/data_leases.h holds the table and the rules).
+//
+// A lease is a shard of one epoch's order (EpochOrder of training.seed and
+// the epoch, the same on every worker). The worker trains it a batch at a
+// time from where the lease resumes; each step's update carries the batch's
+// places, and the tasks' answer moves the worker on (Settle): to the least
+// of their watermarks, so a stale sync gradient or a task that missed an
+// update sends the worker over those places again, and a lost lease (it
+// stalled past the timeout and another worker took the shard) makes it ask
+// for another. A shard trained to its end on every task goes back finished
+// with the next lease request.
+//
+// Not thread-safe: one per worker thread.
+#ifndef SHOAL_STRATEGY_LEASED_DATA_H_
+#define SHOAL_STRATEGY_LEASED_DATA_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "shoal/client/client.h"
+#include "shoal/data/dataset.h"
+#include "shoal/strategy/train_report.h"
+#include "shoal/wire.pb.h"
+
+namespace shoal {
+
+// Examples in a leased shard: `configured`, or about 1/16 of an epoch in
+// whole batches (at least one, at most 32).
+int64_t LeaseShardExamples(int64_t configured, int64_t examples, int64_t batch_size);
+
+// The exactly-once check of a job on leased data: every ps task's ledger
+// against the lease table's finished epochs (server/data_leases.h,
+// CheckLedgers), over `examples` places an epoch.
+absl::StatusOr<DataLedgerReport> CheckJobLedgers(Client& client, int64_t examples);
+
+// The workers the lease table heard from within the lease timeout, asked
+// as `worker`, which leaves the count (the chief, done with its own steps).
+absl::StatusOr<int64_t> LiveLeaseHolders(Client& client, const std::string& worker);
+
+class LeasedData {
+ public:
+  struct Options {
+    std::string worker;  // the task's name: the lease's holder
+    int64_t batch_size = 0;
+    int64_t shard_examples = 0;  // LeaseShardExamples
+    uint64_t seed = 0;           // training.seed: every worker's epoch orders
+    int64_t data_fingerprint = 0;
+    absl::Duration lease_timeout = absl::Seconds(10);
+  };
+  LeasedData(Client& client, Dataset data, Options options);
+
+  // The next batch and its places (progress()). Takes a lease when none is
+  // held or the held one is used up (handing that one back finished). While
+  // every open shard is leased to others it asks again every 50 ms, until
+  // `job_over` says the job is done (then false), or for three lease
+  // timeouts (then DeadlineExceeded).
+  absl::StatusOr<bool> Next(torch::Tensor* images, torch::Tensor* labels,
+                            const std::function<absl::StatusOr<bool>()>& job_over);
+  // The places of the batch Next gave, which the step's update carries.
+  const wire::DataProgress& progress() const { return progress_; }
+  // The tasks' answer to the step's update: where the next batch begins.
+  // An update that was never sent needs no answer: Next gives the same
+  // places again.
+  void Settle(const wire::ProgressAnswer& answer);
+  // Hands the lease held back unfinished and leaves the lease table's
+  // count of live workers (a worker whose training is over).
+  absl::Status Leave();
+
+  int64_t live_workers() const { return live_workers_; }
+  int64_t leases_taken() const { return leases_taken_; }
+  int64_t leases_lost() const { return leases_lost_; }
+
+ private:
+  // Asks for a lease, handing back the one held (finished when `finished`).
+  absl::StatusOr<bool> TakeLease(bool finished);
+  const torch::Tensor& OrderOf(int64_t epoch);
+
+  Client& client_;
+  const Dataset data_;
+  const Options options_;
+  wire::LeaseResponse lease_;  // lease() == 0: none held
+  int64_t cursor_ = 0;         // the next batch's first place
+  wire::DataProgress progress_;
+  std::map<int64_t, torch::Tensor> orders_;  // the epochs' orders in use (at most two)
+  int64_t live_workers_ = 0;
+  int64_t leases_taken_ = 0;
+  int64_t leases_lost_ = 0;
+};
+
+}  // namespace shoal
+
+#endif  // SHOAL_STRATEGY_LEASED_DATA_H_

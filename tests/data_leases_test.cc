@@ -1,0 +1,373 @@
+// Leased data: the lease table, the once-and-in-order rule, the ledger and
+// its check (server/data_leases.h), and jobs trained on leased data whose
+// every example of every finished epoch is applied exactly once.
+#include "shoal/server/data_leases.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "absl/time/clock.h"
+#include "quick_job.h"
+#include "shoal/server/variable_service.h"
+#include "shoal/session/local_cluster.h"
+
+namespace shoal {
+namespace {
+
+constexpr int64_t kFingerprint = 77;
+
+wire::LeaseRequest Ask(const std::string& worker, int64_t examples = 100, int64_t shard_examples = 40) {
+  wire::LeaseRequest request;
+  request.set_worker(worker);
+  request.set_data_fingerprint(kFingerprint);
+  request.set_examples(examples);
+  request.set_shard_examples(shard_examples);
+  request.set_timeout_ms(1000);
+  return request;
+}
+
+wire::DataProgress Places(const wire::LeaseResponse& lease, int64_t begin, int64_t end) {
+  wire::DataProgress progress;
+  progress.set_lease(lease.lease());
+  progress.set_epoch(lease.epoch());
+  progress.set_shard(lease.shard());
+  progress.set_shard_begin(lease.shard() * 40);
+  progress.set_begin(begin);
+  progress.set_end(end);
+  return progress;
+}
+
+// Admits and, when told to apply, commits: one update's places.
+wire::ProgressAnswer Update(DataLeases& leases, const wire::DataProgress& progress, absl::Time now) {
+  auto admission = leases.Admit(progress, now);
+  EXPECT_TRUE(admission.ok()) << admission.status();
+  if (admission->apply()) admission->Commit();
+  return admission->answer();
+}
+
+TEST(DataLeasesTest, ShardsGoOutInOrderAndANewEpochOpensWhenAllAreOut) {
+  DataLeases leases("ps:0");
+  const absl::Time now = absl::Now();
+  std::vector<std::pair<int64_t, int64_t>> handed;  // (epoch, shard)
+  for (int i = 0; i < 6; ++i) {
+    auto lease = leases.Lease(Ask("worker:" + std::to_string(i)), now);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    ASSERT_NE(lease->lease(), 0);
+    handed.emplace_back(lease->epoch(), lease->shard());
+    EXPECT_EQ(lease->begin(), lease->shard() * 40);
+    EXPECT_EQ(lease->end(), std::min<int64_t>(100, (lease->shard() + 1) * 40));
+  }
+  const std::vector<std::pair<int64_t, int64_t>> expected = {{0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {1, 2}};
+  EXPECT_EQ(handed, expected);
+  // Two epochs open, every shard out: none free.
+  auto none = leases.Lease(Ask("worker:9"), now);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->lease(), 0);
+  EXPECT_EQ(none->live_workers(), 7);
+}
+
+TEST(DataLeasesTest, AShardIsAppliedOnceAndInOrder) {
+  DataLeases leases("ps:1");  // a task that holds no lease table: the rule alone
+  wire::LeaseResponse lease;
+  lease.set_lease(1);
+  lease.set_shard(1);
+  const absl::Time now = absl::Now();
+  wire::ProgressAnswer first = Update(leases, Places(lease, 40, 50), now);
+  EXPECT_TRUE(first.applied());
+  EXPECT_EQ(first.watermark(), 50);
+  // The same places again (a repeat, or another worker resuming): not applied.
+  wire::ProgressAnswer again = Update(leases, Places(lease, 40, 50), now);
+  EXPECT_FALSE(again.applied());
+  EXPECT_EQ(again.watermark(), 50);
+  // A gap: not applied, and the answer says where the shard stands here.
+  wire::ProgressAnswer gap = Update(leases, Places(lease, 60, 70), now);
+  EXPECT_FALSE(gap.applied());
+  EXPECT_EQ(gap.watermark(), 50);
+  EXPECT_TRUE(Update(leases, Places(lease, 50, 60), now).applied());
+  // A lease older than one this task has seen for the shard is refused.
+  wire::LeaseResponse newer = lease;
+  newer.set_lease(5);
+  EXPECT_TRUE(Update(leases, Places(newer, 60, 70), now).applied());
+  wire::ProgressAnswer superseded = Update(leases, Places(lease, 70, 80), now);
+  EXPECT_TRUE(superseded.lease_lost());
+  EXPECT_FALSE(superseded.applied());
+
+  const wire::LedgerResponse ledger = leases.Ledger();
+  ASSERT_EQ(ledger.epochs_size(), 1);
+  EXPECT_EQ(ledger.epochs(0).repeated_places(), 0);
+  ASSERT_EQ(ledger.epochs(0).bounds_size(), 2);
+  EXPECT_EQ(ledger.epochs(0).bounds(0), 40);
+  EXPECT_EQ(ledger.epochs(0).bounds(1), 70);
+}
+
+TEST(DataLeasesTest, AnExpiredLeaseResumesWhereEveryTaskHadAppliedAndItsOldHolderIsRefused) {
+  DataLeases leases("ps:0");
+  const absl::Time start = absl::Now();
+  auto held = leases.Lease(Ask("worker:0"), start);
+  ASSERT_TRUE(held.ok());
+  EXPECT_TRUE(Update(leases, Places(*held, 0, 10), start).applied());
+  // The next update begins at 10: every task had applied [0, 10).
+  EXPECT_TRUE(Update(leases, Places(*held, 10, 20), start).applied());
+  // worker:0 stalls past the timeout; worker:1 takes the shard over.
+  const absl::Time later = start + absl::Seconds(2);
+  auto taken = leases.Lease(Ask("worker:1"), later);
+  ASSERT_TRUE(taken.ok());
+  EXPECT_EQ(taken->shard(), 0);
+  EXPECT_EQ(taken->epoch(), 0);
+  EXPECT_EQ(taken->begin(), 10);  // the begin of the holder's last update
+  EXPECT_GT(taken->lease(), held->lease());
+  // The old holder wakes up: its commit for a shard it no longer holds is
+  // refused and changes nothing.
+  wire::ProgressAnswer stale = Update(leases, Places(*held, 20, 30), later);
+  EXPECT_TRUE(stale.lease_lost());
+  EXPECT_FALSE(stale.applied());
+  // The new holder resumes at 10: [10, 20) is already applied here, [20, 30) is not.
+  EXPECT_FALSE(Update(leases, Places(*taken, 10, 20), later).applied());
+  EXPECT_TRUE(Update(leases, Places(*taken, 20, 30), later).applied());
+  const wire::LedgerResponse ledger = leases.Ledger();
+  ASSERT_EQ(ledger.epochs_size(), 1);
+  EXPECT_EQ(ledger.epochs(0).repeated_places(), 0);
+  EXPECT_EQ(ledger.epochs(0).bounds(1), 30);
+}
+
+TEST(DataLeasesTest, AnEpochFinishesWhenEveryShardIsHandedBackFinished) {
+  DataLeases leases("ps:0");
+  const absl::Time now = absl::Now();
+  int64_t lease_held = 0;
+  for (int i = 0; i < 3; ++i) {
+    wire::LeaseRequest ask = Ask("worker:0");
+    ask.set_return_lease(lease_held);
+    ask.set_finished(lease_held != 0);
+    auto lease = leases.Lease(ask, now);
+    ASSERT_TRUE(lease.ok());
+    EXPECT_EQ(lease->epoch(), 0);
+    EXPECT_EQ(lease->epochs_done(), 0);
+    EXPECT_TRUE(Update(leases, Places(*lease, lease->begin(), lease->end()), now).applied());
+    lease_held = lease->lease();
+  }
+  wire::LeaseRequest last = Ask("worker:0");
+  last.set_return_lease(lease_held);
+  last.set_finished(true);
+  auto next = leases.Lease(last, now);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->epochs_done(), 1);
+  EXPECT_EQ(next->epoch(), 1);
+  const auto checks = CheckLedgers({leases.Ledger()}, 100, 1);
+  ASSERT_EQ(checks.size(), 1u);
+  EXPECT_EQ(checks[0].applied_once, 100);
+  EXPECT_EQ(checks[0].missing, 0);
+  EXPECT_EQ(checks[0].repeated, 0);
+}
+
+TEST(DataLeasesTest, TheCheckFindsMissingAndRepeatedPlaces) {
+  wire::LedgerResponse whole, holed, twice;
+  auto add = [](wire::LedgerResponse& ledger, std::vector<int64_t> bounds, int64_t repeated) {
+    wire::EpochLedger* epoch = ledger.add_epochs();
+    for (int64_t b : bounds) epoch->add_bounds(b);
+    epoch->set_repeated_places(repeated);
+  };
+  add(whole, {0, 100}, 0);
+  add(holed, {0, 40, 50, 100}, 0);
+  add(twice, {0, 100}, 10);
+  auto checks = CheckLedgers({whole, holed}, 100, 1);
+  ASSERT_EQ(checks.size(), 1u);
+  EXPECT_EQ(checks[0].missing, 10);
+  checks = CheckLedgers({whole, twice}, 100, 1);
+  EXPECT_EQ(checks[0].repeated, 10);
+  EXPECT_EQ(checks[0].missing, 0);
+  // An epoch not finished may stop anywhere, but not repeat.
+  checks = CheckLedgers({holed}, 100, 0);
+  EXPECT_EQ(checks[0].missing, 0);
+  // The ledger itself counts overlapping places as repeats.
+  DataLeases leases("ps:1");
+  wire::LeaseResponse lease;
+  lease.set_lease(1);
+  const absl::Time now = absl::Now();
+  Update(leases, Places(lease, 0, 10), now);
+  wire::DataProgress overlapping = Places(lease, 5, 15);
+  auto admission = leases.Admit(overlapping, now);
+  ASSERT_TRUE(admission.ok());
+  EXPECT_FALSE(admission->apply());  // the rule already keeps it out
+}
+
+TEST(DataLeasesTest, BadRequestsAreRefusedAndChangeNothing) {
+  DataLeases leases("ps:0");
+  const absl::Time now = absl::Now();
+  ASSERT_TRUE(leases.Lease(Ask("worker:0"), now).ok());
+  // Another job's data: refused, naming both.
+  wire::LeaseRequest other = Ask("worker:1");
+  other.set_data_fingerprint(kFingerprint + 1);
+  auto refused = leases.Lease(other, now);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("fingerprint 78"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("fingerprint 77"), std::string::npos) << refused.status();
+  // Nameless, or describing no data.
+  EXPECT_EQ(leases.Lease(Ask(""), now).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(leases.Lease(Ask("worker:1", 0), now).status().code(), absl::StatusCode::kInvalidArgument);
+  // Malformed places.
+  wire::LeaseResponse lease;
+  lease.set_lease(1);
+  for (auto [begin, end] : {std::pair<int64_t, int64_t>{10, 10}, {-5, 3}, {20, 10}}) {
+    auto admission = leases.Admit(Places(lease, begin, end), now);
+    EXPECT_EQ(admission.status().code(), absl::StatusCode::kInvalidArgument) << begin << " " << end;
+  }
+  // A commit for a lease nobody was given is refused.
+  wire::LeaseResponse forged;
+  forged.set_lease(99);
+  EXPECT_TRUE(Update(leases, Places(forged, 0, 10), now).lease_lost());
+  EXPECT_EQ(leases.Ledger().epochs_size(), 0);
+  // A malformed table to restore is refused whole.
+  wire::LeaseTableState bad = leases.Snapshot();
+  bad.add_shard_offsets(5);
+  EXPECT_EQ(leases.Restore(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(leases.Snapshot().shard_offsets_size(), 3);
+}
+
+TEST(DataLeasesTest, ATableRestoredFromACheckpointResumesItsShardsAndForgetsWhatLaterUpdatesApplied) {
+  DataLeases leases("ps:0");
+  const absl::Time now = absl::Now();
+  auto lease = leases.Lease(Ask("worker:0"), now);
+  ASSERT_TRUE(lease.ok());
+  Update(leases, Places(*lease, 0, 10), now);
+  Update(leases, Places(*lease, 10, 20), now);
+  const wire::LeaseTableState saved = leases.Snapshot();
+  ASSERT_EQ(saved.shard_offsets_size(), 3);
+  EXPECT_EQ(saved.shard_offsets(0), 10);
+  Update(leases, Places(*lease, 20, 30), now);
+  ASSERT_TRUE(leases.Restore(saved).ok());
+  // The old lease is gone; the shard resumes at 10 for whoever asks.
+  EXPECT_TRUE(Update(leases, Places(*lease, 30, 40), now).lease_lost());
+  auto resumed = leases.Lease(Ask("worker:1"), now);
+  ASSERT_TRUE(resumed.ok());
+  EXPECT_EQ(resumed->shard(), 0);
+  EXPECT_EQ(resumed->begin(), 10);
+  EXPECT_TRUE(Update(leases, Places(*resumed, 10, 20), now).applied());
+  const wire::LedgerResponse ledger = leases.Ledger();
+  ASSERT_EQ(ledger.epochs_size(), 1);
+  EXPECT_EQ(ledger.epochs(0).repeated_places(), 0);
+  EXPECT_EQ(ledger.epochs(0).bounds(1), 20);
+}
+
+// Through a server: an update for a lease its sender does not hold leaves
+// the variable and the counters as they were.
+TEST(DataLeasesTest, AServerAppliesNothingOfAnUpdateWhoseLeaseIsNotHeld) {
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  Request create;
+  wire::VariableDef* def = create.header.mutable_create_variables()->add_variables();
+  def->set_name("w");
+  def->add_shape(2);
+  def->mutable_optimizer()->set_kind("sgd");
+  def->mutable_optimizer()->set_learning_rate(1.0);
+  create.tensors.push_back(torch::ones({2}));
+  Response response;
+  service.Handle(create, &response);
+  ASSERT_EQ(response.header.status_code(), 0) << response.header.status_message();
+  Request lease_request;
+  *lease_request.header.mutable_lease() = Ask("worker:0");
+  service.Handle(lease_request, &response);
+  ASSERT_EQ(response.header.status_code(), 0) << response.header.status_message();
+  const wire::LeaseResponse lease = response.header.lease();
+
+  auto apply = [&](int64_t lease_number, int64_t begin, int64_t end) {
+    Request request;
+    auto* op = request.header.mutable_apply_gradients();
+    op->add_names("w");
+    wire::CounterDelta* counter = op->add_counters();
+    counter->set_name("global_step");
+    counter->set_delta(1);
+    wire::LeaseResponse which = lease;
+    which.set_lease(lease_number);
+    *op->mutable_progress() = Places(which, begin, end);
+    request.tensors.push_back(torch::ones({2}));
+    Response answer;
+    service.Handle(request, &answer);
+    EXPECT_EQ(answer.header.status_code(), 0) << answer.header.status_message();
+    return answer.header.apply_gradients();
+  };
+  auto value = [&] {
+    Request read;
+    read.header.mutable_read()->add_names("w");
+    Response answer;
+    service.Handle(read, &answer);
+    return answer.tensors.at(0).clone();
+  };
+  const auto applied = apply(lease.lease(), 0, 10);
+  EXPECT_TRUE(applied.progress().applied());
+  EXPECT_EQ(applied.counter_values(0), 1);
+  const torch::Tensor after_one = value();
+  EXPECT_TRUE(torch::allclose(after_one, torch::zeros({2})));
+  const auto forged = apply(lease.lease() + 7, 10, 20);
+  EXPECT_TRUE(forged.progress().lease_lost());
+  EXPECT_EQ(forged.counter_values(0), 1);  // global_step unmoved
+  EXPECT_TRUE(torch::equal(value(), after_one));
+  const auto repeated = apply(lease.lease(), 0, 10);
+  EXPECT_FALSE(repeated.progress().applied());
+  EXPECT_TRUE(torch::equal(value(), after_one));
+}
+
+// Whole jobs: every place of every finished epoch applied exactly once on
+// every ps task.
+JobConfig LeasedJob(const std::string& mode, int workers, int ps) {
+  JobConfig config = QuickJob(mode);
+  config.cluster.workers = workers;
+  config.cluster.ps = ps;
+  config.data.leases = true;
+  config.data.train_examples = 3000;
+  config.data.lease_shard_examples = 500;
+  config.training.batch_size = 100;
+  // 4 epochs' steps: while epoch 1 is open at most 3 epochs' places can be
+  // applied (two epochs open at once), so epochs 0 and 1 must finish.
+  config.training.epochs = 4;
+  return config;
+}
+
+void ExpectExactlyOnce(const TrainReport& report, int64_t min_epochs) {
+  const DataLedgerReport& ledger = report.data_ledger;
+  EXPECT_TRUE(ledger.leased);
+  EXPECT_GE(ledger.epochs_finished, min_epochs);
+  EXPECT_EQ(ledger.places_missing, 0);
+  EXPECT_EQ(ledger.places_repeated, 0);
+  EXPECT_GE(ledger.places_applied, ledger.epochs_finished * 3000);
+}
+
+TEST(LeasedTrainingTest, AsyncWorkersTrainEveryExampleOnceOnEveryPsTask) {
+  auto report = TrainInProcess(LeasedJob("async", 3, 2), InProcOptions{}, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ExpectExactlyOnce(*report, 2);
+  EXPECT_GT(report->test_accuracy, 0.6);
+}
+
+TEST(LeasedTrainingTest, SyncWithABackupWorkerReturnsDroppedGradientsExamplesToBeTrainedAgain) {
+  JobConfig config = LeasedJob("sync", 3, 2);
+  config.training.replicas_to_aggregate = 2;  // one backup: its late gradient is dropped
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr, [](WorkerContext& context) {
+    if (context.worker_index == 2) context.before_step = [](int64_t) { absl::SleepFor(absl::Milliseconds(3)); };
+  });
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GT(report->stale_gradients_dropped, 0);
+  ExpectExactlyOnce(*report, 2);
+}
+
+TEST(LeasedTrainingTest, AWorkerThatStallsPastItsLeaseLosesTheShardAndNothingIsTrainedTwice) {
+  JobConfig config = LeasedJob("async", 2, 2);
+  config.data.lease_timeout_s = 0.3;
+  std::atomic<int> stalls{0};
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
+    if (context.worker_index != 1) return;
+    // Worker 1 stalls (as a SIGSTOPped process would) now and then, past the lease timeout.
+    context.before_step = [&](int64_t step) {
+      if (step % 15 == 7 && stalls < 4) {
+        ++stalls;
+        absl::SleepFor(absl::Milliseconds(700));
+      }
+    };
+  });
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GT(stalls.load(), 0);
+  ExpectExactlyOnce(*report, 2);
+}
+
+}  // namespace
+}  // namespace shoal
