@@ -19,6 +19,10 @@
 // plain main job, as a ratio; and the nanoseconds of one phase timer, the
 // one piece of watching that runs when all are off (the job's summary).
 //
+// Leased data: the main job again with data.leases (every step's places
+// ride with its update, a lease a shard), alternated with the plain main
+// job, as a ratio (ratio_leased_vs_owned).
+//
 //   build/bench/train_bench [--steps N] [--repeats R]   -> one JSON line
 #include <unistd.h>
 
@@ -200,6 +204,8 @@ int Main(int argc, char** argv) {
     return 1;
   }
   watched_job.hooks.metrics_port = (*port)[0];
+  JobConfig leased_job = main_job;  // the same job on leased data (elastic workers, exactly once)
+  leased_job.data.leases = true;
   auto data = LoadData(one_worker);
   if (!data.ok()) {
     absl::FPrintF(stderr, "train_bench: %s\n", data.status().ToString());
@@ -207,7 +213,8 @@ int Main(int argc, char** argv) {
   }
   const int cores = UsableCores();
   const double flops = TrainingFlopsPerExample(one_worker.model.layers);
-  std::vector<double> gemm, model_gemm, plain, plain_shoal_adam, shoal, two_workers, two_workers_watched;
+  std::vector<double> gemm, model_gemm, plain, plain_shoal_adam, shoal, two_workers, two_workers_watched,
+      two_workers_leased;
   for (int64_t r = 0; r < repeats; ++r) {
     gemm.push_back(SingleCoreGemmGflops());
     model_gemm.push_back(ModelShapeGemmGflops(one_worker.model.layers, one_worker.training.batch_size, flops));
@@ -216,7 +223,8 @@ int Main(int argc, char** argv) {
     plain.push_back(PlainLibtorch(one_worker, data->train, steps, PlainUpdate::kTorchAdam));
     plain_shoal_adam.push_back(PlainLibtorch(one_worker, data->train, steps, PlainUpdate::kShoalAdam));
     for (auto [config, into] : {std::pair{&one_worker, &shoal}, std::pair{&main_job, &two_workers},
-                                std::pair{&watched_job, &two_workers_watched}}) {
+                                std::pair{&watched_job, &two_workers_watched},
+                                std::pair{&leased_job, &two_workers_leased}}) {
       auto report = TrainInProcess(*config, InProcOptions{}, nullptr);
       if (!report.ok()) {
         absl::FPrintF(stderr, "train_bench: %s\n", report.status().ToString());
@@ -244,13 +252,15 @@ int Main(int argc, char** argv) {
       "\"libtorch_shoal_adam_examples_per_second\": %.1f, \"ratio_shoal_vs_libtorch_shoal_adam\": %.4f, "
       "\"torch_adam_update_us\": %.1f, \"shoal_adam_update_us\": %.1f, "
       "\"main_job_watched_examples_per_second\": %.1f, \"ratio_watched_vs_unwatched\": %.4f, "
-      "\"phase_scope_ns_no_recorder\": %.1f, \"phase_scope_ns_summing\": %.1f}\n",
+      "\"phase_scope_ns_no_recorder\": %.1f, \"phase_scope_ns_summing\": %.1f, "
+      "\"main_job_leased_examples_per_second\": %.1f, \"ratio_leased_vs_owned\": %.4f}\n",
       steps, one_worker.training.batch_size, repeats, cores, IdentifyBlas().name, Median(gemm), flops, ceiling,
       Median(plain), Median(shoal), Median(shoal) / Median(plain), Median(plain) / ceiling, Median(shoal) / ceiling,
       Median(two_workers), Median(two_workers) / ceiling, Median(model_gemm), model_ceiling,
       Median(two_workers) / model_ceiling, Median(plain) / model_ceiling, Median(plain_shoal_adam),
       Median(shoal) / Median(plain_shoal_adam), torch_adam_us, shoal_adam_us, Median(two_workers_watched),
-      Median(two_workers_watched) / Median(two_workers), scope_ns_unwatched, scope_ns_summed);
+      Median(two_workers_watched) / Median(two_workers), scope_ns_unwatched, scope_ns_summed,
+      Median(two_workers_leased), Median(two_workers_leased) / Median(two_workers));
   return 0;
 }
 

@@ -366,6 +366,7 @@ TEST(LeasedTrainingTest, AWorkerThatStallsPastItsLeaseLosesTheShardAndNothingIsT
   });
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_GT(stalls.load(), 0);
+  EXPECT_GT(report->data_ledger.takeovers, 0);  // the stalled worker's shards went to the other
   ExpectExactlyOnce(*report, 2);
 }
 

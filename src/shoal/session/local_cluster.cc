@@ -418,7 +418,13 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
           // A ps task comes back empty: only a checkpoint can give it its
           // variables back, so without checkpoints it is not restarted.
           const bool restartable = c.task.job != "ps" || !config.checkpoint.dir.empty();
-          if (!restartable || signal_forwarded || static_cast<int>(restarts.size()) >= config.cluster.max_restarts) {
+          const bool budget_spent = static_cast<int>(restarts.size()) >= config.cluster.max_restarts;
+          if (config.data.leases && c.task.job == "worker" && !cluster.IsChief(c.task) && budget_spent &&
+              !signal_forwarded) {
+            // On leased data the job trains on without it: its lease runs
+            // out and another worker takes the shard over.
+            absl::FPrintF(stderr, "shoal: %s; the job trains on without it\n", what);
+          } else if (!restartable || signal_forwarded || budget_spent) {
             failure = absl::InternalError(
                 !restartable || config.cluster.max_restarts == 0
                     ? what

@@ -142,8 +142,6 @@ WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& clus
   context.task = task;
   context.worker_index = static_cast<int>(std::find(workers.begin(), workers.end(), task) - workers.begin());
   context.num_workers = static_cast<int>(workers.size());
-  // A worker that joined (leased data) counts after the listed ones.
-  if (context.worker_index == context.num_workers) context.worker_index = context.num_workers + task.index;
   context.workers = workers;
   context.is_chief = cluster.IsChief(task);
   context.client = client;
@@ -157,8 +155,13 @@ WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& clus
     context.leases.timeout = absl::Seconds(config.data.lease_timeout_s);
     context.train_set = train;
   }
-  // The mode's share of the training set (mode names are checked before any task starts).
-  FindMode(config.training.mode).value()->SplitData(config, train, context);
+  // The mode's share of the training set (mode names are checked before any
+  // task starts); a worker that joined leases all of it.
+  if (context.worker_index < context.num_workers) {
+    FindMode(config.training.mode).value()->SplitData(config, train, context);
+  } else {
+    context.worker_index = context.num_workers + task.index;  // counted after the listed workers
+  }
   context.max_steps = max_steps;
   return context;
 }
