@@ -67,6 +67,12 @@ py::tuple TrainJob(const shoal::Job& job, bool progress) {
     lock.unlock();
     runner.join();
   }
+  // A Ctrl-C that came as the job ended, after the last turn above, is the
+  // caller's too: it gets the report, not a bare KeyboardInterrupt.
+  if (PyErr_CheckSignals() != 0) {
+    PyErr_Clear();
+    interrupted = true;
+  }
   if (error) std::rethrow_exception(error);
   py::dict trained;
   for (const auto& [name, value] : report->variables) trained[py::str(name)] = value;

@@ -9,6 +9,8 @@
 
 #include "absl/time/clock.h"
 #include "quick_job.h"
+#include "temp_dir.h"
+#include "shoal/checkpoint/checkpoint.h"
 #include "shoal/server/variable_service.h"
 #include "shoal/session/local_cluster.h"
 
@@ -60,11 +62,12 @@ TEST(DataLeasesTest, ShardsGoOutInOrderAndANewEpochOpensWhenAllAreOut) {
   }
   const std::vector<std::pair<int64_t, int64_t>> expected = {{0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {1, 2}};
   EXPECT_EQ(handed, expected);
-  // Two epochs open, every shard out: none free.
+  // Two epochs open, every shard out: none free. The live workers are the
+  // six holding leases, not the one that waits for a shard.
   auto none = leases.Lease(Ask("worker:9"), now);
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(none->lease(), 0);
-  EXPECT_EQ(none->live_workers(), 7);
+  EXPECT_EQ(none->live_workers(), 6);
 }
 
 TEST(DataLeasesTest, AShardIsAppliedOnceAndInOrder) {
@@ -129,6 +132,38 @@ TEST(DataLeasesTest, AnExpiredLeaseResumesWhereEveryTaskHadAppliedAndItsOldHolde
   ASSERT_EQ(ledger.epochs_size(), 1);
   EXPECT_EQ(ledger.epochs(0).repeated_places(), 0);
   EXPECT_EQ(ledger.epochs(0).bounds(1), 30);
+}
+
+// A sync step's wait sends no update: the holder renews its lease, which
+// then outlives the timeout; only its holder can renew it, and a lease that
+// ran out is not renewed. The live count is the holders of unexpired leases.
+TEST(DataLeasesTest, AHolderWaitingForItsStepRenewsItsLease) {
+  DataLeases leases("ps:0");
+  const absl::Time start = absl::Now();
+  auto held = leases.Lease(Ask("worker:0"), start);
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(leases.Lease(Ask("worker:1"), start).ok());
+  auto renew = [&](const std::string& worker, int64_t lease, absl::Time now) {
+    wire::LeaseRequest request = Ask(worker);
+    request.set_return_lease(lease);
+    request.set_renew(true);
+    auto answer = leases.Lease(request, now);
+    EXPECT_TRUE(answer.ok()) << answer.status();
+    return *answer;
+  };
+  const wire::LeaseResponse renewed = renew("worker:0", held->lease(), start + absl::Milliseconds(800));
+  EXPECT_EQ(renewed.lease(), held->lease());
+  EXPECT_EQ(renewed.shard(), held->shard());
+  EXPECT_EQ(renewed.live_workers(), 2);
+  // Another worker naming the lease renews nothing.
+  EXPECT_EQ(renew("worker:1", held->lease(), start + absl::Milliseconds(900)).lease(), 0);
+  // At 1.5 s worker:1's lease (never renewed) has run out; worker:0's has not.
+  const wire::LeaseResponse later = renew("worker:0", held->lease(), start + absl::Milliseconds(1500));
+  EXPECT_EQ(later.lease(), held->lease());
+  EXPECT_EQ(later.live_workers(), 1);
+  EXPECT_TRUE(Update(leases, Places(*held, 0, 10), start + absl::Milliseconds(1600)).applied());
+  // Past its timeout with no renewal, it is gone, and renewing it says so.
+  EXPECT_EQ(renew("worker:0", held->lease(), start + absl::Seconds(4)).lease(), 0);
 }
 
 TEST(DataLeasesTest, AnEpochFinishesWhenEveryShardIsHandedBackFinished) {
@@ -221,7 +256,7 @@ TEST(DataLeasesTest, BadRequestsAreRefusedAndChangeNothing) {
   // A malformed table to restore is refused whole.
   wire::LeaseTableState bad = leases.Snapshot();
   bad.add_shard_offsets(5);
-  EXPECT_EQ(leases.Restore(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(leases.Restore(bad, true).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(leases.Snapshot().shard_offsets_size(), 3);
 }
 
@@ -236,7 +271,7 @@ TEST(DataLeasesTest, ATableRestoredFromACheckpointResumesItsShardsAndForgetsWhat
   ASSERT_EQ(saved.shard_offsets_size(), 3);
   EXPECT_EQ(saved.shard_offsets(0), 10);
   Update(leases, Places(*lease, 20, 30), now);
-  ASSERT_TRUE(leases.Restore(saved).ok());
+  ASSERT_TRUE(leases.Restore(saved, true).ok());
   // The old lease is gone; the shard resumes at 10 for whoever asks.
   EXPECT_TRUE(Update(leases, Places(*lease, 30, 40), now).lease_lost());
   auto resumed = leases.Lease(Ask("worker:1"), now);
@@ -248,6 +283,18 @@ TEST(DataLeasesTest, ATableRestoredFromACheckpointResumesItsShardsAndForgetsWhat
   ASSERT_EQ(ledger.epochs_size(), 1);
   EXPECT_EQ(ledger.epochs(0).repeated_places(), 0);
   EXPECT_EQ(ledger.epochs(0).bounds(1), 20);
+
+  // Another ps task, started afresh, takes the watermarks and the ledger but
+  // no table: it refuses no lease, and resumes each shard at its offset.
+  DataLeases other("ps:1");
+  ASSERT_TRUE(other.Restore(saved, /*hands_out_leases=*/false).ok());
+  EXPECT_TRUE(other.Snapshot().shard_offsets().empty());
+  EXPECT_FALSE(Update(other, Places(*resumed, 0, 10), now).applied());
+  EXPECT_TRUE(Update(other, Places(*resumed, 10, 20), now).applied());
+  const auto checks = CheckLedgers({other.Ledger()}, 100, 0);
+  ASSERT_EQ(checks.size(), 1u);
+  EXPECT_EQ(checks[0].applied_once, 20);
+  EXPECT_EQ(checks[0].repeated, 0);
 }
 
 // Through a server: an update for a lease its sender does not hold leaves
@@ -323,13 +370,16 @@ JobConfig LeasedJob(const std::string& mode, int workers, int ps) {
   return config;
 }
 
-void ExpectExactlyOnce(const TrainReport& report, int64_t min_epochs) {
+// `first_epoch`: a job resumed from a checkpoint keeps ledgers from the
+// checkpoint's open epochs on (the earlier ones were checked by the job
+// that trained them).
+void ExpectExactlyOnce(const TrainReport& report, int64_t min_epochs, int64_t first_epoch = 0) {
   const DataLedgerReport& ledger = report.data_ledger;
   EXPECT_TRUE(ledger.leased);
   EXPECT_GE(ledger.epochs_finished, min_epochs);
   EXPECT_EQ(ledger.places_missing, 0);
   EXPECT_EQ(ledger.places_repeated, 0);
-  EXPECT_GE(ledger.places_applied, ledger.epochs_finished * 3000);
+  EXPECT_GE(ledger.places_applied, (ledger.epochs_finished - first_epoch) * 3000);
 }
 
 TEST(LeasedTrainingTest, AsyncWorkersTrainEveryExampleOnceOnEveryPsTask) {
@@ -368,6 +418,40 @@ TEST(LeasedTrainingTest, AWorkerThatStallsPastItsLeaseLosesTheShardAndNothingIsT
   EXPECT_GT(stalls.load(), 0);
   EXPECT_GT(report->data_ledger.takeovers, 0);  // the stalled worker's shards went to the other
   ExpectExactlyOnce(*report, 2);
+}
+
+TEST(LeasedTrainingTest, ACheckpointKeepsTheLeaseTableAndAJobResumedFromItTrainsEveryExampleOnce) {
+  const std::filesystem::path dir = FreshTempDir("shoal_leases", "resume");
+  JobConfig config = LeasedJob("async", 2, 2);
+  config.checkpoint.dir = (dir / "ckpt").string();
+  config.training.max_steps = 70;  // 7,000 places: mid-epoch 2
+  auto first = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_FALSE(first->last_checkpoint.empty());
+  auto index = ReadCheckpointIndex(first->last_checkpoint);
+  ASSERT_TRUE(index.ok()) << index.status();
+  ASSERT_TRUE(index->lease_table.has_value());
+  EXPECT_EQ(index->lease_table->examples(), 3000);
+  EXPECT_GE(index->lease_table->epochs_done(), 1);
+
+  // The job goes on from the checkpoint to 4 epochs' steps: the lease table
+  // comes back on every ps task, and the ledgers, checked over both
+  // sessions' epochs, hold every place once.
+  config.training.max_steps = 0;
+  auto resumed = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->restored_from, first->last_checkpoint);
+  ExpectExactlyOnce(*resumed, 2, index->lease_table->epochs_done());
+  EXPECT_GT(resumed->data_ledger.epochs_finished, index->lease_table->epochs_done());
+
+  // Other data: the checkpoint's table cannot say which of these examples
+  // were trained.
+  config.data.train_examples = 2900;
+  auto other = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kDataLoss) << other.status();
+  EXPECT_NE(other.status().message().find("2900 examples"), std::string::npos) << other.status();
+  EXPECT_NE(other.status().message().find("3000 examples"), std::string::npos) << other.status();
 }
 
 }  // namespace

@@ -12,7 +12,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <future>
 #include <sstream>
@@ -361,8 +363,10 @@ TEST(FaultTest, AChiefThatStartsBeforeItsPsWaitsForIt) {
 
 // `shoal train --processes` started as a user would, with the metrics and
 // checkpoints of a fresh folder; returns the launcher's pid.
+std::vector<pid_t> ChildrenOf(pid_t parent);
+
 struct LauncherRun {
-  explicit LauncherRun(const std::string& name)
+  explicit LauncherRun(const std::string& name, const std::function<void(JobConfig&)>& customize = nullptr)
       : dir(std::filesystem::temp_directory_path() / (name + "_" + std::to_string(getpid()))) {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
@@ -371,6 +375,7 @@ struct LauncherRun {
     config.hooks.metrics_dir = (dir / "metrics").string();
     config.hooks.metrics_every_steps = 10;
     config.checkpoint.dir = (dir / "checkpoints").string();
+    if (customize) customize(config);
     std::ofstream(dir / "job.yaml") << JobConfigToYaml(config);
     tasks = config.cluster.ps + config.cluster.workers;
     const std::vector<std::string> args = {SHOAL_BINARY, "train", "--processes", "--quiet", "--config",
@@ -384,7 +389,20 @@ struct LauncherRun {
       _exit(127);
     }
   }
-  ~LauncherRun() { std::filesystem::remove_all(dir); }
+  // A test that failed midway leaves the job running: SIGTERM stops the
+  // launcher and its tasks; SIGKILL if that takes too long.
+  ~LauncherRun() {
+    int status = 0;
+    if (pid > 0 && waitpid(pid, &status, WNOHANG) == 0) {  // not reaped by the test: still running
+      kill(pid, SIGTERM);
+      if (WaitFor(pid, absl::Seconds(30)) == -1) {
+        for (pid_t child : ChildrenOf(pid)) kill(child, SIGKILL);
+        kill(pid, SIGKILL);
+        WaitFor(pid, absl::Seconds(10));
+      }
+    }
+    std::filesystem::remove_all(dir);
+  }
   std::filesystem::path metrics() const { return dir / "metrics" / MetricsFileName("worker", 0, "jsonl"); }
 
   std::filesystem::path dir;
@@ -445,6 +463,99 @@ TEST(SignalTest, ALauncherKilledBySigkillLeavesNoTaskRunning) {
   auto any_running = [&] { return std::any_of(tasks.begin(), tasks.end(), Running); };
   while (any_running() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(50));
   EXPECT_FALSE(any_running()) << "a task outlived its launcher";
+}
+
+// The launcher's child running `task` ("/job:worker/task:1"), or -1.
+pid_t ChildRunning(pid_t launcher, const std::string& task) {
+  for (pid_t pid : ChildrenOf(launcher)) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(" " + task + " ") != std::string::npos && Running(pid)) return pid;
+  }
+  return -1;
+}
+
+// Leased data over processes: a worker joins, one is killed (and
+// restarted), one is frozen past its lease, one leaves; every ps task's
+// ledger still holds every example of every finished epoch once. Each fault
+// is timed by the chief's global step.
+TEST(ElasticTest, WorkersThatJoinDieStallAndLeaveMidJobTrainEveryExampleOnce) {
+  LauncherRun run("shoal_elastic", [](JobConfig& config) {
+    config.data.leases = true;
+    config.data.lease_timeout_s = 1;
+    config.data.train_examples = 6000;
+    config.training.max_steps = 0;
+    config.training.epochs = 80;  // 7,500 steps of 64
+    config.cluster.max_restarts = 3;
+  });
+  ASSERT_GT(run.pid, 0);
+  auto at_step = [&](int64_t step) {
+    return WaitForStep(run.metrics(), "global_step", step) >= step;
+  };
+  ASSERT_TRUE(at_step(300)) << "the job never got going";
+  ASSERT_EQ(kill(run.pid, SIGUSR1), 0);  // worker:2 joins
+  ASSERT_TRUE(at_step(1200));
+  const pid_t killed = ChildRunning(run.pid, "/job:worker/task:1");
+  ASSERT_GT(killed, 0);
+  ASSERT_EQ(kill(killed, SIGKILL), 0);
+  ASSERT_TRUE(at_step(2200));
+  const pid_t frozen = ChildRunning(run.pid, "/job:worker/task:2");
+  ASSERT_GT(frozen, 0) << "the worker that joined is not running";
+  ASSERT_EQ(kill(frozen, SIGSTOP), 0);
+  absl::SleepFor(absl::Seconds(2));  // past the 1 s lease: its shard goes to another worker
+  ASSERT_EQ(kill(frozen, SIGCONT), 0);
+  ASSERT_TRUE(at_step(3500));
+  ASSERT_EQ(kill(run.pid, SIGUSR2), 0);  // the newest worker (worker:2) leaves
+  const int status = WaitFor(run.pid, absl::Seconds(180));
+  ASSERT_NE(status, -1) << "the job did not end";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::ifstream in(run.dir / "result.json");
+  nlohmann::json result = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(result.is_discarded());
+  const nlohmann::json& ledger = result["data_ledger"];
+  EXPECT_TRUE(ledger["leased"].get<bool>()) << ledger;
+  EXPECT_EQ(ledger["places_missing"].get<int64_t>(), 0) << ledger;
+  EXPECT_EQ(ledger["places_repeated"].get<int64_t>(), 0) << ledger;
+  EXPECT_GE(ledger["epochs_finished"].get<int64_t>(), 70) << ledger;
+  EXPECT_GE(ledger["takeovers"].get<int64_t>(), 1) << ledger;  // the killed worker's shard, the frozen one's
+  EXPECT_EQ(ledger["joins"].get<int64_t>(), 1) << ledger;
+  EXPECT_GE(result["global_step"].get<int64_t>(), 7500) << result;
+  EXPECT_GT(result["test_accuracy"].get<double>(), 0.75) << result;
+}
+
+// Sync on leased data, every worker's gradient in a step: a worker killed
+// for good (no restarts left) holds the steps only until its lease runs
+// out; then each step takes the two live workers' gradients, and every
+// example is still in exactly one applied step.
+TEST(ElasticTest, SyncStepsFollowTheLiveWorkersWhenOneDiesForGood) {
+  LauncherRun run("shoal_elastic_sync", [](JobConfig& config) {
+    SwitchMode(config, "sync");
+    config.cluster.workers = 3;
+    config.data.leases = true;
+    config.data.lease_timeout_s = 1;
+    config.data.train_examples = 6000;
+    config.training.max_steps = 0;
+    config.training.epochs = 30;  // 1,000 steps of 3 x 64 while all three live
+    config.training.sync_timeout_s = 20;
+    config.cluster.max_restarts = 0;
+  });
+  ASSERT_GT(run.pid, 0);
+  ASSERT_GE(WaitForStep(run.metrics(), "global_step", 200), 200) << "the job never got going";
+  const pid_t killed = ChildRunning(run.pid, "/job:worker/task:2");
+  ASSERT_GT(killed, 0);
+  ASSERT_EQ(kill(killed, SIGKILL), 0);
+  const int status = WaitFor(run.pid, absl::Seconds(180));
+  ASSERT_NE(status, -1) << "the job did not end";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::ifstream in(run.dir / "result.json");
+  nlohmann::json result = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(result.is_discarded());
+  const nlohmann::json& ledger = result["data_ledger"];
+  EXPECT_EQ(ledger["places_missing"].get<int64_t>(), 0) << ledger;
+  EXPECT_EQ(ledger["places_repeated"].get<int64_t>(), 0) << ledger;
+  EXPECT_GE(ledger["takeovers"].get<int64_t>(), 1) << ledger;
+  EXPECT_GE(result["global_step"].get<int64_t>(), 900) << result;
 }
 
 // The job's error names what went wrong in the task that failed first, not

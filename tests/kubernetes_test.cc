@@ -156,6 +156,12 @@ TEST(KubernetesTest, EveryStatefulSetPodStartsTheTaskItsNameGives) {
       EXPECT_NE(out.find(absl::StrCat("task /job:", job, "/task:", i, " ")), std::string::npos) << out;
       EXPECT_NE(out.find(absl::StrCat(pod, ".", service, ".default.svc:2222")), std::string::npos) << out;
     }
+    if (std::string(job) == "worker") {
+      // Scaled up past the cluster file's workers: the pod's worker joins (leased data).
+      const std::string out = RunWithEnv(absl::StrCat("HOSTNAME=shoal-worker-", replicas), "sh -c " + Quoted(command));
+      EXPECT_NE(out.find(absl::StrCat("task /job:worker/task:", replicas, " trains at no address")), std::string::npos)
+          << out;
+    }
   }
   fs::remove_all(dir);
 }

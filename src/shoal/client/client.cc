@@ -75,6 +75,7 @@ wire::ProgressAnswer GatherProgress(const Calls& calls, const ProgressOf& progre
     first = false;
     gathered.set_applied(gathered.applied() && answer.applied());
     gathered.set_lease_lost(gathered.lease_lost() || answer.lease_lost());
+    gathered.set_live_workers(std::max(gathered.live_workers(), answer.live_workers()));  // the counter task's
   }
   return gathered;
 }
@@ -607,6 +608,7 @@ absl::StatusOr<wire::LeaseTableState> Client::LeaseTable(const wire::LeaseTableS
   auto* request = calls[placement_->counter_task()].request.header.mutable_lease_table();
   if (restore != nullptr) {
     request->set_restore(true);
+    request->set_hands_out_leases(true);
     *request->mutable_state() = *restore;
   }
   SHOAL_RETURN_IF_ERROR(RunAll(calls));

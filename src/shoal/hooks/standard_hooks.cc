@@ -86,6 +86,7 @@ absl::Status MetricsHook::Write(const StepInfo& step) {
                             loss, accuracy, step.examples_per_second, auc);
   } else {
     nlohmann::json record = {{"task", task_},          {"time_s", seconds},
+                             {"unix_time", absl::ToUnixMicros(absl::Now()) / 1e6},
                              {"local_step", step.local_step}, {"global_step", step.global_step},
                              {"loss", loss},           {"accuracy", accuracy},
                              {"examples_per_second", step.examples_per_second}};

@@ -52,8 +52,8 @@ absl::StatusOr<wire::LeaseResponse> DataLeases::Lease(const wire::LeaseRequest& 
   }
   if (request.timeout_ms() > 0) timeout_ = absl::Milliseconds(std::min<int64_t>(request.timeout_ms(), 3'600'000));
   ExpireLeases(now);
+  if (request.renew()) return Renew(request, now);
   if (request.return_lease() != 0) ReturnLease(request.return_lease(), request.finished());
-  heard_from_[request.worker()] = now;
   wire::LeaseResponse response;
   if (!request.leaving()) {
     int64_t epoch = 0, shard = 0;
@@ -68,6 +68,7 @@ absl::StatusOr<wire::LeaseResponse> DataLeases::Lease(const wire::LeaseRequest& 
       free->state = ShardState::kLeased;
       free->lease = ++last_lease_;
       free->holder = request.worker();
+      ++holders_[free->holder];
       free->deadline = now + timeout_;
       response.set_lease(free->lease);
       response.set_epoch(epoch);
@@ -75,12 +76,8 @@ absl::StatusOr<wire::LeaseResponse> DataLeases::Lease(const wire::LeaseRequest& 
       response.set_begin(free->offset);
       response.set_end(std::min(layout_.examples, (shard + 1) * layout_.shard_examples));
     }
-  } else {
-    heard_from_.erase(request.worker());
   }
-  int64_t live = 0;
-  for (const auto& [worker, seen] : heard_from_) live += now - seen <= timeout_ ? 1 : 0;
-  response.set_live_workers(live);
+  response.set_live_workers(static_cast<int64_t>(holders_.size()));
   response.set_epochs_done(epochs_done_);
   return response;
 }
@@ -91,11 +88,39 @@ void DataLeases::ExpireLeases(absl::Time now) {
       if (shard.state == ShardState::kLeased && shard.deadline < now) {
         shard.lost_at = shard.deadline - timeout_;
         shard.state = ShardState::kQueued;
-        shard.lease = 0;
-        shard.holder.clear();
+        Release(shard);
       }
     }
   }
+}
+
+void DataLeases::Release(TableShard& shard) {
+  auto held = holders_.find(shard.holder);
+  if (held != holders_.end() && --held->second == 0) holders_.erase(held);
+  shard.lease = 0;
+  shard.holder.clear();
+}
+
+wire::LeaseResponse DataLeases::Renew(const wire::LeaseRequest& request, absl::Time now) {
+  wire::LeaseResponse response;
+  for (auto& [epoch, shards] : open_epochs_) {
+    for (size_t s = 0; s < shards.size(); ++s) {
+      TableShard& shard = shards[s];
+      if (shard.state != ShardState::kLeased || shard.lease != request.return_lease() ||
+          shard.holder != request.worker()) {
+        continue;
+      }
+      shard.deadline = now + timeout_;
+      response.set_lease(shard.lease);
+      response.set_epoch(epoch);
+      response.set_shard(static_cast<int64_t>(s));
+      response.set_begin(shard.offset);
+      response.set_end(std::min(layout_.examples, (static_cast<int64_t>(s) + 1) * layout_.shard_examples));
+    }
+  }
+  response.set_live_workers(static_cast<int64_t>(holders_.size()));
+  response.set_epochs_done(epochs_done_);
+  return response;
 }
 
 void DataLeases::ReturnLease(int64_t lease, bool finished) {
@@ -103,8 +128,7 @@ void DataLeases::ReturnLease(int64_t lease, bool finished) {
     for (TableShard& shard : shards) {
       if (shard.state != ShardState::kLeased || shard.lease != lease) continue;
       shard.state = finished ? ShardState::kFinished : ShardState::kQueued;
-      shard.lease = 0;
-      shard.holder.clear();
+      Release(shard);
     }
   }
   // Epochs whose every shard is finished close, in order.
@@ -161,6 +185,7 @@ absl::StatusOr<DataLeases::Admission> DataLeases::Admit(const wire::DataProgress
       const bool held = open != open_epochs_.end() && progress.shard() < shards &&
                         open->second[progress.shard()].state == ShardState::kLeased &&
                         open->second[progress.shard()].lease == progress.lease();
+      admission.answer_.set_live_workers(static_cast<int64_t>(holders_.size()));
       if (!held) {
         admission.answer_.set_lease_lost(true);
         return admission;
@@ -225,7 +250,6 @@ void DataLeases::CommitAdmission(Admission& admission) {
           // sender's begin is the least of their watermarks.
           shard.offset = std::max(shard.offset, progress.begin());
           shard.deadline = admission.now_ + timeout_;
-          heard_from_[shard.holder] = admission.now_;
         }
       }
     }
@@ -273,7 +297,7 @@ wire::LeaseTableState DataLeases::Snapshot() const {
   return state;
 }
 
-absl::Status DataLeases::Restore(const wire::LeaseTableState& state) {
+absl::Status DataLeases::Restore(const wire::LeaseTableState& state, bool hands_out_leases) {
   Layout layout{state.data_fingerprint(), state.examples(), state.shard_examples()};
   if (layout.fingerprint == 0 || layout.examples <= 0 || layout.examples > kMaxExamples ||
       layout.shard_examples <= 0 || state.epochs_done() < 0 || state.epochs_done() > kMaxEpoch) {
@@ -303,13 +327,13 @@ absl::Status DataLeases::Restore(const wire::LeaseTableState& state) {
     const int64_t end = std::min(layout.examples, (s + 1) * layout.shard_examples);
     watermarks[{epoch, s}] = state.shard_offsets(i) == -1 ? end : state.shard_offsets(i);
   }
-  {
+  if (hands_out_leases) {
     std::lock_guard<std::mutex> lock(table_mu_);
     has_table_ = true;
     layout_ = layout;
     epochs_done_ = state.epochs_done();
     open_epochs_.clear();
-    heard_from_.clear();
+    holders_.clear();
     for (int i = 0; i < state.shard_offsets_size(); ++i) {
       std::vector<TableShard>& shards = open_epochs_[state.epochs_done() + i / per_epoch];
       TableShard shard;
@@ -335,36 +359,18 @@ absl::Status DataLeases::Restore(const wire::LeaseTableState& state) {
       shards_.emplace(key, std::move(made));
     }
   }
-  // The ledger forgets the places the variables no longer hold.
+  // The ledger holds what the variables now hold: the open epochs' places
+  // below each shard's restart place (applied before the checkpoint, by
+  // this task or the one it replaces); later epochs went back with them.
   std::lock_guard<std::mutex> lock(ledger_mu_);
-  for (auto it = ledger_.begin(); it != ledger_.end();) {
-    const int64_t epoch = it->first;
-    if (epoch < state.epochs_done()) {
-      ++it;
-      continue;
+  const int64_t open_epochs = state.shard_offsets_size() / per_epoch;
+  for (auto it = ledger_.lower_bound(state.epochs_done()); it != ledger_.end();) it = ledger_.erase(it);
+  for (int64_t e = 0; e < open_epochs; ++e) {
+    const int64_t epoch = state.epochs_done() + e;
+    for (int64_t s = 0; s < per_epoch; ++s) {
+      const int64_t begin = s * layout.shard_examples, end = watermarks.at({epoch, s});
+      if (end > begin) Record(epoch, begin, end);
     }
-    std::map<int64_t, int64_t> kept;
-    for (const auto& [begin, end] : it->second.ranges) {
-      // Cut each range at the watermark of each shard it spans.
-      for (int64_t place = begin; place < end;) {
-        const int64_t s = place / layout.shard_examples;
-        const int64_t shard_end = std::min(end, (s + 1) * layout.shard_examples);
-        auto mark = watermarks.find({epoch, s});
-        const int64_t keep_to = mark == watermarks.end() ? place : std::min(shard_end, mark->second);
-        if (keep_to > place) kept[place] = keep_to;
-        place = shard_end;
-      }
-    }
-    it->second.ranges.clear();
-    for (const auto& [begin, end] : kept) {
-      auto& ranges = it->second.ranges;
-      if (!ranges.empty() && ranges.rbegin()->second == begin) {
-        ranges.rbegin()->second = end;
-      } else {
-        ranges[begin] = end;
-      }
-    }
-    it = it->second.ranges.empty() && it->second.repeated == 0 ? ledger_.erase(it) : std::next(it);
   }
   return absl::OkStatus();
 }

@@ -104,11 +104,11 @@ class DataLeases {
   // The lease table as a checkpoint keeps it (the counter task's; empty
   // elsewhere). Leases held now are kept as queued at their offsets.
   wire::LeaseTableState Snapshot() const;
-  // Puts a checkpoint's table back: on the counter task, every lease is
-  // dropped and the shards queue at their offsets; on every task the
-  // watermarks go to the offsets and the ledger forgets what lies beyond
-  // (the variables went back with them).
-  absl::Status Restore(const wire::LeaseTableState& state);
+  // Puts a checkpoint's table back: on the counter task (`hands_out_leases`),
+  // every lease is dropped and the shards queue at their offsets; on every task the
+  // watermarks go to the offsets, and the ledger's open epochs hold the
+  // places below them (the variables went back with them).
+  absl::Status Restore(const wire::LeaseTableState& state, bool hands_out_leases);
 
   // The ledger, for the exactly-once check.
   wire::LedgerResponse Ledger() const;
@@ -148,6 +148,11 @@ class DataLeases {
   // Under table_mu_.
   void ExpireLeases(absl::Time now);
   void ReturnLease(int64_t lease, bool finished);
+  // Hands the shard's lease back from its holder (holders_ with it).
+  void Release(TableShard& shard);
+  // A lease request with `renew`: the lease's deadline moves on, if its
+  // holder still holds it.
+  wire::LeaseResponse Renew(const wire::LeaseRequest& request, absl::Time now);
   TableShard* NextFreeShard(int64_t* epoch, int64_t* shard);
   absl::Status CheckLayout(const wire::LeaseRequest& request) const;
   // Under ledger_mu_.
@@ -162,7 +167,10 @@ class DataLeases {
   int64_t epochs_done_ = 0;                                // every epoch below is finished
   std::map<int64_t, std::vector<TableShard>> open_epochs_;  // epoch -> its shards
   int64_t last_lease_ = 0;
-  std::map<std::string, absl::Time> heard_from_;  // holder -> last lease request or renewal
+  // Worker -> the leases it holds. Its size is the live workers: those a
+  // sync step can wait for (one waiting for a free shard has no gradient to
+  // give).
+  std::map<std::string, int> holders_;
   absl::Duration timeout_ = absl::Seconds(10);
   Takeovers takeovers_;
 

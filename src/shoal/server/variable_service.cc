@@ -531,7 +531,9 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       return absl::OkStatus();
     }
     case wire::RequestHeader::kLeaseTable: {
-      if (h.lease_table().restore()) SHOAL_RETURN_IF_ERROR(leases_.Restore(h.lease_table().state()));
+      if (h.lease_table().restore()) {
+        SHOAL_RETURN_IF_ERROR(leases_.Restore(h.lease_table().state(), h.lease_table().hands_out_leases()));
+      }
       *response->header.mutable_lease_table()->mutable_state() = leases_.Snapshot();
       return absl::OkStatus();
     }

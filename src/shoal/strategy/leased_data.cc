@@ -72,6 +72,7 @@ absl::StatusOr<bool> LeasedData::TakeLease(bool finished) {
   live_workers_ = response.live_workers();
   lease_ = std::move(response);
   if (lease_.lease() == 0) return false;
+  renewed_ = absl::Now();
   ++leases_taken_;
   cursor_ = lease_.begin();
   return true;
@@ -122,7 +123,28 @@ void LeasedData::Settle(const wire::ProgressAnswer& answer) {
     ++leases_lost_;
     return;
   }
+  if (answer.live_workers() > 0) live_workers_ = answer.live_workers();
+  if (answer.applied()) renewed_ = absl::Now();
   cursor_ = answer.watermark();
+}
+
+absl::Status LeasedData::RenewIfDue() {
+  if (lease_.lease() == 0 || absl::Now() - renewed_ < options_.lease_timeout / 4) return absl::OkStatus();
+  wire::LeaseRequest request;
+  request.set_worker(options_.worker);
+  request.set_data_fingerprint(options_.data_fingerprint);
+  request.set_examples(data_.size());
+  request.set_shard_examples(options_.shard_examples);
+  request.set_return_lease(lease_.lease());
+  request.set_renew(true);
+  SHOAL_ASSIGN_OR_RETURN(const wire::LeaseResponse response, client_.Lease(request));
+  live_workers_ = response.live_workers();
+  renewed_ = absl::Now();
+  if (response.lease() == 0) {
+    lease_.Clear();
+    ++leases_lost_;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LeasedData::Leave() {

@@ -38,9 +38,11 @@ int64_t LeaseShardExamples(int64_t configured, int64_t examples, int64_t batch_s
 // CheckLedgers), over `examples` places an epoch.
 absl::StatusOr<DataLedgerReport> CheckJobLedgers(Client& client, int64_t examples);
 
-// The workers the lease table heard from within the lease timeout, asked
-// as `worker`, which leaves the count (the chief, done with its own steps).
+// The workers holding a lease that has not run out, asked as `worker`,
+// which hands back what it holds (the chief, done with its own steps;
+// kMembershipQuery, a name no worker has, to only ask).
 absl::StatusOr<int64_t> LiveLeaseHolders(Client& client, const std::string& worker);
+inline constexpr char kMembershipQuery[] = "(membership query)";
 
 class LeasedData {
  public:
@@ -67,8 +69,13 @@ class LeasedData {
   // An update that was never sent needs no answer: Next gives the same
   // places again.
   void Settle(const wire::ProgressAnswer& answer);
-  // Hands the lease held back unfinished and leaves the lease table's
-  // count of live workers (a worker whose training is over).
+  // Renews the lease held when a quarter of the lease timeout has passed
+  // since the lease table last heard of it: a sync step's wait sends no
+  // update that would. A lease that ran out meanwhile is dropped (another
+  // worker may hold its shard now).
+  absl::Status RenewIfDue();
+  // Hands the lease held back (a worker whose training is over), which
+  // takes it out of the lease table's count of live workers.
   absl::Status Leave();
 
   int64_t live_workers() const { return live_workers_; }
@@ -88,6 +95,7 @@ class LeasedData {
   wire::DataProgress progress_;
   std::map<int64_t, torch::Tensor> orders_;  // the epochs' orders in use (at most two)
   int64_t live_workers_ = 0;
+  absl::Time renewed_ = absl::InfinitePast();  // the lease table last heard of the lease held
   int64_t leases_taken_ = 0;
   int64_t leases_lost_ = 0;
 };

@@ -14,6 +14,7 @@
 #include "shoal/core/status.h"
 #include "shoal/model/click_metrics.h"
 #include "shoal/model/row_tables.h"
+#include "shoal/strategy/leased_data.h"
 
 namespace shoal {
 
@@ -554,6 +555,8 @@ absl::StatusOr<StepWait> ReadAtStepOrStop(WorkerContext& context, const std::vec
     }
     SHOAL_ASSIGN_OR_RETURN(bool stopped, StoppedOrAborted(context, absl::StrCat("step ", min_step)));
     if (stopped) return wait;
+    // Leased data: a worker waiting for the others keeps its shard.
+    if (context.leased_data != nullptr) SHOAL_RETURN_IF_ERROR(context.leased_data->RenewIfDue());
     if (resend && absl::Now() >= next_resend) {
       SHOAL_RETURN_IF_ERROR(resend());
       next_resend = absl::Now() + absl::Seconds(1);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "shoal/core/status.h"
+#include "shoal/strategy/leased_data.h"
 #include "shoal/strategy/step_driver.h"
 
 namespace shoal {
@@ -52,6 +53,9 @@ class SyncPolicy : public StepPolicy {
     // checkpoints take their step from the barrier's read, not from it.
     std::vector<CounterDelta> counters = {TakeDataPosition(context_)};
     if (const int64_t uncounted = StepsNotCounted(); uncounted > 0) counters.push_back({kGlobalStep, uncounted});
+    // On leased data the step takes the gradients of the workers alive
+    // (LiveReplicas), as the lease table last counted them.
+    if (context_.leased_data != nullptr) replicas_ = LiveReplicas(context_.leased_data->live_workers());
     SHOAL_ASSIGN_OR_RETURN(int dropped, client_.Accumulate(names, gradients, local_step_, me_, replicas_, counters,
                                                                 context_.step_progress, &context_.step_answer));
     if (context_.is_chief) global_step_ = local_step_;
@@ -61,7 +65,10 @@ class SyncPolicy : public StepPolicy {
     }
     step.scalars.emplace_back("sync/stale_gradients_dropped", static_cast<double>(dropped_));
     // The barrier and the next step's pull in one call.
-    auto resend = [&] { return client_.Accumulate(names, gradients, local_step_, me_, replicas_).status(); };
+    auto resend = [&]() -> absl::Status {
+      SHOAL_RETURN_IF_ERROR(client_.Accumulate(names, gradients, local_step_, me_, replicas_).status());
+      return ApplyWithTheLiveWorkers(names);
+    };
     SHOAL_ASSIGN_OR_RETURN(StepWait next, ReadAtStepOrStop(context_, names, local_step_ + 1, replicas_, resend));
     if (next.rewound) return PushOutcome::kRewound;
     if (!next.values.ready) return PushOutcome::kStopped;
@@ -78,12 +85,37 @@ class SyncPolicy : public StepPolicy {
   }
 
  private:
+  // Leased data: the gradients a step takes when workers come and go. The
+  // configured replicas_to_aggregate (0: every listed worker), but never
+  // more than the workers holding a live lease: one waiting for a free
+  // shard has no gradient to give.
+  int LiveReplicas(int64_t live_workers) const {
+    const int configured = ReplicasToAggregate(*context_.config, context_.num_workers);
+    return static_cast<int>(std::clamp<int64_t>(live_workers, 1, configured));
+  }
+  // A step that waits (every second): when fewer workers are live than the
+  // step waits for (one died and its lease ran out, or the others wait for
+  // the open epochs' last shards, this worker's among them), the step is
+  // applied with the gradients of those live, once it holds that many.
+  absl::Status ApplyWithTheLiveWorkers(const std::vector<std::string>& names) {
+    if (context_.leased_data == nullptr) return absl::OkStatus();
+    SHOAL_ASSIGN_OR_RETURN(const int64_t live, LiveLeaseHolders(client_, kMembershipQuery));
+    const int replicas = LiveReplicas(live);
+    if (replicas >= replicas_) return absl::OkStatus();
+    replicas_ = replicas;
+    std::vector<std::string> workers;  // for the error's names only
+    for (const TaskId& w : context_.workers) workers.push_back(w.ToString());
+    const absl::Status applied =
+        client_.ApplyAccumulated(names, replicas, local_step_ + 1, absl::Milliseconds(200), workers);
+    return absl::IsDeadlineExceeded(applied) ? absl::OkStatus() : applied;  // not that many yet: wait on
+  }
+
   // The chief's steps that global_step does not hold yet (0 on the others).
   int64_t StepsNotCounted() const { return context_.is_chief ? std::max<int64_t>(0, local_step_ - global_step_) : 0; }
 
   WorkerContext& context_;
   Client& client_;
-  const int replicas_;
+  int replicas_;
   const std::string me_;
   int64_t local_step_ = 0;
   int64_t global_step_ = 0;  // the chief's last word to the global_step counter
