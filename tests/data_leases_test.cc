@@ -214,6 +214,17 @@ TEST(DataLeasesTest, TheCheckFindsMissingAndRepeatedPlaces) {
   // An epoch not finished may stop anywhere, but not repeat.
   checks = CheckLedgers({holed}, 100, 0);
   EXPECT_EQ(checks[0].missing, 0);
+  // Epochs 0 and 2 kept, 1 finished but kept by no ledger: all missing.
+  wire::LedgerResponse gap;
+  add(gap, {0, 100}, 0);
+  gap.mutable_epochs(0)->set_epoch(0);
+  add(gap, {0, 100}, 0);
+  gap.mutable_epochs(1)->set_epoch(2);
+  checks = CheckLedgers({gap}, 100, 3);
+  ASSERT_EQ(checks.size(), 3u);
+  EXPECT_EQ(checks[1].epoch, 1);
+  EXPECT_EQ(checks[1].missing, 100);
+  EXPECT_EQ(checks[0].missing + checks[2].missing, 0);
   // The ledger itself counts overlapping places as repeats.
   DataLeases leases("ps:1");
   wire::LeaseResponse lease;

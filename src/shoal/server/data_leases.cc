@@ -402,6 +402,11 @@ std::vector<EpochCheck> CheckLedgers(const std::vector<wire::LedgerResponse>& le
   for (const auto& ledger : ledgers) {
     for (const auto& epoch : ledger.epochs()) epochs.insert(epoch.epoch());
   }
+  // A finished epoch after the oldest one kept that no ledger holds was
+  // never applied at all.
+  if (!epochs.empty()) {
+    for (int64_t epoch = *epochs.begin(); epoch < epochs_finished; ++epoch) epochs.insert(epoch);
+  }
   for (int64_t epoch : epochs) {
     EpochCheck& check = checks[epoch];
     check.epoch = epoch;

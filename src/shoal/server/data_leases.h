@@ -191,8 +191,10 @@ struct EpochCheck {
 };
 // Checks the ledgers of the tasks that hold variables: every epoch below
 // `epochs_finished` must have every place applied exactly once on each task;
-// a later epoch may be partial but must hold no repeat. An epoch kept by no
-// ledger counts whole as missing.
+// a later epoch may be partial but must hold no repeat. A finished epoch
+// after the oldest that any ledger keeps, and kept by none, counts whole as
+// missing; older ones (before the checkpoint a job resumed from, or past
+// the ledgers' window) are not checked.
 std::vector<EpochCheck> CheckLedgers(const std::vector<wire::LedgerResponse>& ledgers, int64_t examples,
                                      int64_t epochs_finished);
 

@@ -401,7 +401,9 @@ absl::StatusOr<TrainReport> TrainInLocalProcesses(const JobConfig& config_in, co
                     hung.size() == 1 ? "it" : "them");
       break;
     }
-    if (config.data.leases && exit_deadline == absl::InfiniteFuture()) ScaleWorkers(shoal_binary, args_for, &next_joiner, children);
+    if (config.data.leases && exit_deadline == absl::InfiniteFuture()) {
+      ScaleWorkers(shoal_binary, args_for, &next_joiner, children);
+    }
     all_done = true;
     for (Child& c : children) {
       if (!c.exited && waitpid(c.pid, &c.status, WNOHANG) == c.pid) {
