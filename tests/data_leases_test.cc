@@ -7,10 +7,12 @@
 
 #include <atomic>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "quick_job.h"
 #include "temp_dir.h"
 #include "shoal/checkpoint/checkpoint.h"
+#include "shoal/config/config.h"
 #include "shoal/server/variable_service.h"
 #include "shoal/session/local_cluster.h"
 
@@ -235,6 +237,22 @@ TEST(DataLeasesTest, TheCheckFindsMissingAndRepeatedPlaces) {
   auto admission = leases.Admit(overlapping, now);
   ASSERT_TRUE(admission.ok());
   EXPECT_FALSE(admission->apply());  // the rule already keeps it out
+}
+
+// Leased data is for the modes that lease it, and for data held in memory.
+TEST(DataLeasesTest, AConfigThatCannotLeaseItsDataIsRefusedNamingWhy) {
+  for (const char* mode : {"ssp", "model_average", "downpour", "population"}) {
+    auto config = ParseJobConfig(absl::StrCat("data: {leases: true}\ntraining: {mode: ", mode, "}\n"));
+    ASSERT_FALSE(config.ok()) << mode;
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(config.status().message().find("works with training.mode async and sync, not " + std::string(mode)),
+              std::string::npos)
+        << config.status();
+  }
+  EXPECT_TRUE(ParseJobConfig("data: {leases: true}\ntraining: {mode: sync}\n").ok());
+  auto bad_timeout = ParseJobConfig("data: {leases: true, lease_timeout_s: 0}\n");
+  ASSERT_FALSE(bad_timeout.ok());
+  EXPECT_NE(bad_timeout.status().message().find("data.lease_timeout_s"), std::string::npos) << bad_timeout.status();
 }
 
 TEST(DataLeasesTest, BadRequestsAreRefusedAndChangeNothing) {
