@@ -449,6 +449,24 @@ TEST(LeasedTrainingTest, AWorkerThatStallsPastItsLeaseLosesTheShardAndNothingIsT
   ExpectExactlyOnce(*report, 2);
 }
 
+// A slow worker's shard outlasts three lease timeouts (its updates renew
+// it): the worker waiting for the open epochs' last shard waits as long as
+// that, and does not fail for lack of a free shard.
+TEST(LeasedTrainingTest, AWorkerWaitsForAShardAsLongAsAnotherHoldsOne) {
+  JobConfig config = LeasedJob("async", 2, 1);
+  config.data.lease_shard_examples = 1500;  // 15 batches: 3 s on the slow worker
+  config.data.lease_timeout_s = 0.5;
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr, [](WorkerContext& context) {
+    // Slow from its second step: its first lease is taken as the job starts.
+    if (context.worker_index != 1) return;
+    context.before_step = [](int64_t step) {
+      if (step > 0) absl::SleepFor(absl::Milliseconds(200));
+    };
+  });
+  ASSERT_TRUE(report.ok()) << report.status();
+  ExpectExactlyOnce(*report, 2);
+}
+
 TEST(LeasedTrainingTest, ACheckpointKeepsTheLeaseTableAndAJobResumedFromItTrainsEveryExampleOnce) {
   const std::filesystem::path dir = FreshTempDir("shoal_leases", "resume");
   JobConfig config = LeasedJob("async", 2, 2);

@@ -87,7 +87,7 @@ const torch::Tensor& LeasedData::OrderOf(int64_t epoch) {
 
 absl::StatusOr<bool> LeasedData::Next(torch::Tensor* images, torch::Tensor* labels,
                                       const std::function<absl::StatusOr<bool>()>& job_over) {
-  const absl::Time give_up = absl::Now() + 3 * options_.lease_timeout;
+  absl::Time give_up = absl::Now() + 3 * options_.lease_timeout;
   // A shard is used up when every task applied it to its end (a lease may
   // also resume there: its last holder died before handing it back).
   while (lease_.lease() == 0 || cursor_ >= lease_.end()) {
@@ -96,10 +96,13 @@ absl::StatusOr<bool> LeasedData::Next(torch::Tensor* images, torch::Tensor* labe
     if (taken) continue;
     SHOAL_ASSIGN_OR_RETURN(bool over, job_over());
     if (over) return false;
+    // While others hold leases the wait ends: they finish their shards (a
+    // slow model's may take long), or their leases run out.
+    if (live_workers_ > 0) give_up = absl::Now() + 3 * options_.lease_timeout;
     if (absl::Now() > give_up) {
       return absl::DeadlineExceededError(absl::StrCat(
           options_.worker, " found no shard of the data free to lease for ",
-          absl::FormatDuration(3 * options_.lease_timeout), ": every open shard stays leased to other workers"));
+          absl::FormatDuration(3 * options_.lease_timeout), ", and no worker holds one"));
     }
     absl::SleepFor(absl::Milliseconds(50));
   }

@@ -59,8 +59,8 @@ class LeasedData {
   // The next batch and its places (progress()). Takes a lease when none is
   // held or the held one is used up (handing that one back finished). While
   // every open shard is leased to others it asks again every 50 ms, until
-  // `job_over` says the job is done (then false), or for three lease
-  // timeouts (then DeadlineExceeded).
+  // `job_over` says the job is done (then false); if for three lease
+  // timeouts no shard is free and no worker holds one, DeadlineExceeded.
   absl::StatusOr<bool> Next(torch::Tensor* images, torch::Tensor* labels,
                             const std::function<absl::StatusOr<bool>()>& job_over);
   // The places of the batch Next gave, which the step's update carries.
