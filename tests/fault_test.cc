@@ -410,6 +410,16 @@ struct LauncherRun {
   pid_t pid = -1;
 };
 
+// Waits up to 180 s for the launcher to end well and reads its result.json.
+void WaitForResult(const LauncherRun& run, nlohmann::json* result) {
+  const int status = WaitFor(run.pid, absl::Seconds(180));
+  ASSERT_NE(status, -1) << "the job did not end";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::ifstream in(run.dir / "result.json");
+  *result = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(result->is_discarded());
+}
+
 // The processes whose parent is `parent`, from /proc.
 std::vector<pid_t> ChildrenOf(pid_t parent) {
   std::vector<pid_t> children;
@@ -507,12 +517,8 @@ TEST(ElasticTest, WorkersThatJoinDieStallAndLeaveMidJobTrainEveryExampleOnce) {
   ASSERT_EQ(kill(frozen, SIGCONT), 0);
   ASSERT_TRUE(at_step(3500));
   ASSERT_EQ(kill(run.pid, SIGUSR2), 0);  // the newest worker (worker:2) leaves
-  const int status = WaitFor(run.pid, absl::Seconds(180));
-  ASSERT_NE(status, -1) << "the job did not end";
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  std::ifstream in(run.dir / "result.json");
-  nlohmann::json result = nlohmann::json::parse(in, nullptr, false);
-  ASSERT_FALSE(result.is_discarded());
+  nlohmann::json result;
+  ASSERT_NO_FATAL_FAILURE(WaitForResult(run, &result));
   const nlohmann::json& ledger = result["data_ledger"];
   EXPECT_TRUE(ledger["leased"].get<bool>()) << ledger;
   EXPECT_EQ(ledger["places_missing"].get<int64_t>(), 0) << ledger;
@@ -545,12 +551,8 @@ TEST(ElasticTest, SyncStepsFollowTheLiveWorkersWhenOneDiesForGood) {
   const pid_t killed = ChildRunning(run.pid, "/job:worker/task:2");
   ASSERT_GT(killed, 0);
   ASSERT_EQ(kill(killed, SIGKILL), 0);
-  const int status = WaitFor(run.pid, absl::Seconds(180));
-  ASSERT_NE(status, -1) << "the job did not end";
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  std::ifstream in(run.dir / "result.json");
-  nlohmann::json result = nlohmann::json::parse(in, nullptr, false);
-  ASSERT_FALSE(result.is_discarded());
+  nlohmann::json result;
+  ASSERT_NO_FATAL_FAILURE(WaitForResult(run, &result));
   const nlohmann::json& ledger = result["data_ledger"];
   EXPECT_EQ(ledger["places_missing"].get<int64_t>(), 0) << ledger;
   EXPECT_EQ(ledger["places_repeated"].get<int64_t>(), 0) << ledger;

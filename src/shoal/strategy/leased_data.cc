@@ -59,12 +59,17 @@ absl::StatusOr<int64_t> LiveLeaseHolders(Client& client, const std::string& work
 LeasedData::LeasedData(Client& client, Dataset data, Options options)
     : client_(client), data_(std::move(data)), options_(std::move(options)) {}
 
-absl::StatusOr<bool> LeasedData::TakeLease(bool finished) {
+wire::LeaseRequest LeasedData::Ask() const {
   wire::LeaseRequest request;
   request.set_worker(options_.worker);
   request.set_data_fingerprint(options_.data_fingerprint);
   request.set_examples(data_.size());
   request.set_shard_examples(options_.shard_examples);
+  return request;
+}
+
+absl::StatusOr<bool> LeasedData::TakeLease(bool finished) {
+  wire::LeaseRequest request = Ask();
   request.set_timeout_ms(absl::ToInt64Milliseconds(options_.lease_timeout));
   request.set_return_lease(lease_.lease());
   request.set_finished(finished);
@@ -133,11 +138,7 @@ void LeasedData::Settle(const wire::ProgressAnswer& answer) {
 
 absl::Status LeasedData::RenewIfDue() {
   if (lease_.lease() == 0 || absl::Now() - renewed_ < options_.lease_timeout / 4) return absl::OkStatus();
-  wire::LeaseRequest request;
-  request.set_worker(options_.worker);
-  request.set_data_fingerprint(options_.data_fingerprint);
-  request.set_examples(data_.size());
-  request.set_shard_examples(options_.shard_examples);
+  wire::LeaseRequest request = Ask();
   request.set_return_lease(lease_.lease());
   request.set_renew(true);
   SHOAL_ASSIGN_OR_RETURN(const wire::LeaseResponse response, client_.Lease(request));
@@ -151,11 +152,7 @@ absl::Status LeasedData::RenewIfDue() {
 }
 
 absl::Status LeasedData::Leave() {
-  wire::LeaseRequest request;
-  request.set_worker(options_.worker);
-  request.set_data_fingerprint(options_.data_fingerprint);
-  request.set_examples(data_.size());
-  request.set_shard_examples(options_.shard_examples);
+  wire::LeaseRequest request = Ask();
   request.set_return_lease(lease_.lease());
   request.set_finished(lease_.lease() != 0 && cursor_ >= lease_.end());
   request.set_leaving(true);

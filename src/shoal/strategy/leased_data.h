@@ -83,6 +83,8 @@ class LeasedData {
   int64_t leases_lost() const { return leases_lost_; }
 
  private:
+  // A lease request naming this worker and its data.
+  wire::LeaseRequest Ask() const;
   // Asks for a lease, handing back the one held (finished when `finished`).
   absl::StatusOr<bool> TakeLease(bool finished);
   const torch::Tensor& OrderOf(int64_t epoch);
