@@ -15,6 +15,7 @@
 #include "shoal/config/config.h"
 #include "shoal/server/variable_service.h"
 #include "shoal/session/local_cluster.h"
+#include "shoal/strategy/leased_data.h"
 
 namespace shoal {
 namespace {
@@ -241,11 +242,12 @@ TEST(DataLeasesTest, TheCheckFindsMissingAndRepeatedPlaces) {
 
 // Leased data is for the modes that lease it, and for data held in memory.
 TEST(DataLeasesTest, AConfigThatCannotLeaseItsDataIsRefusedNamingWhy) {
-  for (const char* mode : {"ssp", "model_average", "downpour", "population"}) {
+  for (const char* mode : {"ssp", "downpour", "easgd", "population"}) {
     auto config = ParseJobConfig(absl::StrCat("data: {leases: true}\ntraining: {mode: ", mode, "}\n"));
     ASSERT_FALSE(config.ok()) << mode;
     EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(config.status().message().find("works with training.mode async and sync, not " + std::string(mode)),
+    EXPECT_NE(config.status().message().find("works with training.mode async, sync and model_average, not " +
+                                             std::string(mode)),
               std::string::npos)
         << config.status();
   }
@@ -464,6 +466,45 @@ TEST(LeasedTrainingTest, AWorkerWaitsForAShardAsLongAsAnotherHoldsOne) {
     };
   });
   ASSERT_TRUE(report.ok()) << report.status();
+  ExpectExactlyOnce(*report, 2);
+}
+
+// Model averaging: a copy carries its round's places (one range of one
+// shard; a round ends early with its shard), so every place of an epoch is
+// in exactly one averaged copy.
+TEST(LeasedTrainingTest, ModelAverageAveragesEachPlaceInExactlyOneCopy) {
+  JobConfig config = LeasedJob("model_average", 3, 2);
+  config.local.interval_steps = 3;  // 5-batch shards: rounds of 3 local steps, then 2
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ExpectExactlyOnce(*report, 2);
+  EXPECT_GT(report->test_accuracy, 0.6);
+}
+
+// A worker that stalls mid-round past its lease: the others average their
+// rounds without it, its shard goes to another, and its copy, sent late
+// under the lost lease, is refused with its places.
+TEST(LeasedTrainingTest, ModelAverageRoundsGoOnWithoutAStalledWorkerAndItsLateCopyIsRefused) {
+  JobConfig config = LeasedJob("model_average", 3, 2);
+  config.local.interval_steps = 3;
+  config.data.lease_timeout_s = 0.3;
+  std::atomic<int> stalls{0};
+  std::shared_ptr<LeasedData> stalled;  // worker 2's, kept past the job
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
+    if (context.worker_index != 2) return;
+    context.before_step = [&](int64_t step) {
+      stalled = context.leased_data;
+      if (step % 7 == 4 && stalls < 3) {  // mid-round
+        ++stalls;
+        absl::SleepFor(absl::Milliseconds(900));
+      }
+    };
+  });
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GT(stalls.load(), 0);
+  EXPECT_GT(report->data_ledger.takeovers, 0);
+  ASSERT_NE(stalled, nullptr);
+  EXPECT_GT(stalled->leases_lost(), 0);  // a late copy was refused
   ExpectExactlyOnce(*report, 2);
 }
 

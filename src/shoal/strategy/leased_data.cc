@@ -79,7 +79,7 @@ absl::StatusOr<bool> LeasedData::TakeLease(bool finished) {
   if (lease_.lease() == 0) return false;
   renewed_ = absl::Now();
   ++leases_taken_;
-  cursor_ = lease_.begin();
+  cursor_ = sent_to_ = lease_.begin();
   return true;
 }
 
@@ -96,6 +96,12 @@ absl::StatusOr<bool> LeasedData::Next(torch::Tensor* images, torch::Tensor* labe
   // A shard is used up when every task applied it to its end (a lease may
   // also resume there: its last holder died before handing it back).
   while (lease_.lease() == 0 || cursor_ >= lease_.end()) {
+    if (sent_to_ < cursor_) {
+      // A shard's last places were kept local and never sent: handing it
+      // back finished would lose them.
+      return absl::InternalError(absl::StrCat(options_.worker, " trained places ", sent_to_, " to ", cursor_,
+                                              " of shard ", lease_.shard(), " locally without sending an update"));
+    }
     const bool finished = lease_.lease() != 0;
     SHOAL_ASSIGN_OR_RETURN(bool taken, TakeLease(finished));
     if (taken) continue;
@@ -119,21 +125,23 @@ absl::StatusOr<bool> LeasedData::Next(torch::Tensor* images, torch::Tensor* labe
   progress_.set_epoch(lease_.epoch());
   progress_.set_shard(lease_.shard());
   progress_.set_shard_begin(lease_.shard() * options_.shard_examples);
-  progress_.set_begin(cursor_);
+  progress_.set_begin(sent_to_);
   progress_.set_end(cursor_ + count);
   return true;
 }
 
 void LeasedData::Settle(const wire::ProgressAnswer& answer) {
   if (answer.lease_lost()) {
-    // Another worker holds the shard now; it resumes from the counter task's record.
+    // Another worker holds the shard now; it resumes from the counter task's
+    // record. Places kept local under the lease go with it.
     lease_.Clear();
+    cursor_ = sent_to_;
     ++leases_lost_;
     return;
   }
   if (answer.live_workers() > 0) live_workers_ = answer.live_workers();
   if (answer.applied()) renewed_ = absl::Now();
-  cursor_ = answer.watermark();
+  cursor_ = sent_to_ = answer.watermark();
 }
 
 absl::Status LeasedData::RenewIfDue() {
@@ -144,7 +152,9 @@ absl::Status LeasedData::RenewIfDue() {
   SHOAL_ASSIGN_OR_RETURN(const wire::LeaseResponse response, client_.Lease(request));
   live_workers_ = response.live_workers();
   renewed_ = absl::Now();
-  if (response.lease() == 0) {
+  // With places kept local the update still goes out under the lost lease,
+  // and the tasks' answer (lease_lost) drops it: its places were not sent.
+  if (response.lease() == 0 && sent_to_ == cursor_) {
     lease_.Clear();
     ++leases_lost_;
   }
@@ -154,7 +164,8 @@ absl::Status LeasedData::RenewIfDue() {
 absl::Status LeasedData::Leave() {
   wire::LeaseRequest request = Ask();
   request.set_return_lease(lease_.lease());
-  request.set_finished(lease_.lease() != 0 && cursor_ >= lease_.end());
+  // Places kept local but never sent are not trained: the shard resumes before them.
+  request.set_finished(lease_.lease() != 0 && sent_to_ >= lease_.end());
   request.set_leaving(true);
   SHOAL_ASSIGN_OR_RETURN(wire::LeaseResponse response, client_.Lease(request));
   live_workers_ = response.live_workers();

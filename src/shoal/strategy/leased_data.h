@@ -12,6 +12,12 @@
 // for another. A shard trained to its end on every task goes back finished
 // with the next lease request.
 //
+// A mode that trains several local steps per exchange (model_average)
+// keeps its steps' batches local (KeepLocal): the next batch follows them
+// and the places grow into one range of the shard, which the exchange
+// carries as one update. Such a mode ends its exchange early when a batch
+// ends the shard, since one update's places lie in one shard.
+//
 // Not thread-safe: one per worker thread.
 #ifndef SHOAL_STRATEGY_LEASED_DATA_H_
 #define SHOAL_STRATEGY_LEASED_DATA_H_
@@ -63,16 +69,27 @@ class LeasedData {
   // timeouts no shard is free and no worker holds one, DeadlineExceeded.
   absl::StatusOr<bool> Next(torch::Tensor* images, torch::Tensor* labels,
                             const std::function<absl::StatusOr<bool>()>& job_over);
-  // The places of the batch Next gave, which the step's update carries.
+  // The places the step's update carries: those of the batch Next gave, and
+  // before it any kept local since the last update (KeepLocal).
   const wire::DataProgress& progress() const { return progress_; }
+  // The step sent no update: its batch was trained into a local copy, and
+  // the next batch follows it into the same update's places.
+  void KeepLocal() { cursor_ = progress_.end(); }
+  // The local steps since the last update are undone (a local copy thrown
+  // away, say for the global one after a restore): the next batch begins
+  // where the last update ended.
+  void DropLocal() { cursor_ = sent_to_; }
+  // Whether the batch Next gave is the shard's last: the update must go now.
+  bool BatchEndsShard() const { return progress_.end() >= lease_.end(); }
   // The tasks' answer to the step's update: where the next batch begins.
   // An update that was never sent needs no answer: Next gives the same
   // places again.
   void Settle(const wire::ProgressAnswer& answer);
   // Renews the lease held when a quarter of the lease timeout has passed
   // since the lease table last heard of it: a sync step's wait sends no
-  // update that would. A lease that ran out meanwhile is dropped (another
-  // worker may hold its shard now).
+  // update that would; nor does a local step. A lease that ran out meanwhile
+  // is dropped (another worker may hold its shard now), once no places are
+  // kept local under it.
   absl::Status RenewIfDue();
   // Hands the lease held back (a worker whose training is over), which
   // takes it out of the lease table's count of live workers.
@@ -94,6 +111,7 @@ class LeasedData {
   const Options options_;
   wire::LeaseResponse lease_;  // lease() == 0: none held
   int64_t cursor_ = 0;         // the next batch's first place
+  int64_t sent_to_ = 0;        // the next update's first place (below: answered by the tasks)
   wire::DataProgress progress_;
   std::map<int64_t, torch::Tensor> orders_;  // the epochs' orders in use (at most two)
   int64_t live_workers_ = 0;

@@ -1,6 +1,7 @@
 #include "shoal/strategy/local_replica.h"
 
 #include "shoal/core/status.h"
+#include "shoal/strategy/leased_data.h"
 #include "shoal/strategy/step_driver.h"
 
 namespace shoal {
@@ -208,6 +209,16 @@ class DownpourPolicy : public LocalReplicaPolicy {
 // momentum): train locally, and at the end of every round average the local
 // copies at a barrier through the ps's accumulators; everyone continues from
 // the average.
+//
+// On leased data (LeasedData) a round's batches are one range of one shard,
+// and the copy carries their places: the round ends early when its shard
+// does. A copy taken into the round's accumulators has its places applied;
+// one dropped (its round was averaged without it) or refused (its lease ran
+// out) has none, and they are trained again. The round averages the copies
+// of the workers holding a live lease, and any worker waiting for it
+// applies it, so no one worker (not even the chief, which may be waiting for
+// a free shard) holds the others up. global_step counts every copy's local
+// steps.
 class ModelAveragePolicy : public LocalReplicaPolicy {
  public:
   explicit ModelAveragePolicy(WorkerContext& context)
@@ -235,17 +246,22 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
     block.set_momentum(local_.block_momentum);
     return block;
   }
+  bool SendsEveryStep() const override { return false; }
   // At the start (a restarted worker joins the round in progress) and after
   // a restore: from the global copy, at the start of the job's round.
-  absl::Status Join(Model& /*model*/) override {
+  absl::Status Join(Model& model) override {
+    in_round_ = 0;
+    if (leased()) {
+      context_.leased_data->DropLocal();  // the local copy's steps are thrown away
+      return FetchRound(model);
+    }
     SHOAL_ASSIGN_OR_RETURN(round_, client_.AddToCounter(kAverageRound, 0));
     step_ = 0;
     for (int64_t r = 0; r < round_; ++r) step_ += LocalStepsInRound(local_, r);
     global_step_ = step_ * workers_;
-    in_round_ = 0;
     return FetchGlobal(client_, *replica_);
   }
-  bool HasStepsLeft() const override { return round_ < rounds_; }
+  bool HasStepsLeft() const override { return leased() ? global_step_ < context_.max_steps : round_ < rounds_; }
   absl::Status Pull(Model& /*model*/) override { return absl::OkStatus(); }  // the local copy trains on
   absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients, StepInfo& step,
                                    const UpdateCheck& check) override {
@@ -253,7 +269,8 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
     replica_->Apply(gradients);
     step.local_step = ++step_;
     step.global_step = global_step_;
-    if (++in_round_ < steps) return PushOutcome::kStepDone;
+    const bool shard_ends = leased() && context_.leased_data->BatchEndsShard();
+    if (++in_round_ < steps && !shard_ends) return PushOutcome::kStepDone;
     // The round's last step: average.
     const std::vector<std::string>& names = model.variable_names();
     const std::vector<torch::Tensor> values = replica_->Values();
@@ -261,6 +278,8 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
     if (!send) return PushOutcome::kStopped;
     // The buffers' drift first: all of it is in before the barrier releases anyone.
     SHOAL_RETURN_IF_ERROR(PushBufferDrift(context_, *replica_));
+    const wire::AccumulatedRule rule = local_.block_momentum > 0 ? wire::BLOCK_MOMENTUM : wire::ASSIGN_MEAN;
+    if (leased()) return AverageLiveCopies(model, values, rule, step);
     // A worker's place in its data rides with its copy; the chief's with the
     // counters that end the round.
     std::vector<CounterDelta> counters;
@@ -268,7 +287,6 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
     SHOAL_RETURN_IF_ERROR(
         client_.Accumulate(names, values, round_, context_.task.ToString(), /*apply_at=*/0, counters).status());
     if (context_.is_chief) {
-      const wire::AccumulatedRule rule = local_.block_momentum > 0 ? wire::BLOCK_MOMENTUM : wire::ASSIGN_MEAN;
       SHOAL_ASSIGN_OR_RETURN(bool applied, ApplyAccumulatedOrStop(context_, names, workers_, round_ + 1, rule));
       if (!applied) return PushOutcome::kStopped;
       // The counters in one call (no variables to update).
@@ -291,8 +309,56 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
   }
 
  private:
+  bool leased() const { return context_.leased_data != nullptr; }
+
+  // Leased data: the copy and its places go into the round's accumulators
+  // (counting its local steps into global_step); the round is averaged over
+  // the live workers' copies, by whichever waiting worker sees them all in;
+  // then the replica trains on from the average, in the round the
+  // accumulators are at (ahead of this one's, when its copy came too late).
+  absl::StatusOr<PushOutcome> AverageLiveCopies(Model& model, const std::vector<torch::Tensor>& values,
+                                                wire::AccumulatedRule rule, StepInfo& step) {
+    const std::vector<std::string>& names = model.variable_names();
+    SHOAL_ASSIGN_OR_RETURN(const int dropped, client_.Accumulate(names, values, round_, context_.task.ToString(),
+                                                                 /*apply_at=*/0, {{kGlobalStep, in_round_}},
+                                                                 context_.step_progress, &context_.step_answer));
+    // A copy taken nowhere (its lease ran out) has no round to wait for.
+    if (dropped < static_cast<int>(names.size())) {
+      auto live = [this]() -> absl::StatusOr<int> {
+        SHOAL_ASSIGN_OR_RETURN(const int64_t holders, LiveLeaseHolders(client_, kMembershipQuery));
+        return static_cast<int>(std::max<int64_t>(1, holders));
+      };
+      SHOAL_ASSIGN_OR_RETURN(bool applied, ApplyAccumulatedOrStop(context_, names, 1, round_ + 1, rule, live));
+      if (!applied) return PushOutcome::kStopped;
+    }
+    SHOAL_RETURN_IF_ERROR(FetchRound(model));
+    in_round_ = 0;
+    step.global_step = global_step_;
+    step.exchanged = true;
+    return PushOutcome::kStepDone;
+  }
+
+  // Leased data: the global copy, the round its accumulators are at, and
+  // the job's global_step.
+  absl::Status FetchRound(Model& model) {
+    // Not every accumulator past round 0: the job is in round 0.
+    SHOAL_ASSIGN_OR_RETURN(Client::StepValues at,
+                           client_.ReadAtStep(model.variable_names(), 1, absl::Milliseconds(1)));
+    if (!at.ready) {
+      SHOAL_ASSIGN_OR_RETURN(at.values, client_.Read(model.variable_names()));
+    }
+    round_ = at.ready ? at.step : 0;
+    replica_->Load(at.values);
+    if (!model.buffer_names().empty()) {
+      SHOAL_ASSIGN_OR_RETURN(std::vector<torch::Tensor> buffers, client_.Read(model.buffer_names()));
+      replica_->TakeGlobalBuffers(buffers);
+    }
+    SHOAL_ASSIGN_OR_RETURN(global_step_, client_.AddToCounter(kGlobalStep, 0));
+    return absl::OkStatus();
+  }
+
   const int workers_;
-  const int64_t rounds_;
+  const int64_t rounds_;  // without leased data: the rounds of the job
   const absl::Duration timeout_;
   int64_t round_ = 0;     // the averaging round in progress
   int64_t in_round_ = 0;  // local steps taken in it
@@ -404,6 +470,7 @@ class Downpour final : public TrainingMode {
 class ModelAverage final : public TrainingMode {
  public:
   std::string name() const override { return "model_average"; }
+  bool LeasesData() const override { return true; }
   bool CheckpointsHoldOneStep() const override { return true; }
   std::unique_ptr<TrainingStrategy> MakeStrategy() const override {
     return std::make_unique<ModelAverageStrategy>();

@@ -109,8 +109,12 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
       PhaseScope timed(Phase::kPush);
       SHOAL_ASSIGN_OR_RETURN(outcome, policy.Push(model, model.Gradients(), step, check));
       if (outcome == PushOutcome::kStopped) return false;
-      // Where the next batch begins: past this one, or over places a task did not take.
-      if (leased != nullptr && outcome != PushOutcome::kRewound) {
+      // Where the next batch begins: past this one, or over places a task
+      // did not take; after a local step, past this one into the same update.
+      if (leased != nullptr && outcome != PushOutcome::kRewound && !policy.SendsEveryStep() && !step.exchanged) {
+        leased->KeepLocal();
+        SHOAL_RETURN_IF_ERROR(leased->RenewIfDue());
+      } else if (leased != nullptr && outcome != PushOutcome::kRewound) {
         leased->Settle(context.step_answer);
         // A worker that joined the running job: from its start to its first applied update.
         if (!join_noted && context.worker_index >= context.num_workers && context.step_answer.applied()) {

@@ -46,6 +46,10 @@ class StepPolicy {
   // Whether the chief publishes its buffers (PublishChiefBuffers): the rule
   // of async, sync and ssp; the local-replica modes push their drift.
   virtual bool ChiefPublishesBuffers() const { return true; }
+  // Whether every step's push sends an update (its batch's places with it);
+  // otherwise only a step that ends with an exchange (StepInfo::exchanged)
+  // does, carrying the places of the local steps since the last.
+  virtual bool SendsEveryStep() const { return true; }
   // Before the first step and after a restore: where this worker is in the
   // job (and, for a mode that pulls at its barrier, the model's values).
   virtual absl::Status Join(Model& /*model*/) { return absl::OkStatus(); }

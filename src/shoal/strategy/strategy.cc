@@ -513,13 +513,20 @@ absl::StatusOr<int64_t> WaitForCounter(WorkerContext& context, const std::string
 }
 
 absl::StatusOr<bool> ApplyAccumulatedOrStop(WorkerContext& context, const std::vector<std::string>& names,
-                                            int replicas, int64_t new_step, wire::AccumulatedRule rule) {
+                                            int replicas, int64_t new_step, wire::AccumulatedRule rule,
+                                            const std::function<absl::StatusOr<int>()>& replicas_now) {
   const std::vector<std::string> workers = WorkerNames(context);
   const absl::Duration timeout = absl::Seconds(context.config->training.sync_timeout_s);
   const absl::Time give_up = absl::Now() + timeout;
+  // Membership is asked again five times a second: a worker gone is not waited for long.
+  const absl::Duration longest_try = replicas_now ? absl::Milliseconds(200) : absl::Seconds(1);
   while (true) {
+    if (replicas_now) {
+      SHOAL_ASSIGN_OR_RETURN(replicas, replicas_now());
+      if (context.leased_data != nullptr) SHOAL_RETURN_IF_ERROR(context.leased_data->RenewIfDue());
+    }
     // Short tries, so that a stop asked meanwhile is seen within a second.
-    const absl::Duration slice = std::min(absl::Seconds(1), std::max(give_up - absl::Now(), absl::Milliseconds(1)));
+    const absl::Duration slice = std::min(longest_try, std::max(give_up - absl::Now(), absl::Milliseconds(1)));
     absl::Status applied = context.client->ApplyAccumulated(names, replicas, new_step, slice, workers, rule);
     if (applied.ok()) return true;
     if (absl::IsDeadlineExceeded(applied)) {
