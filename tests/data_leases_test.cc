@@ -242,11 +242,11 @@ TEST(DataLeasesTest, TheCheckFindsMissingAndRepeatedPlaces) {
 
 // Leased data is for the modes that lease it, and for data held in memory.
 TEST(DataLeasesTest, AConfigThatCannotLeaseItsDataIsRefusedNamingWhy) {
-  for (const char* mode : {"ssp", "downpour", "easgd", "population"}) {
+  for (const char* mode : {"ssp", "easgd", "population"}) {
     auto config = ParseJobConfig(absl::StrCat("data: {leases: true}\ntraining: {mode: ", mode, "}\n"));
     ASSERT_FALSE(config.ok()) << mode;
     EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(config.status().message().find("works with training.mode async, sync and model_average, not " +
+    EXPECT_NE(config.status().message().find("works with training.mode async, sync, downpour and model_average, not " +
                                              std::string(mode)),
               std::string::npos)
         << config.status();
@@ -385,6 +385,59 @@ TEST(DataLeasesTest, AServerAppliesNothingOfAnUpdateWhoseLeaseIsNotHeld) {
   EXPECT_TRUE(torch::equal(value(), after_one));
 }
 
+// Through a server: a synchronous update (a sync gradient, a model_average
+// copy) whose places the task applied already, from another worker's
+// update, counts toward its step without adding its tensors. Were it not
+// counted, a step on this task would wait for a worker that the other
+// tasks counted and this one never will.
+TEST(DataLeasesTest, AnAccumulateOfPlacesAppliedAlreadyCountsTowardItsStepAndAddsNothing) {
+  VariableService service(VariableServiceOptions{"/job:ps/task:1"});  // holds no lease table
+  Request create;
+  wire::VariableDef* def = create.header.mutable_create_variables()->add_variables();
+  def->set_name("w");
+  def->add_shape(2);
+  def->mutable_optimizer()->set_kind("sgd");
+  create.tensors.push_back(torch::zeros({2}));
+  Response response;
+  service.Handle(create, &response);
+  ASSERT_EQ(response.header.status_code(), 0) << response.header.status_message();
+  wire::LeaseResponse lease;
+  lease.set_lease(1);
+  auto accumulate = [&](const std::string& worker, float value) {
+    Request request;
+    auto* op = request.header.mutable_accumulate();
+    op->add_names("w");
+    op->set_local_step(0);
+    op->set_worker(worker);
+    *op->mutable_progress() = Places(lease, 0, 10);
+    request.tensors.push_back(torch::full({2}, value));
+    Response answer;
+    service.Handle(request, &answer);
+    EXPECT_EQ(answer.header.status_code(), 0) << answer.header.status_message();
+    return answer.header.accumulate();
+  };
+  const auto first = accumulate("worker:0", 2);
+  EXPECT_TRUE(first.progress().applied());
+  EXPECT_TRUE(first.accepted(0));
+  const auto again = accumulate("worker:1", 6);  // the same places
+  EXPECT_FALSE(again.progress().applied());
+  EXPECT_TRUE(again.accepted(0));  // counted
+
+  Request average;
+  auto* op = average.header.mutable_apply_accumulated();
+  op->add_names("w");
+  op->set_replicas_to_aggregate(2);
+  op->set_new_step(1);
+  op->set_rule(wire::ASSIGN_MEAN);
+  service.Handle(average, &response);
+  ASSERT_EQ(response.header.status_code(), 0) << response.header.status_message();
+  EXPECT_TRUE(response.header.apply_accumulated().applied());  // two workers counted
+  Request read;
+  read.header.mutable_read()->add_names("w");
+  service.Handle(read, &response);
+  EXPECT_TRUE(torch::equal(response.tensors.at(0), torch::full({2}, 2.0f)));  // worker:1's 6 added nothing
+}
+
 // Whole jobs: every place of every finished epoch applied exactly once on
 // every ps task.
 JobConfig LeasedJob(const std::string& mode, int workers, int ps) {
@@ -469,43 +522,57 @@ TEST(LeasedTrainingTest, AWorkerWaitsForAShardAsLongAsAnotherHoldsOne) {
   ExpectExactlyOnce(*report, 2);
 }
 
-// Model averaging: a copy carries its round's places (one range of one
-// shard; a round ends early with its shard), so every place of an epoch is
-// in exactly one averaged copy.
-TEST(LeasedTrainingTest, ModelAverageAveragesEachPlaceInExactlyOneCopy) {
-  JobConfig config = LeasedJob("model_average", 3, 2);
-  config.local.interval_steps = 3;  // 5-batch shards: rounds of 3 local steps, then 2
-  auto report = TrainInProcess(config, InProcOptions{}, nullptr);
-  ASSERT_TRUE(report.ok()) << report.status();
-  ExpectExactlyOnce(*report, 2);
-  EXPECT_GT(report->test_accuracy, 0.6);
+// The local-replica modes: an exchange carries the places of its local
+// steps (one range of one shard; an exchange comes early when its shard
+// ends), so every place of an epoch is in exactly one averaged copy
+// (model_average) or one applied push of summed gradients (downpour).
+JobConfig LeasedLocalJob(const std::string& mode) {
+  JobConfig config = LeasedJob(mode, 3, 2);
+  // 5-batch shards: exchanges after 3 local steps, then after 2.
+  config.local.interval_steps = 3;
+  config.local.n_push = 3;
+  config.local.n_fetch = 3;
+  return config;
 }
 
-// A worker that stalls mid-round past its lease: the others average their
-// rounds without it, its shard goes to another, and its copy, sent late
-// under the lost lease, is refused with its places.
-TEST(LeasedTrainingTest, ModelAverageRoundsGoOnWithoutAStalledWorkerAndItsLateCopyIsRefused) {
-  JobConfig config = LeasedJob("model_average", 3, 2);
-  config.local.interval_steps = 3;
-  config.data.lease_timeout_s = 0.3;
-  std::atomic<int> stalls{0};
-  std::shared_ptr<LeasedData> stalled;  // worker 2's, kept past the job
-  auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
-    if (context.worker_index != 2) return;
-    context.before_step = [&](int64_t step) {
-      stalled = context.leased_data;
-      if (step % 7 == 4 && stalls < 3) {  // mid-round
-        ++stalls;
-        absl::SleepFor(absl::Milliseconds(900));
-      }
-    };
-  });
-  ASSERT_TRUE(report.ok()) << report.status();
-  EXPECT_GT(stalls.load(), 0);
-  EXPECT_GT(report->data_ledger.takeovers, 0);
-  ASSERT_NE(stalled, nullptr);
-  EXPECT_GT(stalled->leases_lost(), 0);  // a late copy was refused
-  ExpectExactlyOnce(*report, 2);
+TEST(LeasedTrainingTest, LocalReplicaModesExchangeEachPlaceExactlyOnce) {
+  for (const char* mode : {"model_average", "downpour"}) {
+    SCOPED_TRACE(mode);
+    auto report = TrainInProcess(LeasedLocalJob(mode), InProcOptions{}, nullptr);
+    ASSERT_TRUE(report.ok()) << report.status();
+    ExpectExactlyOnce(*report, 2);
+    EXPECT_GT(report->test_accuracy, 0.6);
+  }
+}
+
+// A worker that stalls between exchanges past its lease: the others train
+// on without it (model_average averages its rounds without it), its shard
+// goes to another, and its exchange, sent late under the lost lease, is
+// refused with its places.
+TEST(LeasedTrainingTest, ALocalReplicaStalledPastItsLeaseHasItsLateExchangeRefused) {
+  for (const char* mode : {"model_average", "downpour"}) {
+    SCOPED_TRACE(mode);
+    JobConfig config = LeasedLocalJob(mode);
+    config.data.lease_timeout_s = 0.3;
+    std::atomic<int> stalls{0};
+    std::shared_ptr<LeasedData> stalled;  // worker 2's, kept past the job
+    auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
+      if (context.worker_index != 2) return;
+      context.before_step = [&](int64_t step) {
+        stalled = context.leased_data;
+        if (step % 7 == 4 && stalls < 3) {  // between exchanges
+          ++stalls;
+          absl::SleepFor(absl::Milliseconds(900));
+        }
+      };
+    });
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_GT(stalls.load(), 0);
+    EXPECT_GT(report->data_ledger.takeovers, 0);
+    ASSERT_NE(stalled, nullptr);
+    EXPECT_GT(stalled->leases_lost(), 0);  // a late exchange was refused
+    ExpectExactlyOnce(*report, 2);
+  }
 }
 
 TEST(LeasedTrainingTest, ACheckpointKeepsTheLeaseTableAndAJobResumedFromItTrainsEveryExampleOnce) {

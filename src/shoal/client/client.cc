@@ -444,8 +444,11 @@ absl::StatusOr<int64_t> Client::SetCounter(const std::string& name, int64_t valu
 
 absl::StatusOr<std::vector<int64_t>> Client::ApplyGradients(const std::vector<std::string>& names,
                                                            const std::vector<torch::Tensor>& gradients,
-                                                           const std::vector<CounterDelta>& counters) {
-  return Update(wire::UPDATE_OPTIMIZER, names, gradients, counters);
+                                                           const std::vector<CounterDelta>& counters,
+                                                           const wire::DataProgress* progress,
+                                                           wire::ProgressAnswer* answer) {
+  return Update(wire::UPDATE_OPTIMIZER, names, gradients, counters, /*values=*/nullptr, /*elastic_alpha=*/0, progress,
+                answer);
 }
 
 absl::StatusOr<Client::AppliedValues> Client::ApplyGradientsAndRead(const std::vector<std::string>& names,

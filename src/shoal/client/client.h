@@ -111,10 +111,13 @@ class Client {
 
   // Sends gradients to be applied by each variable's optimizer, and bumps
   // `counters` (on the counter task) once the gradients are in. Returns the
-  // counters' new values in order.
+  // counters' new values in order. `progress` and `answer`: as
+  // ApplyGradientsAndRead's.
   absl::StatusOr<std::vector<int64_t>> ApplyGradients(const std::vector<std::string>& names,
                                                       const std::vector<torch::Tensor>& gradients,
-                                                      const std::vector<CounterDelta>& counters = {});
+                                                      const std::vector<CounterDelta>& counters = {},
+                                                      const wire::DataProgress* progress = nullptr,
+                                                      wire::ProgressAnswer* answer = nullptr);
 
   // ApplyGradients whose answer also brings the variables' values as they
   // are right after this apply: a push and the next step's pull in one

@@ -373,21 +373,27 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
         SHOAL_ASSIGN_OR_RETURN(admission, leases_.Admit(accumulate.progress(), absl::Now()));
       }
       auto* out = response->header.mutable_accumulate();
-      if (admission.has_value() && !admission->apply()) {
-        // Not taken: the places were applied already, or the lease is lost.
+      if (admission.has_value() && admission->answer().lease_lost()) {
+        // Not taken: the sender does not hold the lease.
         for (int i = 0; i < accumulate.names_size(); ++i) out->add_accepted(false);
         *out->mutable_progress() = admission->answer();
         return absl::OkStatus();
       }
+      // Places this task applied already (from the update of a worker that
+      // held the shard before), or ahead of it: the sender still counts
+      // toward the step, as on the tasks that take its tensors, so that no
+      // task waits for it; its tensors add nothing here.
+      const bool count_only = admission.has_value() && !admission->apply();
       std::vector<bool> accepted;
       SHOAL_RETURN_IF_ERROR(store_.Accumulate(Names(accumulate.names()), request.tensors, accumulate.local_step(),
-                                              accumulate.worker(), &accepted, accumulate.apply_at()));
+                                              accumulate.worker(), &accepted, accumulate.apply_at(), count_only));
       for (bool a : accepted) out->add_accepted(a);
       for (const auto& counter : accumulate.counters()) store_.AddToCounter(counter.name(), counter.delta());
       if (admission.has_value()) {
         // A stale gradient was dropped: its places stay unapplied here, for
         // the worker to train again.
-        if (std::all_of(accepted.begin(), accepted.end(), [](bool a) { return a; })) admission->Commit();
+        const bool taken = std::all_of(accepted.begin(), accepted.end(), [](bool a) { return a; });
+        if (taken && admission->apply()) admission->Commit();
         *out->mutable_progress() = admission->answer();
       }
       return absl::OkStatus();

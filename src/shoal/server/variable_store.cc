@@ -350,7 +350,8 @@ int64_t VariableStore::WaitForCounter(const std::string& name, int64_t at_least,
 
 absl::Status VariableStore::Accumulate(const std::vector<std::string>& names,
                                        const std::vector<torch::Tensor>& gradients, int64_t local_step,
-                                       const std::string& worker, std::vector<bool>* accepted, int apply_at) {
+                                       const std::string& worker, std::vector<bool>* accepted, int apply_at,
+                                       bool count_only) {
   if (worker.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("accumulate on ", task_name_, " names no worker"));
   }
@@ -371,12 +372,14 @@ absl::Status VariableStore::Accumulate(const std::vector<std::string>& names,
       // A step counts workers, not messages: a worker's second tensor for the
       // same step (sent again after a restart, say) is dropped.
       if (std::find(var.contributors.begin(), var.contributors.end(), worker) != var.contributors.end()) continue;
-      if (!var.gradient_sum.defined()) var.gradient_sum = torch::zeros_like(var.value);
-      var.gradient_sum.add_(gradients[i]);
-      ++var.accumulated;
+      if (!count_only) {
+        if (!var.gradient_sum.defined()) var.gradient_sum = torch::zeros_like(var.value);
+        var.gradient_sum.add_(gradients[i]);
+        ++var.accumulated;
+      }
       var.contributors.push_back(worker);
       (*accepted)[i] = true;
-      if (apply_at > 0 && var.accumulated >= apply_at) {
+      if (apply_at > 0 && static_cast<int>(var.contributors.size()) >= apply_at) {
         ApplyAccumulator(var, wire::MEAN_GRADIENT, var.accumulator_step + 1);
       }
     }
@@ -402,7 +405,7 @@ absl::StatusOr<bool> VariableStore::WaitForStep(const std::vector<std::string>& 
 }
 
 void VariableStore::ApplyAccumulator(Variable& var, wire::AccumulatedRule rule, int64_t new_step) {
-  {
+  if (var.accumulated > 0) {
     std::unique_lock<std::mutex> update(var.update_mu, std::defer_lock);
     if (Exclusive(var)) update.lock();
     torch::NoGradGuard no_grad;
@@ -422,7 +425,7 @@ void VariableStore::ApplyAccumulator(Variable& var, wire::AccumulatedRule rule, 
     }
     var.version.fetch_add(1);
   }
-  var.gradient_sum.zero_();
+  if (var.gradient_sum.defined()) var.gradient_sum.zero_();
   var.accumulated = 0;
   var.contributors.clear();
   var.accumulator_step = new_step;
@@ -443,7 +446,7 @@ absl::StatusOr<VariableStore::ApplyAccumulatedResult> VariableStore::ApplyAccumu
   };
   auto ready = [&] {
     return std::all_of(vars.begin(), vars.end(), [&](const auto& v) {
-      return v->accumulator_step >= new_step || v->accumulated >= replicas_to_aggregate;
+      return v->accumulator_step >= new_step || static_cast<int>(v->contributors.size()) >= replicas_to_aggregate;
     });
   };
   ApplyAccumulatedResult result;
@@ -451,11 +454,11 @@ absl::StatusOr<VariableStore::ApplyAccumulatedResult> VariableStore::ApplyAccumu
   accumulated_.wait_for(lock, absl::ToChronoNanoseconds(wait), ready);
   if (!vars.empty()) result.contributors = vars[0]->contributors;
   if (!done() && !ready()) {
-    for (const auto& v : vars) result.counts.push_back(v->accumulated);
+    for (const auto& v : vars) result.counts.push_back(static_cast<int>(v->contributors.size()));
     return result;
   }
   for (const auto& v : vars) {
-    result.counts.push_back(v->accumulated);
+    result.counts.push_back(static_cast<int>(v->contributors.size()));
     if (v->accumulator_step < new_step) ApplyAccumulator(*v, rule, new_step);  // else applied before
   }
   result.applied = true;

@@ -91,11 +91,15 @@ class VariableStore {
   // from a worker that missed a restore) or
   // `worker` already gave one for the accumulator's step (a step counts
   // distinct workers); `accepted` says which were taken. Validated like ApplyGradients. With
-  // apply_at > 0, an accumulator that now holds apply_at gradients applies
-  // their mean with the variable's optimizer and moves to the next step.
+  // apply_at > 0, an accumulator that now counts apply_at workers applies
+  // the mean of their gradients with the variable's optimizer and moves to
+  // the next step. `count_only`: the worker counts toward the step but its
+  // tensors add nothing (leased data: this task applied their places from
+  // another worker's update, and the step must not wait for a worker whose
+  // tensors it will never take).
   absl::Status Accumulate(const std::vector<std::string>& names, const std::vector<torch::Tensor>& gradients,
                           int64_t local_step, const std::string& worker, std::vector<bool>* accepted,
-                          int apply_at = 0);
+                          int apply_at = 0, bool count_only = false);
 
   // Waits at most `wait` until every named accumulator has reached
   // `min_step`. Returns whether they have; `steps` gets each one's step and
@@ -156,16 +160,17 @@ class VariableStore {
     std::mutex update_mu;  // taken by apply/assign when Exclusive()
     // The SyncReplicas accumulator, guarded by accumulate_mu_.
     torch::Tensor gradient_sum;
-    int accumulated = 0;
+    int accumulated = 0;  // tensors in gradient_sum
     int64_t accumulator_step = 0;
-    std::vector<std::string> contributors;
+    std::vector<std::string> contributors;  // the workers the step counts (some may have added nothing)
   };
 
   // Whether updates to `var` take its update_mu: with use_locking, and always
   // for optimizers that keep slots.
   static bool Exclusive(const Variable& var);
-  // Uses the mean of var's accumulated tensors as `rule` says, empties the
-  // accumulator and moves it to `new_step`. Under accumulate_mu_.
+  // Uses the mean of var's accumulated tensors as `rule` says (none: the
+  // value stays), empties the accumulator and moves it to `new_step`. Under
+  // accumulate_mu_.
   static void ApplyAccumulator(Variable& var, wire::AccumulatedRule rule, int64_t new_step);
   // Resolves every name or returns NotFound naming the first unknown one.
   absl::Status Find(const std::vector<std::string>& names,

@@ -90,12 +90,15 @@ namespace {
 // required) the answer also brings the variables' values: right after a
 // gradients' apply, so that a fetch due next needs no round trip of its
 // own; right before an elastic move. True when that was the job's last: it
-// is stopped or has reached max_steps.
+// is stopped or has reached max_steps. On leased data the update carries
+// the places of its local steps (WorkerContext::step_progress).
 absl::StatusOr<bool> PushExchange(WorkerContext& context, const std::vector<std::string>& names,
                                   const std::vector<torch::Tensor>& update, wire::UpdateRule rule, int64_t steps,
                                   StepInfo& info, std::vector<torch::Tensor>* values_after = nullptr,
                                   double elastic_alpha = 0) {
   const std::vector<CounterDelta> counters = {{kGlobalStep, steps}, {kStopRequested, 0}, TakeDataPosition(context)};
+  const wire::DataProgress* progress = context.leased_data != nullptr ? context.step_progress : nullptr;
+  wire::ProgressAnswer* answer = progress != nullptr ? &context.step_answer : nullptr;
   std::vector<int64_t> values;
   if (rule == wire::UPDATE_ELASTIC) {
     SHOAL_ASSIGN_OR_RETURN(Client::AppliedValues moved,
@@ -103,10 +106,10 @@ absl::StatusOr<bool> PushExchange(WorkerContext& context, const std::vector<std:
     values = std::move(moved.counters);
     *values_after = std::move(moved.values);
   } else if (values_after == nullptr) {
-    SHOAL_ASSIGN_OR_RETURN(values, context.client->ApplyGradients(names, update, counters));
+    SHOAL_ASSIGN_OR_RETURN(values, context.client->ApplyGradients(names, update, counters, progress, answer));
   } else {
     SHOAL_ASSIGN_OR_RETURN(Client::AppliedValues applied,
-                           context.client->ApplyGradientsAndRead(names, update, counters));
+                           context.client->ApplyGradientsAndRead(names, update, counters, progress, answer));
     values = std::move(applied.counters);
     *values_after = std::move(applied.values);
   }
@@ -133,6 +136,8 @@ class LocalReplicaPolicy : public StepPolicy {
     return &replica_->model();
   }
   bool ChiefPublishesBuffers() const override { return false; }
+  // Only an exchange sends: on leased data it carries its local steps' places.
+  bool SendsEveryStep() const override { return false; }
   int64_t LocalStep() const override { return step_; }
   int64_t GlobalStep() const override { return global_step_; }
 
@@ -143,12 +148,17 @@ class LocalReplicaPolicy : public StepPolicy {
   std::unique_ptr<LocalReplica> replica_;
   int64_t step_ = 0;         // local steps taken
   int64_t global_step_ = 0;  // as the last exchange left it
+
+  LeasedData* leased() const { return context_.leased_data.get(); }
 };
 
 // Downpour (Dean et al., 2012): fetch every n_fetch steps, train locally, and
 // push the summed gradients every n_push steps for the ps's optimizer. A
 // push right before a fetch (every push when n_fetch == n_push) brings the
 // values back in its answer, as async's pushes do: one round trip, not two.
+// On leased data a push carries its steps' places (one range of one shard:
+// a push comes early when its shard ends), and one refused (its lease ran
+// out) applies none of its gradients.
 class DownpourPolicy : public LocalReplicaPolicy {
  public:
   using LocalReplicaPolicy::LocalReplicaPolicy;
@@ -156,6 +166,8 @@ class DownpourPolicy : public LocalReplicaPolicy {
   // (At the start the first step fetches.)
   absl::Status Join(Model& model) override {
     pending_ = ZerosLike(model.variables());
+    unsent_ = 0;
+    if (leased() != nullptr) leased()->DropLocal();  // with the gradients not pushed
     pushed_values_.clear();
     pushed_buffers_.clear();
     if (!joined_) {
@@ -179,17 +191,20 @@ class DownpourPolicy : public LocalReplicaPolicy {
     for (size_t i = 0; i < gradients.size(); ++i) pending_[i].add_(gradients[i]);
     replica_->Apply(gradients);
     step.local_step = step_ + 1;
-    if ((step_ + 1) % local_.n_push == 0) {
+    ++unsent_;
+    const bool shard_ends = leased() != nullptr && leased()->BatchEndsShard();
+    if ((step_ + 1) % local_.n_push == 0 || shard_ends) {
       SHOAL_ASSIGN_OR_RETURN(bool send, check(model.variable_names(), pending_));
       if (!send) return PushOutcome::kStopped;
       // Buffers' drift goes in after the push; before a fetch each call
       // brings its values back.
       const bool fetch_next = (step_ + 1) % local_.n_fetch == 0;
       SHOAL_ASSIGN_OR_RETURN(bool last, PushExchange(context_, model.variable_names(), pending_,
-                                                     wire::UPDATE_OPTIMIZER, local_.n_push, step,
-                                                     fetch_next ? &pushed_values_ : nullptr));
+                                                     wire::UPDATE_OPTIMIZER, leased() ? unsent_ : local_.n_push,
+                                                     step, fetch_next ? &pushed_values_ : nullptr));
       SHOAL_RETURN_IF_ERROR(PushBufferDrift(context_, *replica_, fetch_next ? &pushed_buffers_ : nullptr));
       for (auto& p : pending_) p.zero_();
+      unsent_ = 0;
       global_step_ = step.global_step;
       done_ = last;
     }
@@ -199,6 +214,7 @@ class DownpourPolicy : public LocalReplicaPolicy {
 
  private:
   std::vector<torch::Tensor> pending_;  // gradients not yet pushed
+  int64_t unsent_ = 0;                  // local steps they sum
   std::vector<torch::Tensor> pushed_values_;   // the last push's answer, for the fetch right after it
   std::vector<torch::Tensor> pushed_buffers_;  // and its buffers' (a model with buffers)
   bool joined_ = false;
@@ -246,13 +262,12 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
     block.set_momentum(local_.block_momentum);
     return block;
   }
-  bool SendsEveryStep() const override { return false; }
   // At the start (a restarted worker joins the round in progress) and after
   // a restore: from the global copy, at the start of the job's round.
   absl::Status Join(Model& model) override {
     in_round_ = 0;
-    if (leased()) {
-      context_.leased_data->DropLocal();  // the local copy's steps are thrown away
+    if (leased() != nullptr) {
+      leased()->DropLocal();  // the local copy's steps are thrown away
       return FetchRound(model);
     }
     SHOAL_ASSIGN_OR_RETURN(round_, client_.AddToCounter(kAverageRound, 0));
@@ -261,7 +276,9 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
     global_step_ = step_ * workers_;
     return FetchGlobal(client_, *replica_);
   }
-  bool HasStepsLeft() const override { return leased() ? global_step_ < context_.max_steps : round_ < rounds_; }
+  bool HasStepsLeft() const override {
+    return leased() != nullptr ? global_step_ < context_.max_steps : round_ < rounds_;
+  }
   absl::Status Pull(Model& /*model*/) override { return absl::OkStatus(); }  // the local copy trains on
   absl::StatusOr<PushOutcome> Push(Model& model, const std::vector<torch::Tensor>& gradients, StepInfo& step,
                                    const UpdateCheck& check) override {
@@ -269,7 +286,7 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
     replica_->Apply(gradients);
     step.local_step = ++step_;
     step.global_step = global_step_;
-    const bool shard_ends = leased() && context_.leased_data->BatchEndsShard();
+    const bool shard_ends = leased() != nullptr && leased()->BatchEndsShard();
     if (++in_round_ < steps && !shard_ends) return PushOutcome::kStepDone;
     // The round's last step: average.
     const std::vector<std::string>& names = model.variable_names();
@@ -279,7 +296,7 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
     // The buffers' drift first: all of it is in before the barrier releases anyone.
     SHOAL_RETURN_IF_ERROR(PushBufferDrift(context_, *replica_));
     const wire::AccumulatedRule rule = local_.block_momentum > 0 ? wire::BLOCK_MOMENTUM : wire::ASSIGN_MEAN;
-    if (leased()) return AverageLiveCopies(model, values, rule, step);
+    if (leased() != nullptr) return AverageLiveCopies(model, values, rule, step);
     // A worker's place in its data rides with its copy; the chief's with the
     // counters that end the round.
     std::vector<CounterDelta> counters;
@@ -309,8 +326,6 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
   }
 
  private:
-  bool leased() const { return context_.leased_data != nullptr; }
-
   // Leased data: the copy and its places go into the round's accumulators
   // (counting its local steps into global_step); the round is averaged over
   // the live workers' copies, by whichever waiting worker sees them all in;
@@ -457,6 +472,7 @@ namespace {
 class Downpour final : public TrainingMode {
  public:
   std::string name() const override { return "downpour"; }
+  bool LeasesData() const override { return true; }
   std::unique_ptr<TrainingStrategy> MakeStrategy() const override { return std::make_unique<DownpourStrategy>(); }
   // DistBelief's: adagrad on the ps.
   wire::OptimizerConfig DefaultOptimizer() const override {

@@ -92,8 +92,8 @@ class TrainingMode {
   // data stands.
   virtual bool KeepsDataPosition() const { return true; }
   // Whether the mode can train from leased data (data.leases): its push
-  // carries each step's places (StepPolicy, LeasedData). Async, sync and
-  // model_average (a copy carries its round's).
+  // carries each step's places (StepPolicy, LeasedData). Async, sync,
+  // downpour and model_average (a push or a copy carries its local steps').
   virtual bool LeasesData() const { return false; }
   // Whether a checkpoint must hold one global step's values (the ps change
   // in lockstep), so that the chief trains nothing while one is written;
