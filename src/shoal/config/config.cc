@@ -517,8 +517,9 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
     }
     SHOAL_RETURN_IF_ERROR(Positive("data.lease_timeout_s", c.data.lease_timeout_s));
     if (!mode->LeasesData()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("config: 'data.leases' works with training.mode async, sync, downpour and model_average, not ", c.training.mode));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: 'data.leases' works with training.mode async, sync, downpour and model_average, not ",
+          c.training.mode));
     }
     if (c.data.format == "criteo") {
       return absl::InvalidArgumentError(

@@ -12,8 +12,8 @@
 // for another. A shard trained to its end on every task goes back finished
 // with the next lease request.
 //
-// A mode that trains several local steps per exchange (model_average)
-// keeps its steps' batches local (KeepLocal): the next batch follows them
+// A mode that trains several local steps per exchange (downpour,
+// model_average) keeps its steps' batches local (KeepLocal): the next batch follows them
 // and the places grow into one range of the shard, which the exchange
 // carries as one update. Such a mode ends its exchange early when a batch
 // ends the shard, since one update's places lie in one shard.
