@@ -109,18 +109,20 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
       PhaseScope timed(Phase::kPush);
       SHOAL_ASSIGN_OR_RETURN(outcome, policy.Push(model, model.Gradients(), step, check));
       if (outcome == PushOutcome::kStopped) return false;
-      // Where the next batch begins: past this one, or over places a task
-      // did not take; after a local step, past this one into the same update.
-      if (leased != nullptr && outcome != PushOutcome::kRewound && !policy.SendsEveryStep() && !step.exchanged) {
-        leased->KeepLocal();
-        SHOAL_RETURN_IF_ERROR(leased->RenewIfDue());
-      } else if (leased != nullptr && outcome != PushOutcome::kRewound) {
-        leased->Settle(context.step_answer);
-        // A worker that joined the running job: from its start to its first applied update.
-        if (!join_noted && context.worker_index >= context.num_workers && context.step_answer.applied()) {
-          join_noted = true;
-          const int64_t ms = absl::ToInt64Milliseconds(absl::Now() - context.started);
-          SHOAL_RETURN_IF_ERROR(context.client->AddToCounters({{kJoinsCounter, 1}, {kJoinMsCounter, ms}}).status());
+      if (leased != nullptr && outcome != PushOutcome::kRewound) {
+        if (!policy.SendsEveryStep() && !step.exchanged) {
+          // A local step: the next batch follows this one into the same update.
+          leased->KeepLocal();
+          SHOAL_RETURN_IF_ERROR(leased->RenewIfDue());
+        } else {
+          // Where the next batch begins: past this one, or over places a task did not take.
+          leased->Settle(context.step_answer);
+          // A worker that joined the running job: from its start to its first applied update.
+          if (!join_noted && context.worker_index >= context.num_workers && context.step_answer.applied()) {
+            join_noted = true;
+            const int64_t ms = absl::ToInt64Milliseconds(absl::Now() - context.started);
+            SHOAL_RETURN_IF_ERROR(context.client->AddToCounters({{kJoinsCounter, 1}, {kJoinMsCounter, ms}}).status());
+          }
         }
       }
       // Rows go to the tables asynchronously whatever the mode does with the
