@@ -146,6 +146,10 @@ void LeasedData::Settle(const wire::ProgressAnswer& answer) {
 
 absl::Status LeasedData::RenewIfDue() {
   if (lease_.lease() == 0 || absl::Now() - renewed_ < options_.lease_timeout / 4) return absl::OkStatus();
+  return AskLiveWorkers().status();
+}
+
+absl::StatusOr<int64_t> LeasedData::AskLiveWorkers() {
   wire::LeaseRequest request = Ask();
   request.set_return_lease(lease_.lease());
   request.set_renew(true);
@@ -154,11 +158,11 @@ absl::Status LeasedData::RenewIfDue() {
   renewed_ = absl::Now();
   // With places kept local the update still goes out under the lost lease,
   // and the tasks' answer (lease_lost) drops it: its places were not sent.
-  if (response.lease() == 0 && sent_to_ == cursor_) {
+  if (lease_.lease() != 0 && response.lease() == 0 && sent_to_ == cursor_) {
     lease_.Clear();
     ++leases_lost_;
   }
-  return absl::OkStatus();
+  return live_workers_;
 }
 
 absl::Status LeasedData::Leave() {

@@ -45,10 +45,9 @@ int64_t LeaseShardExamples(int64_t configured, int64_t examples, int64_t batch_s
 absl::StatusOr<DataLedgerReport> CheckJobLedgers(Client& client, int64_t examples);
 
 // The workers holding a lease that has not run out, asked as `worker`,
-// which hands back what it holds (the chief, done with its own steps;
-// kMembershipQuery, a name no worker has, to only ask).
+// which hands back what it holds (the chief, done with its own steps).
+// A worker still training asks LeasedData::AskLiveWorkers.
 absl::StatusOr<int64_t> LiveLeaseHolders(Client& client, const std::string& worker);
-inline constexpr char kMembershipQuery[] = "(membership query)";
 
 class LeasedData {
  public:
@@ -85,11 +84,14 @@ class LeasedData {
   // An update that was never sent needs no answer: Next gives the same
   // places again.
   void Settle(const wire::ProgressAnswer& answer);
-  // Renews the lease held when a quarter of the lease timeout has passed
-  // since the lease table last heard of it: a sync step's wait sends no
-  // update that would; nor does a local step. A lease that ran out meanwhile
-  // is dropped (another worker may hold its shard now), once no places are
-  // kept local under it.
+  // The workers holding a lease that has not run out, asked now with a
+  // renewal of the lease held (a worker waiting at a barrier keeps its
+  // shard). A lease that ran out meanwhile is dropped (another worker may
+  // hold its shard now), once no places are kept local under it.
+  absl::StatusOr<int64_t> AskLiveWorkers();
+  // AskLiveWorkers, when a lease is held and a quarter of the lease timeout
+  // has passed since the lease table last heard of it: a sync step's wait
+  // sends no update that would renew it, nor does a local step.
   absl::Status RenewIfDue();
   // Hands the lease held back (a worker whose training is over), which
   // takes it out of the lease table's count of live workers.

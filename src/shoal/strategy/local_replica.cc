@@ -340,7 +340,7 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
     // A copy taken nowhere (its lease ran out) has no round to wait for.
     if (dropped < static_cast<int>(names.size())) {
       auto live = [this]() -> absl::StatusOr<int> {
-        SHOAL_ASSIGN_OR_RETURN(const int64_t holders, LiveLeaseHolders(client_, kMembershipQuery));
+        SHOAL_ASSIGN_OR_RETURN(const int64_t holders, leased()->AskLiveWorkers());
         return static_cast<int>(std::max<int64_t>(1, holders));
       };
       SHOAL_ASSIGN_OR_RETURN(bool applied, ApplyAccumulatedOrStop(context_, names, 1, round_ + 1, rule, live));

@@ -523,7 +523,6 @@ absl::StatusOr<bool> ApplyAccumulatedOrStop(WorkerContext& context, const std::v
   while (true) {
     if (replicas_now) {
       SHOAL_ASSIGN_OR_RETURN(replicas, replicas_now());
-      if (context.leased_data != nullptr) SHOAL_RETURN_IF_ERROR(context.leased_data->RenewIfDue());
     }
     // Short tries, so that a stop asked meanwhile is seen within a second.
     const absl::Duration slice = std::min(longest_try, std::max(give_up - absl::Now(), absl::Milliseconds(1)));

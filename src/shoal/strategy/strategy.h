@@ -369,8 +369,9 @@ absl::Status InitializeOrWait(WorkerContext& context, const std::vector<std::str
 // The chief's side of a synchronous exchange (Client::ApplyAccumulated with
 // every worker named), which gives up early when the job is stopped: returns
 // false then. On failure it aborts the job so the other workers do not wait.
-// With `replicas_now` (leased data: the live workers), the count it waits
-// for is asked again between short tries, and the lease held is renewed.
+// With `replicas_now` (leased data: LeasedData::AskLiveWorkers, which also
+// renews the lease held), the count it waits for is asked again between
+// short tries.
 absl::StatusOr<bool> ApplyAccumulatedOrStop(WorkerContext& context, const std::vector<std::string>& names,
                                             int replicas, int64_t new_step, wire::AccumulatedRule rule,
                                             const std::function<absl::StatusOr<int>()>& replicas_now = nullptr);

@@ -99,7 +99,7 @@ class SyncPolicy : public StepPolicy {
   // applied with the gradients of those live, once it holds that many.
   absl::Status ApplyWithTheLiveWorkers(const std::vector<std::string>& names) {
     if (context_.leased_data == nullptr) return absl::OkStatus();
-    SHOAL_ASSIGN_OR_RETURN(const int64_t live, LiveLeaseHolders(client_, kMembershipQuery));
+    SHOAL_ASSIGN_OR_RETURN(const int64_t live, context_.leased_data->AskLiveWorkers());
     const int replicas = LiveReplicas(live);
     if (replicas >= replicas_) return absl::OkStatus();
     replicas_ = replicas;
