@@ -19,8 +19,8 @@ its step count with it, and the ledger would no longer balance.
     /usr/bin/python3 scripts/chaos_soak.py                 # about 7 minutes
     /usr/bin/python3 scripts/chaos_soak.py --quick         # about 2 minutes
 
---elastic: async, sync (2 of 3 workers' gradients a step), model_average and
-downpour jobs on leased data (data.leases) whose workers come and go. Every
+--elastic: async, sync (2 of 3 workers' gradients a step), model_average,
+downpour and easgd jobs on leased data (data.leases) whose workers come and go. Every
 little while one of: SIGKILL of a worker (the launcher starts it again; its
 lease runs out and another worker takes the shard over), SIGSTOP of a worker
 for 1-4 s (past the 2 s lease timeout: its shard is taken over and its late
@@ -171,7 +171,7 @@ def run_elastic_job(shoal, mode, epochs, workdir, faults=None, interval=(2, 4), 
 
 def elastic_main(args):
     # About 100 s each undisturbed on 2 cores (--quick: about 25 s).
-    epochs = {"async": 40, "sync": 25, "model_average": 60, "downpour": 40}
+    epochs = {"async": 40, "sync": 25, "model_average": 60, "downpour": 40, "easgd": 40}
     if args.quick:
         epochs = {m: max(6, e // 4) for m, e in epochs.items()}
     modes = [m for m in (args.modes or ",".join(epochs)).split(",") if m in epochs]
@@ -240,7 +240,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shoal", default=os.path.join(ROOT, "build", "shoal"))
     parser.add_argument("--modes", help="comma-separated (default: async,sync,model_average; "
-                        "with --elastic also downpour)")
+                        "with --elastic also downpour and easgd)")
     parser.add_argument("--quick", action="store_true", help="shorter jobs, checkpoints every 200 steps")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--elastic", action="store_true", help="leased data; workers killed, frozen, added, removed")

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -240,18 +241,19 @@ TEST(DataLeasesTest, TheCheckFindsMissingAndRepeatedPlaces) {
   EXPECT_FALSE(admission->apply());  // the rule already keeps it out
 }
 
-// Leased data is for the modes that lease it, and for data held in memory.
+// Leased data is for the modes that lease it.
 TEST(DataLeasesTest, AConfigThatCannotLeaseItsDataIsRefusedNamingWhy) {
-  for (const char* mode : {"ssp", "easgd", "population"}) {
+  for (const char* mode : {"ssp", "population"}) {
     auto config = ParseJobConfig(absl::StrCat("data: {leases: true}\ntraining: {mode: ", mode, "}\n"));
     ASSERT_FALSE(config.ok()) << mode;
     EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(config.status().message().find("works with training.mode async, sync, downpour and model_average, not " +
-                                             std::string(mode)),
+    EXPECT_NE(config.status().message().find(
+                  "works with training.mode async, sync, downpour, model_average and easgd, not " + std::string(mode)),
               std::string::npos)
         << config.status();
   }
   EXPECT_TRUE(ParseJobConfig("data: {leases: true}\ntraining: {mode: sync}\n").ok());
+  EXPECT_TRUE(ParseJobConfig("data: {leases: true}\ntraining: {mode: easgd}\n").ok());
   auto bad_timeout = ParseJobConfig("data: {leases: true, lease_timeout_s: 0}\n");
   ASSERT_FALSE(bad_timeout.ok());
   EXPECT_NE(bad_timeout.status().message().find("data.lease_timeout_s"), std::string::npos) << bad_timeout.status();
@@ -328,20 +330,27 @@ TEST(DataLeasesTest, ATableRestoredFromACheckpointResumesItsShardsAndForgetsWhat
   EXPECT_EQ(checks[0].repeated, 0);
 }
 
+// Through a server: variable "w" of `initial`, plain SGD at rate 1.
+absl::Status CreateW(VariableService& service, const torch::Tensor& initial) {
+  Request create;
+  wire::VariableDef* def = create.header.mutable_create_variables()->add_variables();
+  def->set_name("w");
+  def->add_shape(initial.size(0));
+  def->mutable_optimizer()->set_kind("sgd");
+  def->mutable_optimizer()->set_learning_rate(1.0);
+  create.tensors.push_back(initial);
+  Response response;
+  service.Handle(create, &response);
+  if (response.header.status_code() == 0) return absl::OkStatus();
+  return absl::InternalError(response.header.status_message());
+}
+
 // Through a server: an update for a lease its sender does not hold leaves
 // the variable and the counters as they were.
 TEST(DataLeasesTest, AServerAppliesNothingOfAnUpdateWhoseLeaseIsNotHeld) {
   VariableService service(VariableServiceOptions{"/job:ps/task:0"});
-  Request create;
-  wire::VariableDef* def = create.header.mutable_create_variables()->add_variables();
-  def->set_name("w");
-  def->add_shape(2);
-  def->mutable_optimizer()->set_kind("sgd");
-  def->mutable_optimizer()->set_learning_rate(1.0);
-  create.tensors.push_back(torch::ones({2}));
+  ASSERT_TRUE(CreateW(service, torch::ones({2})).ok());
   Response response;
-  service.Handle(create, &response);
-  ASSERT_EQ(response.header.status_code(), 0) << response.header.status_message();
   Request lease_request;
   *lease_request.header.mutable_lease() = Ask("worker:0");
   service.Handle(lease_request, &response);
@@ -385,6 +394,135 @@ TEST(DataLeasesTest, AServerAppliesNothingOfAnUpdateWhoseLeaseIsNotHeld) {
   EXPECT_TRUE(torch::equal(value(), after_one));
 }
 
+// Through a server: a table's rows on a task apply a batch's places once,
+// on a watermark of their own beside the variables' (the rows' push follows
+// the dense update, and a worker may die between the two), and a push of
+// no rows still moves it. The ledger answers for each table.
+TEST(DataLeasesTest, ATableShardAppliesEachBatchsRowsOnceOnAWatermarkOfItsOwn) {
+  VariableService service(VariableServiceOptions{"/job:ps/task:1"});
+  ASSERT_TRUE(CreateW(service, torch::zeros({2})).ok());
+  Response response;
+  Request tables;
+  wire::TableDef* table = tables.header.mutable_create_tables()->add_tables();
+  table->set_name("emb");
+  table->set_rows(4);
+  table->set_dim(2);
+  table->set_num_shards(1);
+  table->mutable_optimizer()->set_kind("sgd");
+  table->mutable_optimizer()->set_learning_rate(1.0);
+  service.Handle(tables, &response);
+  ASSERT_EQ(response.header.status_code(), 0) << response.header.status_message();
+  wire::LeaseResponse lease;
+  lease.set_lease(1);
+
+  auto push_rows = [&](int64_t begin, int64_t end, std::vector<int64_t> ids) {
+    Request request;
+    auto* op = request.header.mutable_push_rows();
+    op->set_table("emb");
+    *op->mutable_progress() = Places(lease, begin, end);
+    request.tensors.push_back(torch::tensor(ids, torch::kInt64));
+    request.tensors.push_back(torch::ones({static_cast<int64_t>(ids.size()), 2}));
+    Response answer;
+    service.Handle(request, &answer);
+    EXPECT_EQ(answer.header.status_code(), 0) << answer.header.status_message();
+    return answer.header.push_rows().progress();
+  };
+  auto row = [&](int64_t id) {
+    Request pull;
+    pull.header.mutable_pull_rows()->set_table("emb");
+    pull.tensors.push_back(torch::tensor({id}, torch::kInt64));
+    Response answer;
+    service.Handle(pull, &answer);
+    return answer.tensors.at(0)[0].clone();
+  };
+  const torch::Tensor initial = row(1);
+  // The variables take places [0, 10) first, as a push does.
+  Request apply;
+  apply.header.mutable_apply_gradients()->add_names("w");
+  *apply.header.mutable_apply_gradients()->mutable_progress() = Places(lease, 0, 10);
+  apply.tensors.push_back(torch::ones({2}));
+  service.Handle(apply, &response);
+  ASSERT_EQ(response.header.status_code(), 0) << response.header.status_message();
+  EXPECT_TRUE(response.header.apply_gradients().progress().applied());
+
+  const wire::ProgressAnswer first = push_rows(0, 10, {1});  // the same places, the rows' own watermark
+  EXPECT_TRUE(first.applied());
+  EXPECT_EQ(first.watermark(), 10);
+  EXPECT_TRUE(torch::allclose(row(1), initial - 1));
+  const wire::ProgressAnswer again = push_rows(0, 10, {1});
+  EXPECT_FALSE(again.applied());
+  EXPECT_TRUE(torch::allclose(row(1), initial - 1));  // unmoved
+  const wire::ProgressAnswer ahead = push_rows(20, 30, {1});  // a gap
+  EXPECT_FALSE(ahead.applied());
+  EXPECT_EQ(ahead.watermark(), 10);
+  EXPECT_TRUE(push_rows(10, 20, {}).applied());  // no rows: the watermark moves all the same
+  EXPECT_TRUE(push_rows(20, 30, {1}).applied());
+  EXPECT_TRUE(torch::allclose(row(1), initial - 2));
+
+  Request ledger;
+  ledger.header.mutable_ledger();
+  service.Handle(ledger, &response);
+  ASSERT_EQ(response.header.status_code(), 0) << response.header.status_message();
+  const wire::LedgerResponse& ledgers = response.header.ledger();
+  ASSERT_EQ(ledgers.epochs_size(), 1);
+  EXPECT_EQ(std::vector<int64_t>(ledgers.epochs(0).bounds().begin(), ledgers.epochs(0).bounds().end()),
+            (std::vector<int64_t>{0, 10}));
+  ASSERT_EQ(ledgers.tables_size(), 1);
+  EXPECT_EQ(ledgers.tables(0).table(), "emb");
+  ASSERT_EQ(ledgers.tables(0).epochs_size(), 1);
+  EXPECT_EQ(std::vector<int64_t>(ledgers.tables(0).epochs(0).bounds().begin(),
+                                 ledgers.tables(0).epochs(0).bounds().end()),
+            (std::vector<int64_t>{0, 30}));
+  EXPECT_EQ(ledgers.tables(0).epochs(0).repeated_places(), 0);
+}
+
+// Through a server: an elastic move (easgd) that a task does not take still
+// answers with the centre, unmoved, for the worker to start again from.
+TEST(DataLeasesTest, AnElasticMoveNotTakenAnswersWithTheCentreUnmoved) {
+  VariableService service(VariableServiceOptions{"/job:ps/task:0"});
+  ASSERT_TRUE(CreateW(service, torch::ones({2})).ok());
+  Response response;
+  Request lease_request;
+  *lease_request.header.mutable_lease() = Ask("worker:0");
+  service.Handle(lease_request, &response);
+  ASSERT_EQ(response.header.status_code(), 0) << response.header.status_message();
+  const wire::LeaseResponse lease = response.header.lease();
+
+  // Moves the centre half way towards a copy of 3s; the answer and the centre after.
+  auto move = [&](int64_t lease_number, int64_t begin, int64_t end) {
+    Request request;
+    auto* op = request.header.mutable_apply_gradients();
+    op->add_names("w");
+    op->set_rule(wire::UPDATE_ELASTIC);
+    op->set_elastic_alpha(0.5);
+    wire::LeaseResponse which = lease;
+    which.set_lease(lease_number);
+    *op->mutable_progress() = Places(which, begin, end);
+    request.tensors.push_back(torch::full({2}, 3.0f));
+    Response answer;
+    service.Handle(request, &answer);
+    EXPECT_EQ(answer.header.status_code(), 0) << answer.header.status_message();
+    EXPECT_EQ(answer.tensors.size(), 1u);
+    Request read;
+    read.header.mutable_read()->add_names("w");
+    Response now;
+    service.Handle(read, &now);
+    return std::tuple{answer.header.apply_gradients().progress(), answer.tensors.at(0).clone(), now.tensors.at(0)};
+  };
+  const auto [taken, before, after] = move(lease.lease(), 0, 10);
+  EXPECT_TRUE(taken.applied());
+  EXPECT_TRUE(torch::equal(before, torch::ones({2})));  // the centre before the move
+  EXPECT_TRUE(torch::equal(after, torch::full({2}, 2.0f)));
+  const auto [forged, forged_answer, after_forged] = move(lease.lease() + 7, 10, 20);
+  EXPECT_TRUE(forged.lease_lost());
+  EXPECT_TRUE(torch::equal(forged_answer, torch::full({2}, 2.0f)));  // the centre as it is
+  EXPECT_TRUE(torch::equal(after_forged, torch::full({2}, 2.0f)));   // unmoved
+  const auto [repeated, repeated_answer, after_repeat] = move(lease.lease(), 0, 10);
+  EXPECT_FALSE(repeated.applied());
+  EXPECT_TRUE(torch::equal(repeated_answer, torch::full({2}, 2.0f)));
+  EXPECT_TRUE(torch::equal(after_repeat, torch::full({2}, 2.0f)));
+}
+
 // Through a server: a synchronous update (a sync gradient, a model_average
 // copy) whose places the task applied already, from another worker's
 // update, counts toward its step without adding its tensors. Were it not
@@ -392,15 +530,8 @@ TEST(DataLeasesTest, AServerAppliesNothingOfAnUpdateWhoseLeaseIsNotHeld) {
 // tasks counted and this one never will.
 TEST(DataLeasesTest, AnAccumulateOfPlacesAppliedAlreadyCountsTowardItsStepAndAddsNothing) {
   VariableService service(VariableServiceOptions{"/job:ps/task:1"});  // holds no lease table
-  Request create;
-  wire::VariableDef* def = create.header.mutable_create_variables()->add_variables();
-  def->set_name("w");
-  def->add_shape(2);
-  def->mutable_optimizer()->set_kind("sgd");
-  create.tensors.push_back(torch::zeros({2}));
+  ASSERT_TRUE(CreateW(service, torch::zeros({2})).ok());
   Response response;
-  service.Handle(create, &response);
-  ASSERT_EQ(response.header.status_code(), 0) << response.header.status_message();
   wire::LeaseResponse lease;
   lease.set_lease(1);
   auto accumulate = [&](const std::string& worker, float value) {
@@ -525,18 +656,22 @@ TEST(LeasedTrainingTest, AWorkerWaitsForAShardAsLongAsAnotherHoldsOne) {
 // The local-replica modes: an exchange carries the places of its local
 // steps (one range of one shard; an exchange comes early when its shard
 // ends), so every place of an epoch is in exactly one averaged copy
-// (model_average) or one applied push of summed gradients (downpour).
+// (model_average), one applied push of summed gradients (downpour) or one
+// elastic move every task took (easgd).
 JobConfig LeasedLocalJob(const std::string& mode) {
   JobConfig config = LeasedJob(mode, 3, 2);
   // 5-batch shards: exchanges after 3 local steps, then after 2.
   config.local.interval_steps = 3;
   config.local.n_push = 3;
   config.local.n_fetch = 3;
+  config.local.tau = 3;
   return config;
 }
 
+constexpr const char* kLocalReplicaModes[] = {"model_average", "downpour", "easgd"};
+
 TEST(LeasedTrainingTest, LocalReplicaModesExchangeEachPlaceExactlyOnce) {
-  for (const char* mode : {"model_average", "downpour"}) {
+  for (const char* mode : kLocalReplicaModes) {
     SCOPED_TRACE(mode);
     auto report = TrainInProcess(LeasedLocalJob(mode), InProcOptions{}, nullptr);
     ASSERT_TRUE(report.ok()) << report.status();
@@ -550,7 +685,7 @@ TEST(LeasedTrainingTest, LocalReplicaModesExchangeEachPlaceExactlyOnce) {
 // goes to another, and its exchange, sent late under the lost lease, is
 // refused with its places.
 TEST(LeasedTrainingTest, ALocalReplicaStalledPastItsLeaseHasItsLateExchangeRefused) {
-  for (const char* mode : {"model_average", "downpour"}) {
+  for (const char* mode : kLocalReplicaModes) {
     SCOPED_TRACE(mode);
     JobConfig config = LeasedLocalJob(mode);
     config.data.lease_timeout_s = 0.3;

@@ -348,8 +348,10 @@ void PrintReport(const TrainReport& report, bool clicks) {
                  report.checkpoints_saved, report.checkpoint_seconds);
   }
   if (const DataLedgerReport& ledger = report.data_ledger; ledger.leased) {
-    absl::PrintF("leased data: %d epochs finished; every ps task applied %d examples, %d missing, %d twice%s\n",
-                 ledger.epochs_finished, ledger.places_applied, ledger.places_missing, ledger.places_repeated,
+    absl::PrintF("leased data: %d epochs finished; every ps task applied %d examples%s, %d missing, %d twice%s\n",
+                 ledger.epochs_finished, ledger.places_applied,
+                 ledger.table_ledgers > 0 ? " to its variables and to each table's rows" : "", ledger.places_missing,
+                 ledger.places_repeated,
                  ledger.places_missing == 0 && ledger.places_repeated == 0 ? " (exactly once)" : "");
   }
   if (report.unfinished_workers > 0) {

@@ -66,18 +66,12 @@ void AddCounters(const std::vector<CounterDelta>& counters, Request* request) {
 // every task applied, and a lease lost where any said so.
 template <typename Calls, typename ProgressOf>
 wire::ProgressAnswer GatherProgress(const Calls& calls, const ProgressOf& progress_of) {
-  wire::ProgressAnswer gathered;
-  bool first = true;
-  gathered.set_applied(true);
+  std::optional<wire::ProgressAnswer> gathered;
   for (const auto& [task, call] : calls) {
     const wire::ProgressAnswer& answer = progress_of(call.response.header);
-    gathered.set_watermark(first ? answer.watermark() : std::min(gathered.watermark(), answer.watermark()));
-    first = false;
-    gathered.set_applied(gathered.applied() && answer.applied());
-    gathered.set_lease_lost(gathered.lease_lost() || answer.lease_lost());
-    gathered.set_live_workers(std::max(gathered.live_workers(), answer.live_workers()));  // the counter task's
+    gathered = gathered.has_value() ? CombineProgress(*gathered, answer) : answer;
   }
-  return gathered;
+  return gathered.value_or(wire::ProgressAnswer());
 }
 
 }  // namespace
@@ -478,9 +472,12 @@ absl::StatusOr<Client::AppliedValues> Client::AddToVariablesAndRead(const std::v
 
 absl::StatusOr<Client::AppliedValues> Client::MoveTowards(const std::vector<std::string>& names,
                                                          const std::vector<torch::Tensor>& copies, double alpha,
-                                                         const std::vector<CounterDelta>& counters) {
+                                                         const std::vector<CounterDelta>& counters,
+                                                         const wire::DataProgress* progress,
+                                                         wire::ProgressAnswer* answer) {
   AppliedValues moved;
-  SHOAL_ASSIGN_OR_RETURN(moved.counters, Update(wire::UPDATE_ELASTIC, names, copies, counters, &moved.values, alpha));
+  SHOAL_ASSIGN_OR_RETURN(moved.counters, Update(wire::UPDATE_ELASTIC, names, copies, counters, &moved.values, alpha,
+                                                progress, answer));
   return moved;
 }
 
@@ -598,8 +595,14 @@ absl::StatusOr<wire::LeaseResponse> Client::Lease(const wire::LeaseRequest& requ
 absl::StatusOr<wire::LeaseTableState> Client::LeaseTable(const wire::LeaseTableState* restore) {
   TaskCalls calls;
   if (restore != nullptr) {
-    // Every task's watermarks go back with the table; the counter task's last.
-    for (const TaskId& task : VariableTasks()) {
+    // Every task's watermarks go back with the table (its variables', and
+    // the rows' of any table shard it holds: every ps task); the counter
+    // task's last.
+    std::set<TaskId> tasks = VariableTasks();
+    for (const auto& [task, channel] : channels_) {
+      if (task.job == "ps") tasks.insert(task);
+    }
+    for (const TaskId& task : tasks) {
       if (task == placement_->counter_task()) continue;
       auto* request = calls[task].request.header.mutable_lease_table();
       request->set_restore(true);
@@ -626,14 +629,41 @@ std::set<TaskId> Client::VariableTasks() const {
   return tasks;
 }
 
-absl::StatusOr<std::map<TaskId, wire::LedgerResponse>> Client::Ledgers() {
+absl::StatusOr<std::vector<wire::LedgerResponse>> Client::Ledgers() {
   TaskCalls calls;
-  for (const TaskId& task : VariableTasks()) calls[task].request.header.mutable_ledger();
-  calls[placement_->counter_task()].request.header.mutable_ledger();
+  std::set<TaskId> variable_tasks;
+  for (const TaskId& task : VariableTasks()) variable_tasks.insert(task);
+  variable_tasks.insert(placement_->counter_task());
+  for (const TaskId& task : variable_tasks) calls[task].request.header.mutable_ledger();
+  // Tables are sharded over every ps task, and each task answers a ledger
+  // for each table it holds (every shard of a table hears of every batch).
+  for (const auto& [task, channel] : channels_) {
+    if (task.job == "ps") calls[task].request.header.mutable_ledger();
+  }
   SHOAL_RETURN_IF_ERROR(RunAll(calls));
-  std::map<TaskId, wire::LedgerResponse> ledgers;
-  for (auto& [task, call] : calls) ledgers[task] = call.response.header.ledger();
+  std::vector<wire::LedgerResponse> ledgers;
+  for (auto& [task, call] : calls) {
+    const wire::LedgerResponse& ledger = call.response.header.ledger();
+    if (variable_tasks.count(task) != 0) {
+      ledgers.emplace_back();
+      *ledgers.back().mutable_epochs() = ledger.epochs();
+    }
+    for (const wire::TableLedger& table : ledger.tables()) {
+      ledgers.emplace_back();
+      *ledgers.back().mutable_epochs() = table.epochs();
+      ledgers.back().add_tables()->set_table(table.table());  // says whose it is
+    }
+  }
   return ledgers;
+}
+
+wire::ProgressAnswer CombineProgress(const wire::ProgressAnswer& a, const wire::ProgressAnswer& b) {
+  wire::ProgressAnswer combined;
+  combined.set_watermark(std::min(a.watermark(), b.watermark()));
+  combined.set_applied(a.applied() && b.applied());
+  combined.set_lease_lost(a.lease_lost() || b.lease_lost());
+  combined.set_live_workers(std::max(a.live_workers(), b.live_workers()));  // the counter task's
+  return combined;
 }
 
 absl::Status IncompleteStepError(int64_t step, int arrived, int replicas, absl::Duration timeout,
@@ -917,10 +947,10 @@ absl::StatusOr<Client::TableOccupancy> Client::Occupancy(const std::string& tabl
 }
 
 absl::Status Client::PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients,
-                              Ids ids_are) {
+                              Ids ids_are, const wire::DataProgress* progress, wire::ProgressAnswer* answer) {
   SHOAL_RETURN_IF_ERROR(CheckRowRequest(table, ids, &gradients));
   SHOAL_ASSIGN_OR_RETURN(const std::vector<TaskId> shards, TableShards());
-  if (ids.numel() == 0) return absl::OkStatus();
+  if (ids.numel() == 0 && progress == nullptr) return absl::OkStatus();
   torch::Tensor unique_ids = ids.contiguous(), combined = gradients;
   if (ids_are == Ids::kAny) {
     // One gradient row per distinct id: the sum of its rows in the batch.
@@ -931,13 +961,19 @@ absl::Status Client::PushRows(const std::string& table, const torch::Tensor& ids
   const std::vector<torch::Tensor> positions = PositionsByShard(unique_ids, static_cast<int64_t>(shards.size()));
   TaskCalls calls;
   for (size_t s = 0; s < shards.size(); ++s) {
-    if (positions[s].numel() == 0) continue;
+    // On leased data every shard moves its watermark over the batch's places.
+    if (positions[s].numel() == 0 && progress == nullptr) continue;
     TaskCall& call = calls[shards[s]];
     call.request.header.mutable_push_rows()->set_table(table);
+    if (progress != nullptr) *call.request.header.mutable_push_rows()->mutable_progress() = *progress;
     call.request.tensors.push_back(unique_ids.index_select(0, positions[s]));
     call.request.tensors.push_back(combined.index_select(0, positions[s]));
   }
-  return RunAll(calls);
+  SHOAL_RETURN_IF_ERROR(RunAll(calls));
+  if (answer != nullptr) {
+    *answer = GatherProgress(calls, [](const wire::ResponseHeader& h) { return h.push_rows().progress(); });
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace shoal

@@ -62,6 +62,11 @@ struct CounterDelta {
 // DeadlineExceeded for a synchronous step that gathered only `arrived` of
 // `replicas` gradients within `timeout`, naming those of `workers` not in
 // `heard_from`.
+// Two answers to one update's places (from two tasks, or the variables'
+// and the rows') as one: the least watermark, applied where both were, the
+// lease lost where either says so, the counter task's live count.
+wire::ProgressAnswer CombineProgress(const wire::ProgressAnswer& a, const wire::ProgressAnswer& b);
+
 absl::Status IncompleteStepError(int64_t step, int arrived, int replicas, absl::Duration timeout,
                                  const std::vector<std::string>& workers, const std::vector<std::string>& heard_from);
 
@@ -151,10 +156,15 @@ class Client {
   // value), read and moved at once), then `counters` are bumped as
   // ApplyGradients does. `values` are the variables as they were just
   // before: the worker moves its copies by the same alpha * (copy - value).
-  // A repeat after a lost answer brings them as they are then.
+  // A repeat after a lost answer brings them as they are then. `progress`
+  // and `answer`: as ApplyGradientsAndRead's; a task that does not take the
+  // move (its places were applied already, or the lease was lost) answers
+  // with the variables as they are, unmoved.
   absl::StatusOr<AppliedValues> MoveTowards(const std::vector<std::string>& names,
                                             const std::vector<torch::Tensor>& copies, double alpha,
-                                            const std::vector<CounterDelta>& counters = {});
+                                            const std::vector<CounterDelta>& counters = {},
+                                            const wire::DataProgress* progress = nullptr,
+                                            wire::ProgressAnswer* answer = nullptr);
 
   // Adds `delta` to a counter on the counter task; returns the new value.
   absl::StatusOr<int64_t> AddToCounter(const std::string& name, int64_t delta);
@@ -185,10 +195,12 @@ class Client {
 
   // Leased data (server/data_leases.h): a lease from the counter task's
   // table; the table itself (restoring `state` onto every task first when
-  // given); and every task's exactly-once ledger.
+  // given); and the exactly-once ledgers: the variables' on every task that
+  // holds some (and the counter task's), and each table's rows' on every
+  // task that holds a shard of it (in `epochs`; `tables` names the table).
   absl::StatusOr<wire::LeaseResponse> Lease(const wire::LeaseRequest& request);
   absl::StatusOr<wire::LeaseTableState> LeaseTable(const wire::LeaseTableState* restore = nullptr);
-  absl::StatusOr<std::map<TaskId, wire::LedgerResponse>> Ledgers();
+  absl::StatusOr<std::vector<wire::LedgerResponse>> Ledgers();
 
   // The chief's side of a synchronous step: on every task, waits for
   // `replicas_to_aggregate` tensors per variable, uses their mean as `rule`
@@ -248,9 +260,13 @@ class Client {
   };
   absl::StatusOr<TableOccupancy> Occupancy(const std::string& table);
   // Sums the gradient rows ([n, dim]) of repeated ids, then pushes each
-  // shard its distinct ids and their rows, in parallel.
+  // shard its distinct ids and their rows, in parallel. With `progress`
+  // (leased data: the batch's places) every shard hears of the push, with
+  // rows or none, and applies its rows only with their places; `answer`
+  // says where the shards stand (as ApplyGradientsAndRead's).
   absl::Status PushRows(const std::string& table, const torch::Tensor& ids, const torch::Tensor& gradients,
-                        Ids ids_are = Ids::kAny);
+                        Ids ids_are = Ids::kAny, const wire::DataProgress* progress = nullptr,
+                        wire::ProgressAnswer* answer = nullptr);
   // Has every ps task restore its share of the tables from the table files
   // the checkpoint at `step` holds for `shards` (wire.proto:
   // RestoreTablesRequest): any ps count restores any other's. Returns the

@@ -518,12 +518,8 @@ absl::Status ValidateJobConfig(const JobConfig& c) {
     SHOAL_RETURN_IF_ERROR(Positive("data.lease_timeout_s", c.data.lease_timeout_s));
     if (!mode->LeasesData()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "config: 'data.leases' works with training.mode async, sync, downpour and model_average, not ",
+          "config: 'data.leases' works with training.mode async, sync, downpour, model_average and easgd, not ",
           c.training.mode));
-    }
-    if (c.data.format == "criteo") {
-      return absl::InvalidArgumentError(
-          "config: 'data.leases' needs a training set held in memory (idx, npy); criteo click logs are streamed");
     }
   }
   if (mode->ClassifiesOnly() && c.model.loss != "cross_entropy") {

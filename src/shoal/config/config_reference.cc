@@ -83,7 +83,8 @@ constexpr KeyDoc kKeyDocs[] = {
     {"data.test_examples", "Use only the first N test examples (0: all)."},
     {"data.leases", "Lease the data: workers take shards of each epoch from ps:0 as they go, so that workers can "
                     "join, leave or die mid-job and every example is trained exactly once (async, sync, "
-                    "downpour, model_average; data held in memory). Off: each worker reads its own slice."},
+                    "downpour, model_average, easgd; any data format, embedding tables included). Off: each "
+                    "worker reads its own slice."},
     {"data.lease_shard_examples", "Examples in a leased shard (0: about 1/16 of an epoch, a whole number of "
                                   "batches, at most 32)."},
     {"data.lease_timeout_s", "A lease whose holder sent no update for this long goes back to the queue, from "

@@ -179,9 +179,9 @@ absl::StatusOr<std::vector<torch::Tensor>> ClickModel::TableIds(const torch::Ten
   return std::vector<torch::Tensor>{std::move(keys)};
 }
 
-absl::Status ClickModel::Push() {
+absl::Status ClickModel::Push(const wire::DataProgress* progress, wire::ProgressAnswer* answer) {
   if (client_ == nullptr) return absl::FailedPreconditionError("the click model's tables have no client (Bind)");
-  return bag_.Push(*client_);
+  return bag_.Push(*client_, progress, answer);
 }
 
 RowTables::CacheStats ClickModel::cache_stats() const {

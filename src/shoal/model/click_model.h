@@ -105,7 +105,7 @@ class ClickModel final : public Model, public RowTables {
   void Bind(Client* client) override { client_ = client; }
   absl::Status Pull(const torch::Tensor& input) override;
   absl::StatusOr<std::vector<torch::Tensor>> TableIds(const torch::Tensor& input) const override;
-  absl::Status Push() override;
+  absl::Status Push(const wire::DataProgress* progress = nullptr, wire::ProgressAnswer* answer = nullptr) override;
   CacheStats cache_stats() const override;
 
   // The table's rows of the last pull (tests).

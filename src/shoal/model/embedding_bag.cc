@@ -148,10 +148,16 @@ torch::Tensor RemoteEmbeddingBag::Pooled() const {
   return pooled;
 }
 
-absl::Status RemoteEmbeddingBag::Push(Client& client) {
-  if (!rows_.defined() || !rows_.grad().defined() || distinct_ids_.numel() == 0) return absl::OkStatus();
-  absl::Status pushed = client.PushRows(table_.name(), distinct_ids_, rows_.grad(), Client::Ids::kDistinct);
-  rows_.mutable_grad().reset();
+absl::Status RemoteEmbeddingBag::Push(Client& client, const wire::DataProgress* progress,
+                                      wire::ProgressAnswer* answer) {
+  const bool has_rows = rows_.defined() && rows_.grad().defined() && distinct_ids_.numel() > 0;
+  if (!has_rows && progress == nullptr) return absl::OkStatus();
+  absl::Status pushed =
+      has_rows ? client.PushRows(table_.name(), distinct_ids_, rows_.grad(), Client::Ids::kDistinct, progress, answer)
+               : client.PushRows(table_.name(), torch::empty({0}, torch::kInt64),
+                                 torch::empty({0, table_.dim()}, torch::kFloat32), Client::Ids::kDistinct, progress,
+                                 answer);
+  if (has_rows) rows_.mutable_grad().reset();
   return pushed;
 }
 

@@ -88,8 +88,10 @@ class RemoteEmbeddingBag {
   // gradients flowing to the pulled rows.
   torch::Tensor Pooled() const;
   // Pushes the gradients on the pulled rows (nothing when backward() did not
-  // reach them).
-  absl::Status Push(Client& client);
+  // reach them, unless `progress` asks every shard to hear of the batch:
+  // Client::PushRows).
+  absl::Status Push(Client& client, const wire::DataProgress* progress = nullptr,
+                    wire::ProgressAnswer* answer = nullptr);
   // The distinct ids and the rows of the last pull (tests, the cache).
   const torch::Tensor& distinct_ids() const { return distinct_ids_; }
   const torch::Tensor& rows() const { return rows_; }

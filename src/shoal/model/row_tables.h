@@ -39,8 +39,10 @@ class RowTables {
   // errors as Pull for a bad input.
   virtual absl::StatusOr<std::vector<torch::Tensor>> TableIds(const torch::Tensor& input) const = 0;
   // Pushes the gradients the last backward() left on the rows last pulled,
-  // one row per distinct id. Nothing for rows no loss reached.
-  virtual absl::Status Push() = 0;
+  // one row per distinct id. Nothing for rows no loss reached. With
+  // `progress` (leased data: the batch's places; Client::PushRows) every
+  // shard of every table hears of it, and `answer` says where they stand.
+  virtual absl::Status Push(const wire::DataProgress* progress = nullptr, wire::ProgressAnswer* answer = nullptr) = 0;
 
   // The worker-side cache's figures so far: distinct ids looked up, and
   // those served from the cache (both 0 without a cache).

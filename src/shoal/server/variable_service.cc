@@ -312,6 +312,10 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       if (applies) {
         SHOAL_RETURN_IF_ERROR(store_.ApplyGradients(Names(apply.names()), request.tensors, &versions, apply.rule(),
                                                     apply.elastic_alpha(), &response->tensors));
+      } else if (apply.rule() == wire::UPDATE_ELASTIC) {
+        // A move not taken still answers with the centre, unmoved: the
+        // worker starts its copy again from it.
+        SHOAL_RETURN_IF_ERROR(store_.Read(Names(apply.names()), &response->tensors, &versions));
       }
       CopyInts(versions, out->mutable_versions());
       for (const auto& counter : apply.counters()) {
@@ -502,10 +506,27 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
       return absl::OkStatus();
     }
     case wire::RequestHeader::kPushRows: {
+      const auto& push = h.push_rows();
       SHOAL_ASSIGN_OR_RETURN(EmbeddingTable * table,
-                             TableFor("push_rows", h.push_rows().table(), request, 2, "ids and gradients"));
-      SHOAL_ASSIGN_OR_RETURN(int64_t pushes, table->Push(request.tensors[0], request.tensors[1]));
+                             TableFor("push_rows", push.table(), request, 2, "ids and gradients"));
+      // Leased data: the rows and their places are applied in one step, or
+      // neither (places applied already, or not reached yet).
+      std::optional<DataLeases::Admission> admission;
+      if (push.has_progress()) {
+        SHOAL_ASSIGN_OR_RETURN(DataLeases * rows, RowLeases(push.table()));
+        SHOAL_ASSIGN_OR_RETURN(admission, rows->Admit(push.progress(), absl::Now()));
+      }
+      int64_t pushes = 0;
+      // (On leased data a push of no rows still moves this shard's watermark.)
+      const bool has_rows = !admission.has_value() || request.tensors[0].numel() > 0;
+      if (has_rows && (!admission.has_value() || admission->apply())) {
+        SHOAL_ASSIGN_OR_RETURN(pushes, table->Push(request.tensors[0], request.tensors[1]));
+      }
       response->header.mutable_push_rows()->set_pushes(pushes);
+      if (admission.has_value()) {
+        admission->Commit();
+        *response->header.mutable_push_rows()->mutable_progress() = admission->answer();
+      }
       return absl::OkStatus();
     }
     case wire::RequestHeader::kRestoreTables: {
@@ -539,18 +560,48 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
     case wire::RequestHeader::kLeaseTable: {
       if (h.lease_table().restore()) {
         SHOAL_RETURN_IF_ERROR(leases_.Restore(h.lease_table().state(), h.lease_table().hands_out_leases()));
+        SHOAL_RETURN_IF_ERROR(RestoreRowLeases(h.lease_table().state()));
       }
       *response->header.mutable_lease_table()->mutable_state() = leases_.Snapshot();
       return absl::OkStatus();
     }
     case wire::RequestHeader::kLedger: {
       *response->header.mutable_ledger() = leases_.Ledger();
+      AddTableLedgers(response->header.mutable_ledger());
       return absl::OkStatus();
     }
     case wire::RequestHeader::OP_NOT_SET:
       break;
   }
   return absl::InvalidArgumentError(absl::StrCat("request to ", options_.task_name, " names no operation"));
+}
+
+absl::StatusOr<DataLeases*> VariableService::RowLeases(const std::string& table) {
+  absl::MutexLock lock(&row_leases_mu_);
+  std::unique_ptr<DataLeases>& rows = row_leases_[table];  // the table exists (TableFor)
+  if (rows == nullptr) {
+    auto made = std::make_unique<DataLeases>(absl::StrCat(options_.task_name, " table '", table, "'"));
+    if (restored_leases_.has_value()) SHOAL_RETURN_IF_ERROR(made->Restore(*restored_leases_, false));
+    rows = std::move(made);
+  }
+  return rows.get();
+}
+
+absl::Status VariableService::RestoreRowLeases(const wire::LeaseTableState& state) {
+  absl::MutexLock lock(&row_leases_mu_);
+  restored_leases_ = state;
+  for (auto& [table, rows] : row_leases_) SHOAL_RETURN_IF_ERROR(rows->Restore(state, false));
+  return absl::OkStatus();
+}
+
+void VariableService::AddTableLedgers(wire::LedgerResponse* ledger) {
+  absl::MutexLock lock(&row_leases_mu_);
+  for (const EmbeddingTable* table : tables_.All()) {
+    wire::TableLedger* held = ledger->add_tables();
+    held->set_table(table->def().name());
+    auto rows = row_leases_.find(table->def().name());
+    if (rows != row_leases_.end()) *held->mutable_epochs() = rows->second->Ledger().epochs();
+  }
 }
 
 }  // namespace shoal

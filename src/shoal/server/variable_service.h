@@ -11,7 +11,10 @@
 #define SHOAL_SERVER_VARIABLE_SERVICE_H_
 
 #include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -95,6 +98,14 @@ class VariableService {
   // An apply that asked for the values after it (read_after) gets them, as
   // does a repeat of an elastic update (the values before it are gone).
   void ReadAfterApply(const Request& request, Response* response, bool repeat);
+  // Leased data: a table's rows on this task keep a watermark and a ledger
+  // of their own (a DataLeases that hands out no leases), made at the
+  // table's first push with places, from the lease table last restored.
+  absl::StatusOr<DataLeases*> RowLeases(const std::string& table);
+  // Puts a checkpoint's lease table back on every table's rows too.
+  absl::Status RestoreRowLeases(const wire::LeaseTableState& state);
+  // Every table this task holds, with its rows' ledger (empty if none).
+  void AddTableLedgers(wire::LedgerResponse* ledger);
   static uint64_t DrawIncarnation();
 
   const VariableServiceOptions options_;
@@ -102,6 +113,9 @@ class VariableService {
   TableStore tables_;
   RequestLedger ledger_;
   DataLeases leases_;  // leased data: the lease table (counter task) and every task's progress
+  absl::Mutex row_leases_mu_;
+  std::map<std::string, std::unique_ptr<DataLeases>> row_leases_ ABSL_GUARDED_BY(row_leases_mu_);
+  std::optional<wire::LeaseTableState> restored_leases_ ABSL_GUARDED_BY(row_leases_mu_);
   const uint64_t incarnation_;
   absl::Mutex endpoint_mu_;
   std::string fast_kind_ ABSL_GUARDED_BY(endpoint_mu_);

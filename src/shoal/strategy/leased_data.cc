@@ -17,10 +17,10 @@ int64_t LeaseShardExamples(int64_t configured, int64_t examples, int64_t batch_s
 
 absl::StatusOr<DataLedgerReport> CheckJobLedgers(Client& client, int64_t examples) {
   SHOAL_ASSIGN_OR_RETURN(const wire::LeaseTableState table, client.LeaseTable());
-  SHOAL_ASSIGN_OR_RETURN(const auto by_task, client.Ledgers());
-  std::vector<wire::LedgerResponse> ledgers;
-  for (const auto& [task, ledger] : by_task) ledgers.push_back(ledger);
+  SHOAL_ASSIGN_OR_RETURN(const std::vector<wire::LedgerResponse> ledgers, client.Ledgers());
   DataLedgerReport report;
+  for (const wire::LedgerResponse& ledger : ledgers) ++(ledger.tables().empty() ? report.variable_ledgers
+                                                                                  : report.table_ledgers);
   report.leased = true;
   report.epochs_finished = table.epochs_done();
   for (const EpochCheck& epoch : CheckLedgers(ledgers, examples, table.epochs_done())) {
@@ -127,6 +127,8 @@ absl::StatusOr<bool> LeasedData::Next(torch::Tensor* images, torch::Tensor* labe
   progress_.set_shard_begin(lease_.shard() * options_.shard_examples);
   progress_.set_begin(sent_to_);
   progress_.set_end(cursor_ + count);
+  batch_progress_ = progress_;
+  batch_progress_.set_begin(cursor_);
   return true;
 }
 

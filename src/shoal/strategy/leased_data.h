@@ -71,6 +71,9 @@ class LeasedData {
   // The places the step's update carries: those of the batch Next gave, and
   // before it any kept local since the last update (KeepLocal).
   const wire::DataProgress& progress() const { return progress_; }
+  // The places of the batch Next gave alone: what its embedding rows' push
+  // carries (every step, whatever the mode sends of the dense update).
+  const wire::DataProgress& batch_progress() const { return batch_progress_; }
   // The step sent no update: its batch was trained into a local copy, and
   // the next batch follows it into the same update's places.
   void KeepLocal() { cursor_ = progress_.end(); }
@@ -115,6 +118,7 @@ class LeasedData {
   int64_t cursor_ = 0;         // the next batch's first place
   int64_t sent_to_ = 0;        // the next update's first place (below: answered by the tasks)
   wire::DataProgress progress_;
+  wire::DataProgress batch_progress_;
   std::map<int64_t, torch::Tensor> orders_;  // the epochs' orders in use (at most two)
   int64_t live_workers_ = 0;
   absl::Time renewed_ = absl::InfinitePast();  // the lease table last heard of the lease held

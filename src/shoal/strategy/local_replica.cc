@@ -102,7 +102,7 @@ absl::StatusOr<bool> PushExchange(WorkerContext& context, const std::vector<std:
   std::vector<int64_t> values;
   if (rule == wire::UPDATE_ELASTIC) {
     SHOAL_ASSIGN_OR_RETURN(Client::AppliedValues moved,
-                           context.client->MoveTowards(names, update, elastic_alpha, counters));
+                           context.client->MoveTowards(names, update, elastic_alpha, counters, progress, answer));
     values = std::move(moved.counters);
     *values_after = std::move(moved.values);
   } else if (values_after == nullptr) {
@@ -382,6 +382,14 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
 // Elastic averaging SGD (Zhang et al., 2015; TensorFlow's
 // ElasticAverageOptimizer): every tau steps, asynchronously, move the local
 // copy and the ps's centre towards each other by alpha of their distance.
+//
+// On leased data a move carries the places of its local steps (one range of
+// one shard: a move comes early when its shard ends). The copy holds every
+// step it took, so a move a task did not take (its places were applied
+// already, or the lease ran out) would still bring those steps to the
+// centre through later moves: the copy starts again from the centre instead,
+// and the places are trained again (by this worker, or the shard's new
+// holder).
 class ElasticAveragePolicy : public LocalReplicaPolicy {
  public:
   explicit ElasticAveragePolicy(WorkerContext& context)
@@ -389,9 +397,9 @@ class ElasticAveragePolicy : public LocalReplicaPolicy {
   // At the start, and after a restore took the centre back to the
   // checkpoint: from the centre.
   absl::Status Join(Model& /*model*/) override {
-    SHOAL_RETURN_IF_ERROR(FetchGlobal(client_, *replica_));
-    centre_ = replica_->Values();  // the centre as last read, for the rho penalty
-    return absl::OkStatus();
+    if (leased() != nullptr) leased()->DropLocal();  // the steps since the last move are gone with the copy
+    unsent_ = 0;
+    return StartFromCentre();
   }
   bool HasStepsLeft() const override { return !done_; }
   absl::Status Pull(Model& /*model*/) override { return absl::OkStatus(); }  // the local copy trains on
@@ -405,7 +413,9 @@ class ElasticAveragePolicy : public LocalReplicaPolicy {
     }
     replica_->Apply(penalised);
     step.local_step = step_ + 1;
-    if ((step_ + 1) % local_.tau == 0) {
+    ++unsent_;
+    const bool shard_ends = leased() != nullptr && leased()->BatchEndsShard();
+    if ((step_ + 1) % local_.tau == 0 || shard_ends) {
       SHOAL_ASSIGN_OR_RETURN(bool exchanged, Exchange(model, step, check));
       if (!exchanged) return PushOutcome::kStopped;
     }
@@ -414,6 +424,12 @@ class ElasticAveragePolicy : public LocalReplicaPolicy {
   }
 
  private:
+  absl::Status StartFromCentre() {
+    SHOAL_RETURN_IF_ERROR(FetchGlobal(client_, *replica_));
+    centre_ = replica_->Values();  // the centre as last read, for the rho penalty
+    return absl::OkStatus();
+  }
+
   // d = alpha * (x - centre); x -= d; centre += d, in one round trip: the ps
   // moves the centre and answers with it as it was, so no other worker's
   // exchange lands between the read and the move. False: a hook stopped it.
@@ -423,8 +439,19 @@ class ElasticAveragePolicy : public LocalReplicaPolicy {
     SHOAL_ASSIGN_OR_RETURN(bool send, check(names, x));
     if (!send) return false;
     std::vector<torch::Tensor> centre;
-    SHOAL_ASSIGN_OR_RETURN(bool last, PushExchange(context_, names, x, wire::UPDATE_ELASTIC, local_.tau, step,
-                                                   &centre, alpha_));
+    SHOAL_ASSIGN_OR_RETURN(bool last, PushExchange(context_, names, x, wire::UPDATE_ELASTIC,
+                                                   leased() != nullptr ? unsent_ : local_.tau, step, &centre, alpha_));
+    unsent_ = 0;
+    global_step_ = step.global_step;
+    done_ = last;
+    if (leased() != nullptr && !context_.step_answer.applied()) {
+      // Some task did not take the move (its places were applied there
+      // already, or the lease ran out): the copy must not carry these
+      // steps into later moves, so it starts again from the centre, which
+      // holds what the tasks that took the move have of it.
+      SHOAL_RETURN_IF_ERROR(StartFromCentre());
+      return true;
+    }
     for (size_t i = 0; i < x.size(); ++i) x[i] -= (x[i] - centre[i]) * alpha_;  // the ps's own expression
     // The elastic penalty's anchor is the centre as it was at this exchange,
     // before this worker's own move, as TensorFlow's
@@ -438,13 +465,12 @@ class ElasticAveragePolicy : public LocalReplicaPolicy {
       SHOAL_RETURN_IF_ERROR(PushBufferDrift(context_, *replica_, &buffers));
       replica_->TakeGlobalBuffers(buffers);
     }
-    global_step_ = step.global_step;
-    done_ = last;
     return true;
   }
 
   const double alpha_;
   std::vector<torch::Tensor> centre_;
+  int64_t unsent_ = 0;  // local steps since the last move
   bool done_ = false;
 };
 
@@ -496,6 +522,7 @@ class ModelAverage final : public TrainingMode {
 class ElasticAverage final : public TrainingMode {
  public:
   std::string name() const override { return "easgd"; }
+  bool LeasesData() const override { return true; }
   std::unique_ptr<TrainingStrategy> MakeStrategy() const override {
     return std::make_unique<ElasticAverageStrategy>();
   }

@@ -109,14 +109,24 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
       PhaseScope timed(Phase::kPush);
       SHOAL_ASSIGN_OR_RETURN(outcome, policy.Push(model, model.Gradients(), step, check));
       if (outcome == PushOutcome::kStopped) return false;
+      // Rows go to the tables asynchronously whatever the mode does with the
+      // dense variables (sync: Persia's hybrid of sync dense and async
+      // tables). On leased data they carry the batch's places, which each
+      // table's shards apply once on a watermark of their own.
+      wire::ProgressAnswer rows_answer;
+      if (tables != nullptr && outcome != PushOutcome::kRewound) {
+        SHOAL_RETURN_IF_ERROR(leased != nullptr ? tables->Push(&leased->batch_progress(), &rows_answer)
+                                                : tables->Push());
+      }
       if (leased != nullptr && outcome != PushOutcome::kRewound) {
         if (!policy.SendsEveryStep() && !step.exchanged) {
           // A local step: the next batch follows this one into the same update.
           leased->KeepLocal();
           SHOAL_RETURN_IF_ERROR(leased->RenewIfDue());
         } else {
-          // Where the next batch begins: past this one, or over places a task did not take.
-          leased->Settle(context.step_answer);
+          // Where the next batch begins: past this one, or over places a
+          // task (or a table's shard) did not take.
+          leased->Settle(tables != nullptr ? CombineProgress(context.step_answer, rows_answer) : context.step_answer);
           // A worker that joined the running job: from its start to its first applied update.
           if (!join_noted && context.worker_index >= context.num_workers && context.step_answer.applied()) {
             join_noted = true;
@@ -125,9 +135,6 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
           }
         }
       }
-      // Rows go to the tables asynchronously whatever the mode does with the
-      // dense variables (sync: Persia's hybrid of sync dense and async tables).
-      if (tables != nullptr && outcome != PushOutcome::kRewound) SHOAL_RETURN_IF_ERROR(tables->Push());
     }
     if (outcome == PushOutcome::kRewound) {
       SHOAL_RETURN_IF_ERROR(join());

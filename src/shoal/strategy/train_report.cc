@@ -10,7 +10,8 @@ namespace shoal {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TaskTime, task, steps, seconds, compute, communication, waiting,
                                                 checkpoint)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(DataLedgerReport, leased, epochs_finished, epochs_checked,
-                                                places_applied, places_missing, places_repeated, leases_taken,
+                                                places_applied, places_missing, places_repeated,
+                                                variable_ledgers, table_ledgers, leases_taken,
                                                 takeovers, takeover_seconds_mean, takeover_seconds_max, joins,
                                                 join_seconds_mean)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(MemberReport, member, fitness, test_accuracy, hyperparameters)

@@ -42,6 +42,10 @@ struct DataLedgerReport {
   int64_t places_applied = 0;  // the least over the tasks, summed over epochs
   int64_t places_missing = 0;
   int64_t places_repeated = 0;
+  // The ledgers checked: the variables' on each ps task holding some, and
+  // each table's rows' on each ps task (a model with embedding tables).
+  int64_t variable_ledgers = 0;
+  int64_t table_ledgers = 0;
   int64_t leases_taken = 0;  // by the chief's own worker
   // Shards another worker took over once their holder stopped renewing
   // (died, stalled or left): how many, and the seconds from the holder's
