@@ -13,13 +13,8 @@
 #
 #   bench/click.sh      # about 10 minutes on 2 cores
 source "$(dirname "$0")/common.sh"
-examples=${EXAMPLES:-400000}
 data=$out/criteo
-mkdir -p "$data"
-if ! grep -q "\"examples\": $examples," "$data/planted.json" 2>/dev/null; then
-  /usr/bin/python3 bench/criteo_gen.py --examples "$examples" --out "$data/train.tsv" \
-    --test_out "$data/test.tsv" --test_examples 100000 > "$data/planted.json"
-fi
+click_log "${EXAMPLES:-400000}"
 
 # The largest resident set each ps task process reached while $1 runs.
 peak_ps_rss() {

@@ -11,10 +11,7 @@ source "$(dirname "$0")/common.sh"
 max_rows=${MAX_ROWS:-200000}
 rounds=${ROUNDS:-3}
 data=$out/criteo
-if [ ! -s "$data/train.tsv" ]; then
-  /usr/bin/python3 bench/criteo_gen.py --examples 400000 --out "$data/train.tsv" \
-    --test_out "$data/test.tsv" --test_examples 100000 > "$data/planted.json"
-fi
+click_log
 for round in $(seq "$rounds"); do
   for run in unbounded lru lfu; do
     # The click config with a dynamic table; bounded and evicting but for the first run.

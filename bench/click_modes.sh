@@ -10,10 +10,7 @@
 source "$(dirname "$0")/common.sh"
 rounds=${ROUNDS:-3}
 data=$out/criteo
-if [ ! -s "$data/train.tsv" ]; then
-  /usr/bin/python3 bench/criteo_gen.py --examples 400000 --out "$data/train.tsv" \
-    --test_out "$data/test.tsv" --test_examples 100000 > "$data/planted.json"
-fi
+click_log
 : > "$out/click_modes.jsonl"
 for round in $(seq "$rounds"); do
   for mode in async sync; do
