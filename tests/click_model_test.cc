@@ -345,38 +345,41 @@ TEST(ClickTrainingTest, WideAndDeepLearnsThePlantedModelAsyncAndHybrid) {
 // and each table shard applies them on a watermark of its own.
 TEST(ClickTrainingTest, OnLeasedDataEachExampleReachesTheVariablesAndEveryTableShardOnce) {
   const auto dir = FreshTempDir("shoal_click_", "leased").string();
-  double planted_auc = 0;
-  JobConfig config = ClickJob(dir, "async", &planted_auc);
-  config.data.leases = true;
-  config.data.lease_shard_examples = 20 * 128;
-  config.data.lease_timeout_s = 0.3;
-  std::atomic<int> stalls{0};
-  auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
-    if (context.worker_index != 1) return;
-    context.before_step = [&](int64_t step) {
-      if (step % 40 == 7 && stalls < 2) {
-        ++stalls;
-        absl::SleepFor(absl::Milliseconds(900));
-      }
-    };
-  });
-  ASSERT_TRUE(report.ok()) << report.status();
-  const DataLedgerReport& ledger = report->data_ledger;
-  EXPECT_TRUE(ledger.leased);
-  EXPECT_GE(ledger.epochs_finished, 2);
-  EXPECT_EQ(ledger.table_ledgers, 2);  // the table's shard on each of the 2 ps tasks
-  EXPECT_GE(ledger.variable_ledgers, 1);
-  EXPECT_EQ(ledger.places_missing, 0);
-  EXPECT_EQ(ledger.places_repeated, 0);
-  EXPECT_GE(ledger.places_applied, ledger.epochs_finished * 24000);
-  EXPECT_GT(stalls.load(), 0);
-  EXPECT_GT(ledger.takeovers, 0);
-  std::printf("%s\n", absl::StrFormat("leased: %d epochs finished, %d places, %d takeovers; test AUC %.4f, "
-                                      "planted %.4f",
-                                      ledger.epochs_finished, ledger.places_applied, ledger.takeovers,
-                                      report->test_auc, planted_auc)
-                         .c_str());
-  EXPECT_GT(report->test_auc, planted_auc - 0.05) << "planted " << planted_auc;
+  for (const std::string mode : {"async", "sync"}) {  // sync: the hybrid, its rows pushed asynchronously
+    SCOPED_TRACE(mode);
+    double planted_auc = 0;
+    JobConfig config = ClickJob(dir, mode, &planted_auc);
+    config.data.leases = true;
+    config.data.lease_shard_examples = 20 * 128;
+    config.data.lease_timeout_s = 0.3;
+    std::atomic<int> stalls{0};
+    auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
+      if (context.worker_index != 1) return;
+      context.before_step = [&](int64_t step) {
+        if (step % 40 == 7 && stalls < 2) {
+          ++stalls;
+          absl::SleepFor(absl::Milliseconds(900));
+        }
+      };
+    });
+    ASSERT_TRUE(report.ok()) << report.status();
+    const DataLedgerReport& ledger = report->data_ledger;
+    EXPECT_TRUE(ledger.leased);
+    EXPECT_GE(ledger.epochs_finished, 2);
+    EXPECT_EQ(ledger.table_ledgers, 2);  // the table's shard on each of the 2 ps tasks
+    EXPECT_GE(ledger.variable_ledgers, 1);
+    EXPECT_EQ(ledger.places_missing, 0);
+    EXPECT_EQ(ledger.places_repeated, 0);
+    EXPECT_GE(ledger.places_applied, ledger.epochs_finished * 24000);
+    EXPECT_GT(stalls.load(), 0);
+    EXPECT_GT(ledger.takeovers, 0);
+    std::printf("%s\n", absl::StrFormat("leased %s: %d epochs finished, %d places, %d takeovers; test AUC %.4f, "
+                                        "planted %.4f",
+                                        mode, ledger.epochs_finished, ledger.places_applied, ledger.takeovers,
+                                        report->test_auc, planted_auc)
+                           .c_str());
+    EXPECT_GT(report->test_auc, planted_auc - 0.05) << "planted " << planted_auc;
+  }
 }
 
 // The tables go into the job's checkpoints with the dense variables: a job
