@@ -4,7 +4,6 @@
 // async tables).
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -13,10 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
 #include "inproc_servers.h"
 #include "planted_clicks.h"
 #include "scripted_modules.h"
+#include "stalls.h"
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/export/export.h"
 #include "shoal/model/click_metrics.h"
@@ -352,16 +351,8 @@ TEST(ClickTrainingTest, OnLeasedDataEachExampleReachesTheVariablesAndEveryTableS
     config.data.leases = true;
     config.data.lease_shard_examples = 20 * 128;
     config.data.lease_timeout_s = 0.3;
-    std::atomic<int> stalls{0};
-    auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
-      if (context.worker_index != 1) return;
-      context.before_step = [&](int64_t step) {
-        if (step % 40 == 7 && stalls < 2) {
-          ++stalls;
-          absl::SleepFor(absl::Milliseconds(900));
-        }
-      };
-    });
+    Stalls stalls{/*worker=*/1, /*every=*/40, /*at=*/7, /*most=*/2, absl::Milliseconds(900)};
+    auto report = TrainInProcess(config, InProcOptions{}, nullptr, stalls.Customizer());
     ASSERT_TRUE(report.ok()) << report.status();
     const DataLedgerReport& ledger = report->data_ledger;
     EXPECT_TRUE(ledger.leased);
@@ -371,7 +362,7 @@ TEST(ClickTrainingTest, OnLeasedDataEachExampleReachesTheVariablesAndEveryTableS
     EXPECT_EQ(ledger.places_missing, 0);
     EXPECT_EQ(ledger.places_repeated, 0);
     EXPECT_GE(ledger.places_applied, ledger.epochs_finished * 24000);
-    EXPECT_GT(stalls.load(), 0);
+    EXPECT_GT(stalls.count.load(), 0);
     EXPECT_GT(ledger.takeovers, 0);
     std::printf("%s\n", absl::StrFormat("leased %s: %d epochs finished, %d places, %d takeovers; test AUC %.4f, "
                                         "planted %.4f",

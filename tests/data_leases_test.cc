@@ -5,12 +5,12 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "quick_job.h"
+#include "stalls.h"
 #include "temp_dir.h"
 #include "shoal/checkpoint/checkpoint.h"
 #include "shoal/config/config.h"
@@ -345,17 +345,25 @@ absl::Status CreateW(VariableService& service, const torch::Tensor& initial) {
   return absl::InternalError(response.header.status_message());
 }
 
+// Through a server: the lease `worker` is handed (the task keeps the lease
+// table from then on).
+absl::StatusOr<wire::LeaseResponse> LeaseFrom(VariableService& service, const std::string& worker) {
+  Request request;
+  *request.header.mutable_lease() = Ask(worker);
+  Response response;
+  service.Handle(request, &response);
+  if (response.header.status_code() != 0) return absl::InternalError(response.header.status_message());
+  return response.header.lease();
+}
+
 // Through a server: an update for a lease its sender does not hold leaves
 // the variable and the counters as they were.
 TEST(DataLeasesTest, AServerAppliesNothingOfAnUpdateWhoseLeaseIsNotHeld) {
   VariableService service(VariableServiceOptions{"/job:ps/task:0"});
   ASSERT_TRUE(CreateW(service, torch::ones({2})).ok());
-  Response response;
-  Request lease_request;
-  *lease_request.header.mutable_lease() = Ask("worker:0");
-  service.Handle(lease_request, &response);
-  ASSERT_EQ(response.header.status_code(), 0) << response.header.status_message();
-  const wire::LeaseResponse lease = response.header.lease();
+  const absl::StatusOr<wire::LeaseResponse> leased = LeaseFrom(service, "worker:0");
+  ASSERT_TRUE(leased.ok()) << leased.status();
+  const wire::LeaseResponse& lease = *leased;
 
   auto apply = [&](int64_t lease_number, int64_t begin, int64_t end) {
     Request request;
@@ -481,12 +489,9 @@ TEST(DataLeasesTest, ATableShardAppliesEachBatchsRowsOnceOnAWatermarkOfItsOwn) {
 TEST(DataLeasesTest, AnElasticMoveNotTakenAnswersWithTheCentreUnmoved) {
   VariableService service(VariableServiceOptions{"/job:ps/task:0"});
   ASSERT_TRUE(CreateW(service, torch::ones({2})).ok());
-  Response response;
-  Request lease_request;
-  *lease_request.header.mutable_lease() = Ask("worker:0");
-  service.Handle(lease_request, &response);
-  ASSERT_EQ(response.header.status_code(), 0) << response.header.status_message();
-  const wire::LeaseResponse lease = response.header.lease();
+  const absl::StatusOr<wire::LeaseResponse> leased = LeaseFrom(service, "worker:0");
+  ASSERT_TRUE(leased.ok()) << leased.status();
+  const wire::LeaseResponse& lease = *leased;
 
   // Moves the centre half way towards a copy of 3s; the answer and the centre after.
   auto move = [&](int64_t lease_number, int64_t begin, int64_t end) {
@@ -618,19 +623,11 @@ TEST(LeasedTrainingTest, SyncWithABackupWorkerReturnsDroppedGradientsExamplesToB
 TEST(LeasedTrainingTest, AWorkerThatStallsPastItsLeaseLosesTheShardAndNothingIsTrainedTwice) {
   JobConfig config = LeasedJob("async", 2, 2);
   config.data.lease_timeout_s = 0.3;
-  std::atomic<int> stalls{0};
-  auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
-    if (context.worker_index != 1) return;
-    // Worker 1 stalls (as a SIGSTOPped process would) now and then, past the lease timeout.
-    context.before_step = [&](int64_t step) {
-      if (step % 15 == 7 && stalls < 4) {
-        ++stalls;
-        absl::SleepFor(absl::Milliseconds(700));
-      }
-    };
-  });
+  // Worker 1 stalls now and then, past the lease timeout.
+  Stalls stalls{/*worker=*/1, /*every=*/15, /*at=*/7, /*most=*/4, absl::Milliseconds(700)};
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr, stalls.Customizer());
   ASSERT_TRUE(report.ok()) << report.status();
-  EXPECT_GT(stalls.load(), 0);
+  EXPECT_GT(stalls.count.load(), 0);
   EXPECT_GT(report->data_ledger.takeovers, 0);  // the stalled worker's shards went to the other
   ExpectExactlyOnce(*report, 2);
 }
@@ -689,23 +686,14 @@ TEST(LeasedTrainingTest, ALocalReplicaStalledPastItsLeaseHasItsLateExchangeRefus
     SCOPED_TRACE(mode);
     JobConfig config = LeasedLocalJob(mode);
     config.data.lease_timeout_s = 0.3;
-    std::atomic<int> stalls{0};
-    std::shared_ptr<LeasedData> stalled;  // worker 2's, kept past the job
-    auto report = TrainInProcess(config, InProcOptions{}, nullptr, [&](WorkerContext& context) {
-      if (context.worker_index != 2) return;
-      context.before_step = [&](int64_t step) {
-        stalled = context.leased_data;
-        if (step % 7 == 4 && stalls < 3) {  // between exchanges
-          ++stalls;
-          absl::SleepFor(absl::Milliseconds(900));
-        }
-      };
-    });
+    // Worker 2 stalls between exchanges.
+    Stalls stalls{/*worker=*/2, /*every=*/7, /*at=*/4, /*most=*/3, absl::Milliseconds(900)};
+    auto report = TrainInProcess(config, InProcOptions{}, nullptr, stalls.Customizer());
     ASSERT_TRUE(report.ok()) << report.status();
-    EXPECT_GT(stalls.load(), 0);
+    EXPECT_GT(stalls.count.load(), 0);
     EXPECT_GT(report->data_ledger.takeovers, 0);
-    ASSERT_NE(stalled, nullptr);
-    EXPECT_GT(stalled->leases_lost(), 0);  // a late exchange was refused
+    ASSERT_NE(stalls.leased, nullptr);
+    EXPECT_GT(stalls.leased->leases_lost(), 0);  // a late exchange was refused
     ExpectExactlyOnce(*report, 2);
   }
 }

@@ -64,6 +64,15 @@ void AddCounters(const std::vector<CounterDelta>& counters, Request* request) {
 // What the tasks an update reached say of its places, as one answer: the
 // least watermark (where the sender's next update begins), applied where
 // every task applied, and a lease lost where any said so.
+// The ps tasks of `channels`, in index order: each holds a shard of every table.
+std::vector<TaskId> PsTasksOf(const std::map<TaskId, std::shared_ptr<Channel>>& channels) {
+  std::vector<TaskId> ps;
+  for (const auto& [task, channel] : channels) {
+    if (task.job == "ps") ps.push_back(task);  // the map's order: by index within a job
+  }
+  return ps;
+}
+
 template <typename Calls, typename ProgressOf>
 wire::ProgressAnswer GatherProgress(const Calls& calls, const ProgressOf& progress_of) {
   std::optional<wire::ProgressAnswer> gathered;
@@ -599,9 +608,7 @@ absl::StatusOr<wire::LeaseTableState> Client::LeaseTable(const wire::LeaseTableS
     // the rows' of any table shard it holds: every ps task); the counter
     // task's last.
     std::set<TaskId> tasks = VariableTasks();
-    for (const auto& [task, channel] : channels_) {
-      if (task.job == "ps") tasks.insert(task);
-    }
+    for (const TaskId& task : PsTasksOf(channels_)) tasks.insert(task);
     for (const TaskId& task : tasks) {
       if (task == placement_->counter_task()) continue;
       auto* request = calls[task].request.header.mutable_lease_table();
@@ -637,9 +644,7 @@ absl::StatusOr<std::vector<wire::LedgerResponse>> Client::Ledgers() {
   for (const TaskId& task : variable_tasks) calls[task].request.header.mutable_ledger();
   // Tables are sharded over every ps task, and each task answers a ledger
   // for each table it holds (every shard of a table hears of every batch).
-  for (const auto& [task, channel] : channels_) {
-    if (task.job == "ps") calls[task].request.header.mutable_ledger();
-  }
+  for (const TaskId& task : PsTasksOf(channels_)) calls[task].request.header.mutable_ledger();
   SHOAL_RETURN_IF_ERROR(RunAll(calls));
   std::vector<wire::LedgerResponse> ledgers;
   for (auto& [task, call] : calls) {
@@ -814,12 +819,8 @@ absl::Status Client::Shutdown(const TaskId& task) {
 }
 
 absl::StatusOr<std::vector<TaskId>> Client::TableShards() const {
-  std::vector<TaskId> shards;
-  for (const auto& [task, channel] : channels_) {
-    if (task.job == "ps") shards.push_back(task);
-  }
+  std::vector<TaskId> shards = PsTasksOf(channels_);
   if (shards.empty()) return absl::FailedPreconditionError("the cluster has no ps task to hold embedding tables");
-  std::sort(shards.begin(), shards.end(), [](const TaskId& a, const TaskId& b) { return a.index < b.index; });
   return shards;
 }
 

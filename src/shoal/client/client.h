@@ -59,14 +59,14 @@ struct CounterDelta {
   int64_t delta = 1;
 };
 
-// DeadlineExceeded for a synchronous step that gathered only `arrived` of
-// `replicas` gradients within `timeout`, naming those of `workers` not in
-// `heard_from`.
 // Two answers to one update's places (from two tasks, or the variables'
 // and the rows') as one: the least watermark, applied where both were, the
 // lease lost where either says so, the counter task's live count.
 wire::ProgressAnswer CombineProgress(const wire::ProgressAnswer& a, const wire::ProgressAnswer& b);
 
+// DeadlineExceeded for a synchronous step that gathered only `arrived` of
+// `replicas` gradients within `timeout`, naming those of `workers` not in
+// `heard_from`.
 absl::Status IncompleteStepError(int64_t step, int arrived, int replicas, absl::Duration timeout,
                                  const std::vector<std::string>& workers, const std::vector<std::string>& heard_from);
 

@@ -13,9 +13,9 @@
 // with the next lease request.
 //
 // A mode that trains several local steps per exchange (downpour,
-// model_average) keeps its steps' batches local (KeepLocal): the next batch follows them
-// and the places grow into one range of the shard, which the exchange
-// carries as one update. Such a mode ends its exchange early when a batch
+// model_average, easgd) keeps its steps' batches local (KeepLocal): the
+// next batch follows them and the places grow into one range of the shard,
+// which the exchange carries as one update. Such a mode ends its exchange early when a batch
 // ends the shard, since one update's places lie in one shard.
 //
 // Not thread-safe: one per worker thread.

@@ -150,6 +150,29 @@ class LocalReplicaPolicy : public StepPolicy {
   int64_t global_step_ = 0;  // as the last exchange left it
 
   LeasedData* leased() const { return context_.leased_data.get(); }
+  // The local step just taken: whether the exchange is due, every `every`
+  // steps or, on leased data, at its shard's end (one update's places lie
+  // in one shard).
+  bool ExchangeDueAfterStep(int64_t every) {
+    ++unsent_;
+    return (step_ + 1) % every == 0 || (leased() != nullptr && leased()->BatchEndsShard());
+  }
+  // The local steps the exchange being sent counts into global_step: on
+  // leased data those since the last exchange, else `every`.
+  int64_t TakeUnsentSteps(int64_t every) {
+    const int64_t steps = leased() != nullptr ? unsent_ : every;
+    unsent_ = 0;
+    return steps;
+  }
+  // The local steps since the last exchange are thrown away with the copy
+  // (a restore): on leased data their places are trained again.
+  void DropUnsentSteps() {
+    unsent_ = 0;
+    if (leased() != nullptr) leased()->DropLocal();
+  }
+
+ private:
+  int64_t unsent_ = 0;  // local steps since the last exchange
 };
 
 // Downpour (Dean et al., 2012): fetch every n_fetch steps, train locally, and
@@ -166,8 +189,7 @@ class DownpourPolicy : public LocalReplicaPolicy {
   // (At the start the first step fetches.)
   absl::Status Join(Model& model) override {
     pending_ = ZerosLike(model.variables());
-    unsent_ = 0;
-    if (leased() != nullptr) leased()->DropLocal();  // with the gradients not pushed
+    DropUnsentSteps();  // with the gradients not pushed
     pushed_values_.clear();
     pushed_buffers_.clear();
     if (!joined_) {
@@ -191,20 +213,17 @@ class DownpourPolicy : public LocalReplicaPolicy {
     for (size_t i = 0; i < gradients.size(); ++i) pending_[i].add_(gradients[i]);
     replica_->Apply(gradients);
     step.local_step = step_ + 1;
-    ++unsent_;
-    const bool shard_ends = leased() != nullptr && leased()->BatchEndsShard();
-    if ((step_ + 1) % local_.n_push == 0 || shard_ends) {
+    if (ExchangeDueAfterStep(local_.n_push)) {
       SHOAL_ASSIGN_OR_RETURN(bool send, check(model.variable_names(), pending_));
       if (!send) return PushOutcome::kStopped;
       // Buffers' drift goes in after the push; before a fetch each call
       // brings its values back.
       const bool fetch_next = (step_ + 1) % local_.n_fetch == 0;
       SHOAL_ASSIGN_OR_RETURN(bool last, PushExchange(context_, model.variable_names(), pending_,
-                                                     wire::UPDATE_OPTIMIZER, leased() ? unsent_ : local_.n_push,
+                                                     wire::UPDATE_OPTIMIZER, TakeUnsentSteps(local_.n_push),
                                                      step, fetch_next ? &pushed_values_ : nullptr));
       SHOAL_RETURN_IF_ERROR(PushBufferDrift(context_, *replica_, fetch_next ? &pushed_buffers_ : nullptr));
       for (auto& p : pending_) p.zero_();
-      unsent_ = 0;
       global_step_ = step.global_step;
       done_ = last;
     }
@@ -214,7 +233,6 @@ class DownpourPolicy : public LocalReplicaPolicy {
 
  private:
   std::vector<torch::Tensor> pending_;  // gradients not yet pushed
-  int64_t unsent_ = 0;                  // local steps they sum
   std::vector<torch::Tensor> pushed_values_;   // the last push's answer, for the fetch right after it
   std::vector<torch::Tensor> pushed_buffers_;  // and its buffers' (a model with buffers)
   bool joined_ = false;
@@ -267,7 +285,7 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
   absl::Status Join(Model& model) override {
     in_round_ = 0;
     if (leased() != nullptr) {
-      leased()->DropLocal();  // the local copy's steps are thrown away
+      DropUnsentSteps();  // the local copy's steps are thrown away
       return FetchRound(model);
     }
     SHOAL_ASSIGN_OR_RETURN(round_, client_.AddToCounter(kAverageRound, 0));
@@ -397,8 +415,7 @@ class ElasticAveragePolicy : public LocalReplicaPolicy {
   // At the start, and after a restore took the centre back to the
   // checkpoint: from the centre.
   absl::Status Join(Model& /*model*/) override {
-    if (leased() != nullptr) leased()->DropLocal();  // the steps since the last move are gone with the copy
-    unsent_ = 0;
+    DropUnsentSteps();  // the steps since the last move are gone with the copy
     return StartFromCentre();
   }
   bool HasStepsLeft() const override { return !done_; }
@@ -413,9 +430,7 @@ class ElasticAveragePolicy : public LocalReplicaPolicy {
     }
     replica_->Apply(penalised);
     step.local_step = step_ + 1;
-    ++unsent_;
-    const bool shard_ends = leased() != nullptr && leased()->BatchEndsShard();
-    if ((step_ + 1) % local_.tau == 0 || shard_ends) {
+    if (ExchangeDueAfterStep(local_.tau)) {
       SHOAL_ASSIGN_OR_RETURN(bool exchanged, Exchange(model, step, check));
       if (!exchanged) return PushOutcome::kStopped;
     }
@@ -440,8 +455,7 @@ class ElasticAveragePolicy : public LocalReplicaPolicy {
     if (!send) return false;
     std::vector<torch::Tensor> centre;
     SHOAL_ASSIGN_OR_RETURN(bool last, PushExchange(context_, names, x, wire::UPDATE_ELASTIC,
-                                                   leased() != nullptr ? unsent_ : local_.tau, step, &centre, alpha_));
-    unsent_ = 0;
+                                                   TakeUnsentSteps(local_.tau), step, &centre, alpha_));
     global_step_ = step.global_step;
     done_ = last;
     if (leased() != nullptr && !context_.step_answer.applied()) {
@@ -470,7 +484,6 @@ class ElasticAveragePolicy : public LocalReplicaPolicy {
 
   const double alpha_;
   std::vector<torch::Tensor> centre_;
-  int64_t unsent_ = 0;  // local steps since the last move
   bool done_ = false;
 };
 
