@@ -26,7 +26,10 @@ little while one of: SIGKILL of a worker (the launcher starts it again; its
 lease runs out and another worker takes the shard over), SIGSTOP of a worker
 for 1-4 s (past the 2 s lease timeout: its shard is taken over and its late
 update refused), a worker added (SIGUSR1 to the launcher) or removed
-(SIGUSR2: the newest worker leaves). Checkpoints every 100 steps. Then checks,
+(SIGUSR2: the newest worker leaves), or SIGKILL of a ps task (the launcher
+starts it again, empty, and the chief restores the newest checkpoint onto
+every task, each task at the watermarks saved with its own shard).
+Checkpoints every 100 steps, taken while the workers train. Then checks,
 from every ps task's exactly-once ledger, that no example of a finished epoch
 was lost and none applied twice (the click job's table shards too), and
 that accuracy is within 1 point of an undisturbed run (the click job's AUC
@@ -161,11 +164,21 @@ def run_elastic_job(shoal, mode, epochs, workdir, faults=None, interval=(2, 4), 
         if not faults or time.time() < next_fault:
             continue
         next_fault = time.time() + rng.uniform(*interval)
-        workers = [(pid, cmd) for pid, cmd in children_of(launcher.pid) if "/job:worker/" in cmd]
+        tasks = children_of(launcher.pid)
+        workers = [(pid, cmd) for pid, cmd in tasks if "/job:worker/" in cmd]
+        ps = [(pid, cmd) for pid, cmd in tasks if "/job:ps/" in cmd]
         if not workers:
             continue
-        kind = rng.choice(["kill", "freeze", "add", "remove"])
-        if kind == "add" or (kind == "remove" and added == 0):
+        kind = rng.choice(["kill", "freeze", "add", "remove", "kill-ps"])
+        if kind == "kill-ps" and ps:
+            # The launcher starts it again, empty; the chief restores the
+            # newest checkpoint onto every task, each with its own marks.
+            pid, cmd = rng.choice(ps)
+            os.kill(pid, signal.SIGKILL)
+            log.append(("ps-kill", cmd.split("--task ")[1].split()[0]))
+        elif kind == "kill-ps":
+            continue
+        elif kind == "add" or (kind == "remove" and added == 0):
             launcher.send_signal(signal.SIGUSR1)
             added += 1
             log.append(("add", ""))
@@ -233,13 +246,17 @@ def elastic_main(args):
             metric = "test_auc" if mode == "click" else "test_accuracy"
             if calm is not None and chaos is not None and abs(calm[metric] - chaos[metric]) > 0.01:
                 checks.append(f"{metric} differs by more than 0.01")
+            ps_kills = sum(1 for k, _ in log if k == "ps-kill")
+            if chaos is not None and ps_kills and chaos.get("restores", 0) == 0:
+                checks.append("a ps task was killed but nothing was restored")
             if mode == "click" and ledger.get("table_ledgers", 0) == 0:
                 checks.append("the table rows' ledgers are missing")
             ok = ok and not checks
             count = lambda kind: sum(1 for k, _ in log if k.startswith(kind))
             shown = (lambda r: f"AUC {r[metric]:.4f}") if mode == "click" else (lambda r: f"{r[metric] * 100:.2f}%")
             rows.append((mode, e, shown(calm) if calm else "-", shown(chaos) if chaos else "-",
-                         f"{count('kill')} / {count('freeze')} / {count('add')} / {count('remove')}",
+                         f"{count('kill')} / {count('freeze')} / {count('add')} / {count('remove')} / "
+                         f"{ps_kills} ({(chaos or {}).get('restores', 0)} restores)",
                          ledger.get("epochs_finished", "-"), ledger.get("places_applied", "-"),
                          ledger.get("places_missing", "-"), ledger.get("places_repeated", "-"),
                          f"{ledger.get('takeovers', 0)}: {ledger.get('takeover_seconds_mean', 0):.2f} / "
@@ -247,8 +264,8 @@ def elastic_main(args):
                          f"{ledger.get('joins', 0)}: {ledger.get('join_seconds_mean', 0):.2f}",
                          f"{calm_s:.0f} / {chaos_s:.0f}", "ok" if not checks else "; ".join(checks)))
             print(f"{mode}: faults {log}", flush=True)
-    print("\n| mode | epochs | accuracy undisturbed | accuracy with faults | killed / frozen / added / removed "
-          "| epochs finished | examples applied | lost | twice | takeovers: s mean / max "
+    print("\n| mode | epochs | accuracy undisturbed | accuracy with faults "
+          "| workers killed / frozen / added / removed / ps killed | epochs finished | examples applied | lost | twice | takeovers: s mean / max "
           "| joins: s to first update | seconds (calm / chaos) | verdict |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:

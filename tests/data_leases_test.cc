@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +15,7 @@
 #include "stalls.h"
 #include "temp_dir.h"
 #include "shoal/checkpoint/checkpoint.h"
+#include "shoal/checkpoint/lease_restore.h"
 #include "shoal/config/config.h"
 #include "shoal/server/variable_service.h"
 #include "shoal/session/local_cluster.h"
@@ -400,6 +403,219 @@ TEST(DataLeasesTest, AServerAppliesNothingOfAnUpdateWhoseLeaseIsNotHeld) {
   const auto repeated = apply(lease.lease(), 0, 10);
   EXPECT_FALSE(repeated.progress().applied());
   EXPECT_TRUE(torch::equal(value(), after_one));
+}
+
+// Through a server: a checkpoint's snapshot of a task is taken with no
+// update admitted meanwhile, and the watermarks it reports are exactly the
+// places its variables hold. "w" counts places: each update of n places
+// sends the gradient -n at rate 1. Saves race a stream of updates; every
+// saved shard's w must equal the places below its marks.
+TEST(DataLeasesTest, ASnapshotAndItsMarksAreTakenTogetherWhileUpdatesStream) {
+  const std::filesystem::path dir = FreshTempDir("shoal_leases", "marks");
+  VariableServiceOptions options{"/job:ps/task:1"};
+  options.checkpoint_dir = dir.string();
+  VariableService service(options);
+  ASSERT_TRUE(CreateW(service, torch::zeros({1})).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> applied{0};
+  std::thread updates([&] {
+    wire::LeaseResponse lease;
+    lease.set_lease(1);
+    for (int64_t epoch = 0; !stop; ++epoch) {
+      lease.set_epoch(epoch);
+      for (int64_t shard = 0; shard < 3 && !stop; ++shard) {
+        lease.set_shard(shard);
+        for (int64_t place = shard * 40; place < std::min<int64_t>(100, shard * 40 + 40) && !stop; place += 3) {
+          const int64_t end = std::min<int64_t>({place + 3, shard * 40 + 40, 100});
+          Request request;
+          request.header.mutable_apply_gradients()->add_names("w");
+          wire::CounterDelta* step = request.header.mutable_apply_gradients()->add_counters();
+          step->set_name("global_step");
+          step->set_delta(1);
+          *request.header.mutable_apply_gradients()->mutable_progress() = Places(lease, place, end);
+          request.tensors.push_back(torch::full({1}, -static_cast<float>(end - place)));
+          Response response;
+          service.Handle(request, &response);
+          ASSERT_EQ(response.header.status_code(), 0) << response.header.status_message();
+          applied += end - place;
+        }
+      }
+    }
+  });
+  while (applied < 300) absl::SleepFor(absl::Milliseconds(1));
+  int64_t last_held = 0;
+  for (int step = 1; step <= 5; ++step) {
+    Request save;
+    save.header.mutable_save_shard()->set_step(step);
+    save.header.mutable_save_shard()->set_shard(0);
+    save.header.mutable_save_shard()->set_step_counter("global_step");
+    Response response;
+    service.Handle(save, &response);
+    ASSERT_EQ(response.header.status_code(), 0) << response.header.status_message();
+    const wire::TaskMarks& marks = response.header.save_shard().marks();
+    EXPECT_TRUE(marks.exact());
+    // Updates of 3 places (a shard's last one shorter): the step counter
+    // counts those below the marks.
+    int64_t below_marks = 0, updates = 0;
+    for (const wire::ShardMark& mark : marks.variables()) {
+      below_marks += mark.watermark() - mark.shard() * 40;
+      updates += (mark.watermark() - mark.shard() * 40 + 2) / 3;
+    }
+    EXPECT_EQ(marks.step(), updates) << "save " << step;
+    auto saved = ReadShard(response.header.save_shard().path());
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    ASSERT_EQ(saved->size(), 1u);
+    const int64_t held = static_cast<int64_t>((*saved)[0].value[0].item<float>());
+    EXPECT_EQ(held, below_marks) << "save " << step;
+    EXPECT_GE(held, last_held);
+    last_held = held;
+  }
+  stop = true;
+  updates.join();
+  EXPECT_GT(last_held, 0);
+
+  // A sync gradient committed into an accumulator is not in the variables
+  // until its step applies: the marks say so.
+  DataLeases leases("ps:1");
+  wire::LeaseResponse lease;
+  lease.set_lease(1);
+  {
+    auto admission = leases.Admit(Places(lease, 0, 10), absl::Now());
+    ASSERT_TRUE(admission.ok());
+    admission->CommitAccumulated();
+  }
+  bool exact = true;
+  const std::vector<wire::ShardMark> marks = DataLeases::Frozen(leases).Marks(0, &exact);
+  EXPECT_FALSE(exact);
+  ASSERT_EQ(marks.size(), 1u);
+  EXPECT_EQ(marks[0].watermark(), 10);
+}
+
+// A checkpoint's table and two tasks' marks, one update apart on shard 0
+// (ps:0 at 20, ps:1 at 30), the table read before at 10.
+CheckpointIndex IndexWithMarks(bool ps1_exact) {
+  CheckpointIndex index;
+  index.shards = {"shard-0.ckpt", "shard-1.ckpt"};
+  index.tasks = {"/job:ps/task:0", "/job:ps/task:1"};
+  index.variables.push_back({"w", {2}, {{0, "w", 0, 2}}});
+  index.variables.push_back({"b", {2}, {{1, "b", 0, 2}}});
+  wire::LeaseTableState table;
+  table.set_data_fingerprint(kFingerprint);
+  table.set_examples(100);
+  table.set_shard_examples(40);
+  table.set_epochs_done(0);
+  for (int64_t offset : {10, 40, 80}) table.add_shard_offsets(offset);
+  index.lease_table = table;
+  auto mark = [](wire::TaskMarks& marks, int64_t epoch, int64_t shard, int64_t watermark) {
+    wire::ShardMark* m = marks.add_variables();
+    m->set_epoch(epoch);
+    m->set_shard(shard);
+    m->set_watermark(watermark);
+  };
+  wire::TaskMarks ps0, ps1;
+  ps0.set_exact(true);
+  ps0.set_step(7);  // the counter task's step count at its snapshot
+  ps1.set_exact(ps1_exact);
+  mark(ps0, 0, 0, 20);
+  mark(ps1, 0, 0, 30);
+  index.lease_marks = {ps0, ps1};
+  return index;
+}
+
+std::vector<int64_t> Offsets(const wire::LeaseTableState& table) {
+  return {table.shard_offsets().begin(), table.shard_offsets().end()};
+}
+
+TEST(DataLeasesTest, ARestoreResumesEachShardAtTheLeastMarkAndCutsItsBatchesAtTheOthers) {
+  auto plan = PlanLeaseRestore(IndexWithMarks(true), /*same_tasks=*/true, "ckpt-5");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // Shard 0 resumes at 20 (not the table's 10: those places are in both
+  // tasks' variables), cut at 30; shards 1 and 2 had not begun.
+  EXPECT_EQ(Offsets(plan->table), (std::vector<int64_t>{20, 40, 80}));
+  ASSERT_EQ(plan->table.cuts_size(), 1);
+  EXPECT_EQ(plan->table.cuts(0).watermark(), 30);
+  ASSERT_EQ(plan->by_task.size(), 2u);
+  const wire::TaskMarks& ps1 = plan->by_task.at("/job:ps/task:1");
+  ASSERT_EQ(ps1.variables_size(), 3);  // every open shard
+  EXPECT_EQ(ps1.variables(0).watermark(), 30);
+  EXPECT_EQ(ps1.variables(1).watermark(), 40);
+  EXPECT_EQ(plan->step, 7);
+
+  // Onto the tasks: the counter task hands the shard out from 20 with the
+  // cut; the batch [20, 30) is applied on ps:0 only, then [30, 40) on both.
+  DataLeases ps0_leases("ps:0"), ps1_leases("ps:1");
+  const std::vector<wire::ShardMark> ps0_marks(plan->by_task.at("/job:ps/task:0").variables().begin(),
+                                               plan->by_task.at("/job:ps/task:0").variables().end());
+  const std::vector<wire::ShardMark> ps1_marks(ps1.variables().begin(), ps1.variables().end());
+  ASSERT_TRUE(ps0_leases.Restore(plan->table, /*hands_out_leases=*/true, &ps0_marks).ok());
+  ASSERT_TRUE(ps1_leases.Restore(plan->table, false, &ps1_marks).ok());
+  const absl::Time now = absl::Now();
+  auto lease = ps0_leases.Lease(Ask("worker:0"), now);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(lease->begin(), 20);
+  ASSERT_EQ(lease->cuts_size(), 1);
+  EXPECT_EQ(lease->cuts(0), 30);
+  EXPECT_TRUE(Update(ps0_leases, Places(*lease, 20, 30), now).applied());
+  const wire::ProgressAnswer ahead = Update(ps1_leases, Places(*lease, 20, 30), now);
+  EXPECT_FALSE(ahead.applied());
+  EXPECT_EQ(ahead.watermark(), 30);
+  EXPECT_TRUE(Update(ps0_leases, Places(*lease, 30, 40), now).applied());
+  EXPECT_TRUE(Update(ps1_leases, Places(*lease, 30, 40), now).applied());
+  for (DataLeases* task : {&ps0_leases, &ps1_leases}) {
+    const auto checks = CheckLedgers({task->Ledger()}, 100, 0);
+    ASSERT_EQ(checks.size(), 1u);
+    EXPECT_EQ(checks[0].applied_once, 40);  // shard 0 whole, each place once
+    EXPECT_EQ(checks[0].repeated, 0);
+  }
+}
+
+TEST(DataLeasesTest, ARestorePlanFallsBackWhereMarksCannotSayWhatTheVariablesHold) {
+  // A sync gradient in ps:1's accumulators: the table's offset stands for
+  // the variables (a sync checkpoint holds one step), cut at ps:0's mark.
+  auto sync = PlanLeaseRestore(IndexWithMarks(false), true, "ckpt-5");
+  ASSERT_TRUE(sync.ok()) << sync.status();
+  EXPECT_EQ(Offsets(sync->table), (std::vector<int64_t>{10, 40, 80}));
+  ASSERT_EQ(sync->table.cuts_size(), 1);
+  EXPECT_EQ(sync->table.cuts(0).watermark(), 20);
+  EXPECT_FALSE(sync->by_task.at("/job:ps/task:1").exact());
+  EXPECT_FALSE(sync->step.has_value());  // the checkpoint's own step stands
+
+  // Onto other tasks: every task takes the least marks (ps:1 trains 10
+  // places again).
+  auto moved = PlanLeaseRestore(IndexWithMarks(true), /*same_tasks=*/false, "ckpt-5");
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_TRUE(moved->by_task.empty());
+  ASSERT_TRUE(moved->every_task.has_value());
+  EXPECT_EQ(moved->every_task->variables(0).watermark(), 20);
+
+  // Marks in an epoch the table opened while the save ran: the restored
+  // table holds it open too.
+  CheckpointIndex later = IndexWithMarks(true);
+  wire::ShardMark* next_epoch = later.lease_marks[0].add_variables();
+  next_epoch->set_epoch(1);
+  next_epoch->set_shard(0);
+  next_epoch->set_watermark(5);
+  auto extended = PlanLeaseRestore(later, true, "ckpt-5");
+  ASSERT_TRUE(extended.ok()) << extended.status();
+  EXPECT_EQ(Offsets(extended->table), (std::vector<int64_t>{20, 40, 80, 0, 40, 80}));
+
+  // An older checkpoint, with no marks: the table as it was saved.
+  CheckpointIndex older = IndexWithMarks(true);
+  older.lease_marks.clear();
+  auto old_plan = PlanLeaseRestore(older, true, "ckpt-5");
+  ASSERT_TRUE(old_plan.ok());
+  EXPECT_EQ(Offsets(old_plan->table), (std::vector<int64_t>{10, 40, 80}));
+  EXPECT_TRUE(old_plan->by_task.empty());
+  EXPECT_FALSE(old_plan->every_task.has_value());
+
+  // A mark past its shard's places is a damaged checkpoint.
+  CheckpointIndex bad = IndexWithMarks(true);
+  bad.lease_marks[1].mutable_variables(0)->set_watermark(55);
+  auto refused = PlanLeaseRestore(bad, true, "ckpt-5");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(refused.status().message().find("ckpt-5"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("place 55 of epoch 0, shard 0"), std::string::npos) << refused.status();
 }
 
 // Through a server: a table's rows on a task apply a batch's places once,

@@ -560,6 +560,39 @@ TEST(ElasticTest, SyncStepsFollowTheLiveWorkersWhenOneDiesForGood) {
   EXPECT_GE(result["global_step"].get<int64_t>(), 900) << result;
 }
 
+// Leased data through a ps task's loss: checkpoints are taken while the
+// workers train (in the background), ps:1 is killed and started again, and
+// the chief restores the newest checkpoint onto every task, each task with
+// the watermarks saved with its own shard. Every example of every finished
+// epoch is still in the variables of every ps task exactly once.
+TEST(ElasticTest, APsTaskKilledMidJobComesBackAtItsCheckpointedPlacesAndNoExampleIsLost) {
+  LauncherRun run("shoal_elastic_ps", [](JobConfig& config) {
+    config.data.leases = true;
+    config.data.lease_timeout_s = 1;
+    config.data.train_examples = 6000;
+    config.training.max_steps = 0;
+    config.training.epochs = 40;  // 3,750 steps of 64
+    config.checkpoint.every_steps = 150;
+    config.cluster.max_restarts = 1;
+  });
+  ASSERT_GT(run.pid, 0);
+  ASSERT_GE(WaitForStep(run.metrics(), "global_step", 600), 600) << "the job never got going";
+  ASSERT_TRUE(WaitForACheckpoint((run.dir / "checkpoints").string()));
+  const pid_t ps = ChildRunning(run.pid, "/job:ps/task:1");
+  ASSERT_GT(ps, 0);
+  ASSERT_EQ(kill(ps, SIGKILL), 0);
+  nlohmann::json result;
+  ASSERT_NO_FATAL_FAILURE(WaitForResult(run, &result));
+  EXPECT_GE(result["restores"].get<int64_t>(), 1) << result;
+  const nlohmann::json& ledger = result["data_ledger"];
+  EXPECT_EQ(ledger["places_missing"].get<int64_t>(), 0) << ledger;
+  EXPECT_EQ(ledger["places_repeated"].get<int64_t>(), 0) << ledger;
+  // The job ends at the steps of 40 epochs' examples; a shard's last batch
+  // may be short, so the last epoch may be cut short.
+  EXPECT_GE(ledger["epochs_finished"].get<int64_t>(), 38) << ledger;
+  EXPECT_GT(result["test_accuracy"].get<double>(), 0.75) << result;
+}
+
 // The job's error names what went wrong in the task that failed first, not
 // only its exit code: a chief that cannot read the newest checkpoint.
 TEST(FaultTest, TheJobsErrorSaysWhyTheFirstTaskFailed) {

@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "shoal/core/file.h"
 #include "shoal/core/status.h"
+#include "shoal/server/data_leases.h"
 
 namespace shoal {
 
@@ -39,6 +40,49 @@ std::string CanonicalPath(const std::string& path) {
   std::error_code error;
   const fs::path canonical = fs::weakly_canonical(fs::absolute(path), error);
   return error ? path : canonical.string();
+}
+
+// A task's watermarks in the index: {"exact": bool, "variables": [[epoch,
+// shard, watermark], ...], "tables": {"name": [[epoch, shard, watermark],
+// ...]}}.
+nlohmann::json MarkList(const google::protobuf::RepeatedPtrField<wire::ShardMark>& marks) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const wire::ShardMark& mark : marks) list.push_back({mark.epoch(), mark.shard(), mark.watermark()});
+  return list;
+}
+
+void ReadMarkList(const nlohmann::json& list, google::protobuf::RepeatedPtrField<wire::ShardMark>* marks) {
+  for (const nlohmann::json& entry : list) {
+    const auto numbers = entry.get<std::vector<int64_t>>();
+    if (numbers.size() != 3) {
+      throw nlohmann::json::type_error::create(302, "a watermark is [epoch, shard, place]", &entry);
+    }
+    wire::ShardMark* mark = marks->Add();
+    mark->set_epoch(numbers[0]);
+    mark->set_shard(numbers[1]);
+    mark->set_watermark(numbers[2]);
+  }
+}
+
+nlohmann::json MarksToJson(const wire::TaskMarks& marks) {
+  nlohmann::json tables = nlohmann::json::object();
+  for (const wire::TableMarks& table : marks.tables()) tables[table.table()] = MarkList(table.marks());
+  nlohmann::json json = {{"exact", marks.exact()}, {"variables", MarkList(marks.variables())}, {"tables", tables}};
+  if (marks.has_step()) json["step"] = marks.step();
+  return json;
+}
+
+wire::TaskMarks MarksFromJson(const nlohmann::json& json) {
+  wire::TaskMarks marks;
+  marks.set_exact(json.at("exact").get<bool>());
+  if (json.contains("step")) marks.set_step(json.at("step").get<int64_t>());
+  ReadMarkList(json.at("variables"), marks.mutable_variables());
+  for (const auto& [table, list] : json.at("tables").items()) {
+    wire::TableMarks* out = marks.add_tables();
+    out->set_table(table);
+    ReadMarkList(list, out->mutable_marks());
+  }
+  return marks;
 }
 
 }  // namespace
@@ -74,7 +118,7 @@ absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& di
   SHOAL_ASSIGN_OR_RETURN(const wire::LeaseTableState leases, client.LeaseTable());
   if (leases.examples() > 0) index.lease_table = leases;
   const int64_t restarts_before = client.restarts_seen();
-  SHOAL_ASSIGN_OR_RETURN(const auto saved_by_task, client.SaveShards(shard_of, step));
+  SHOAL_ASSIGN_OR_RETURN(const auto saved_by_task, client.SaveShards(shard_of, step, leases.epochs_done(), kGlobalStep));
   // A task that restarted meanwhile wrote what it held then: nothing, or a
   // restore's older values beside the others' live ones.
   if (client.restarts_seen() != restarts_before) {
@@ -93,6 +137,24 @@ absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& di
     }
     stored[task].insert(saved.names.begin(), saved.names.end());
     if (saved.wrote_tables) index.table_shards.push_back(shard);
+  }
+  if (index.lease_table.has_value()) {
+    // Each shard's watermarks, taken with its snapshot. A save that ran for
+    // more epochs than a restored table can hold open is not kept.
+    for (const auto& [task, shard] : shard_of) index.lease_marks.push_back(saved_by_task.at(task).marks);
+    const int64_t last_open = index.lease_table->epochs_done() + DataLeases::kMaxRestoredEpochs - 1;
+    int64_t last_marked = 0;
+    for (const wire::TaskMarks& marks : index.lease_marks) {
+      for (const auto& mark : marks.variables()) last_marked = std::max(last_marked, mark.epoch());
+      for (const auto& table : marks.tables()) {
+        for (const auto& mark : table.marks()) last_marked = std::max(last_marked, mark.epoch());
+      }
+    }
+    if (last_marked > last_open) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint at step ", step, ": the data moved from epoch ", index.lease_table->epochs_done(), " to epoch ",
+          last_marked, " while the shards were written; the checkpoint is left unfinished"));
+    }
   }
   // Every ps task holds a shard of each table: one that wrote none has lost
   // its tables (restarted, not yet restored).
@@ -132,6 +194,8 @@ absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& di
                            {"epochs_done", table.epochs_done()},
                            {"shard_offsets", std::vector<int64_t>(table.shard_offsets().begin(),
                                                                   table.shard_offsets().end())}};
+    nlohmann::json& marks = text["lease_table"]["shard_marks"] = nlohmann::json::array();
+    for (const wire::TaskMarks& shard : index.lease_marks) marks.push_back(MarksToJson(shard));
   }
   // The index last: until it is in place, this checkpoint does not exist.
   SHOAL_RETURN_IF_ERROR(WriteFileAtomically((fs::path(folder) / kIndexFile).string(), text.dump(1)));
@@ -234,6 +298,9 @@ absl::StatusOr<CheckpointIndex> ReadCheckpointIndex(const std::string& checkpoin
       state.set_epochs_done(table.at("epochs_done").get<int64_t>());
       for (int64_t offset : table.at("shard_offsets").get<std::vector<int64_t>>()) state.add_shard_offsets(offset);
       index.lease_table = std::move(state);
+      if (table.contains("shard_marks")) {  // optional: older indexes have none
+        for (const nlohmann::json& shard : table.at("shard_marks")) index.lease_marks.push_back(MarksFromJson(shard));
+      }
     }
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat("checkpoint index '", path, "' is corrupt: ", e.what()));

@@ -26,6 +26,11 @@
 
 namespace shoal {
 
+// The counter of the job's steps, on the counter task. A checkpoint is named
+// by its value; on leased data it is also read with the counter task's
+// snapshot, and a restore sets it to that (checkpoint/lease_restore.h).
+inline constexpr char kGlobalStep[] = "global_step";
+
 // Checkpoints (config `checkpoint:`): the chief saves every variable
 // with its optimizer slots under `dir` every `every_steps` global steps or
 // `every_seconds` (whichever comes first; with neither set, every 60 s) and
@@ -83,6 +88,10 @@ struct CheckpointIndex {
   // was taken, read before the shards were written, so that a restore
   // trains on from places no later than those the variables hold.
   std::optional<wire::LeaseTableState> lease_table;
+  // With it, each shard's watermarks, taken with the shard's snapshot
+  // (checkpoint/lease_restore.h), and the counter task's kGlobalStep then;
+  // empty in an older checkpoint.
+  std::vector<wire::TaskMarks> lease_marks;
 };
 
 // A variable as restored: whole, with its optimizer slots.

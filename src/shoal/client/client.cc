@@ -601,8 +601,16 @@ absl::StatusOr<wire::LeaseResponse> Client::Lease(const wire::LeaseRequest& requ
   return calls.begin()->second.response.header.lease();
 }
 
-absl::StatusOr<wire::LeaseTableState> Client::LeaseTable(const wire::LeaseTableState* restore) {
+absl::StatusOr<wire::LeaseTableState> Client::LeaseTable(const wire::LeaseTableState* restore,
+                                                         const std::map<TaskId, wire::TaskMarks>* marks) {
   TaskCalls calls;
+  auto restore_onto = [&](const TaskId& task) {
+    auto* request = calls[task].request.header.mutable_lease_table();
+    request->set_restore(true);
+    *request->mutable_state() = *restore;
+    if (marks == nullptr) return;
+    if (auto own = marks->find(task); own != marks->end()) *request->mutable_marks() = own->second;
+  };
   if (restore != nullptr) {
     // Every task's watermarks go back with the table (its variables', and
     // the rows' of any table shard it holds: every ps task); the counter
@@ -610,19 +618,15 @@ absl::StatusOr<wire::LeaseTableState> Client::LeaseTable(const wire::LeaseTableS
     std::set<TaskId> tasks = VariableTasks();
     for (const TaskId& task : PsTasksOf(channels_)) tasks.insert(task);
     for (const TaskId& task : tasks) {
-      if (task == placement_->counter_task()) continue;
-      auto* request = calls[task].request.header.mutable_lease_table();
-      request->set_restore(true);
-      *request->mutable_state() = *restore;
+      if (task != placement_->counter_task()) restore_onto(task);
     }
     SHOAL_RETURN_IF_ERROR(RunAll(calls));
     calls.clear();
   }
   auto* request = calls[placement_->counter_task()].request.header.mutable_lease_table();
   if (restore != nullptr) {
-    request->set_restore(true);
+    restore_onto(placement_->counter_task());
     request->set_hands_out_leases(true);
-    *request->mutable_state() = *restore;
   }
   SHOAL_RETURN_IF_ERROR(RunAll(calls));
   return calls.begin()->second.response.header.lease_table().state();
@@ -797,17 +801,22 @@ absl::Status Client::AssignSlots(const std::vector<std::string>& names, const st
 }
 
 absl::StatusOr<std::map<TaskId, Client::SavedShard>> Client::SaveShards(const std::map<TaskId, int>& shards,
-                                                                        int64_t step) {
+                                                                        int64_t step, int64_t marks_from_epoch,
+                                                                        const std::string& step_counter) {
   TaskCalls calls;
   for (const auto& [task, shard] : shards) {
-    calls[task].request.header.mutable_save_shard()->set_step(step);
-    calls[task].request.header.mutable_save_shard()->set_shard(shard);
+    auto* save = calls[task].request.header.mutable_save_shard();
+    save->set_step(step);
+    save->set_shard(shard);
+    save->set_marks_from_epoch(marks_from_epoch);
+    if (task == placement_->counter_task()) save->set_step_counter(step_counter);
   }
   SHOAL_RETURN_IF_ERROR(RunAll(calls, options_.checkpoint_timeout));
   std::map<TaskId, SavedShard> saved;
   for (const auto& [task, call] : calls) {
     const auto& answer = call.response.header.save_shard();
-    saved[task] = SavedShard{{answer.names().begin(), answer.names().end()}, answer.path(), answer.wrote_tables()};
+    saved[task] = SavedShard{{answer.names().begin(), answer.names().end()}, answer.path(), answer.wrote_tables(),
+                             answer.marks()};
   }
   return saved;
 }

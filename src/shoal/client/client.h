@@ -195,11 +195,13 @@ class Client {
 
   // Leased data (server/data_leases.h): a lease from the counter task's
   // table; the table itself (restoring `state` onto every task first when
-  // given); and the exactly-once ledgers: the variables' on every task that
-  // holds some (and the counter task's), and each table's rows' on every
-  // task that holds a shard of it (in `epochs`; `tables` names the table).
+  // given, each task with its own watermarks where `marks` has them); and
+  // the exactly-once ledgers: the variables' on every task that holds some
+  // (and the counter task's), and each table's rows' on every task that
+  // holds a shard of it (in `epochs`; `tables` names the table).
   absl::StatusOr<wire::LeaseResponse> Lease(const wire::LeaseRequest& request);
-  absl::StatusOr<wire::LeaseTableState> LeaseTable(const wire::LeaseTableState* restore = nullptr);
+  absl::StatusOr<wire::LeaseTableState> LeaseTable(const wire::LeaseTableState* restore = nullptr,
+                                                   const std::map<TaskId, wire::TaskMarks>* marks = nullptr);
   absl::StatusOr<std::vector<wire::LedgerResponse>> Ledgers();
 
   // The chief's side of a synchronous step: on every task, waits for
@@ -234,8 +236,13 @@ class Client {
     std::vector<std::string> names;
     std::string path;
     bool wrote_tables = false;  // the task held tables and wrote them beside the shard
+    wire::TaskMarks marks;      // leased data: the watermarks of epochs from `marks_from_epoch` the shard holds
   };
-  absl::StatusOr<std::map<TaskId, SavedShard>> SaveShards(const std::map<TaskId, int>& shards, int64_t step);
+  // The counter task also reads `step_counter` with its snapshot (its
+  // SavedShard's marks.step).
+  absl::StatusOr<std::map<TaskId, SavedShard>> SaveShards(const std::map<TaskId, int>& shards, int64_t step,
+                                                          int64_t marks_from_epoch = 0,
+                                                          const std::string& step_counter = "");
 
   // Asks `task`'s server to shut down.
   absl::Status Shutdown(const TaskId& task);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "shoal/core/status.h"
 
 namespace shoal {
 
@@ -70,11 +71,8 @@ absl::StatusOr<wire::LeaseResponse> DataLeases::Lease(const wire::LeaseRequest& 
       free->holder = request.worker();
       ++holders_[free->holder];
       free->deadline = now + timeout_;
-      response.set_lease(free->lease);
       response.set_epoch(epoch);
-      response.set_shard(shard);
-      response.set_begin(free->offset);
-      response.set_end(std::min(layout_.examples, (shard + 1) * layout_.shard_examples));
+      Describe(*free, shard, &response);
     }
   }
   response.set_live_workers(static_cast<int64_t>(holders_.size()));
@@ -111,16 +109,23 @@ wire::LeaseResponse DataLeases::Renew(const wire::LeaseRequest& request, absl::T
         continue;
       }
       shard.deadline = now + timeout_;
-      response.set_lease(shard.lease);
       response.set_epoch(epoch);
-      response.set_shard(static_cast<int64_t>(s));
-      response.set_begin(shard.offset);
-      response.set_end(std::min(layout_.examples, (static_cast<int64_t>(s) + 1) * layout_.shard_examples));
+      Describe(shard, static_cast<int64_t>(s), &response);
     }
   }
   response.set_live_workers(static_cast<int64_t>(holders_.size()));
   response.set_epochs_done(epochs_done_);
   return response;
+}
+
+void DataLeases::Describe(const TableShard& shard, int64_t index, wire::LeaseResponse* response) const {
+  response->set_lease(shard.lease);
+  response->set_shard(index);
+  response->set_begin(shard.offset);
+  response->set_end(std::min(layout_.examples, (index + 1) * layout_.shard_examples));
+  for (int64_t cut : shard.cuts) {
+    if (cut > shard.offset && cut < response->end()) response->add_cuts(cut);
+  }
 }
 
 void DataLeases::ReturnLease(int64_t lease, bool finished) {
@@ -216,6 +221,9 @@ absl::StatusOr<DataLeases::Admission> DataLeases::Admit(const wire::DataProgress
     }
     admission.shard_ = found->second.get();
   }
+  // A checkpoint's snapshot (Frozen) waits for this update to commit.
+  save_mu_.ReaderLock();
+  admission.unfrozen_.reset(&save_mu_);
   admission.lock_ = std::unique_lock<std::mutex>(admission.shard_->mu);
   ShardProgress& shard = *admission.shard_;
   if (progress.lease() < shard.newest_lease) {
@@ -232,6 +240,25 @@ void DataLeases::Admission::Commit() {
   if (!apply_ || leases_ == nullptr) return;
   leases_->CommitAdmission(*this);
   apply_ = false;
+}
+
+void DataLeases::Admission::CommitAccumulated() {
+  if (apply_ && leases_ != nullptr) leases_->accumulated_ = true;
+  Commit();
+}
+
+std::vector<wire::ShardMark> DataLeases::Frozen::Marks(int64_t from_epoch, bool* exact) const {
+  *exact = !leases_.accumulated_;
+  std::vector<wire::ShardMark> marks;
+  std::lock_guard<std::mutex> lock(leases_.shards_mu_);
+  for (auto it = leases_.shards_.lower_bound({from_epoch, 0}); it != leases_.shards_.end(); ++it) {
+    std::lock_guard<std::mutex> shard_lock(it->second->mu);
+    wire::ShardMark& mark = marks.emplace_back();
+    mark.set_epoch(it->first.first);
+    mark.set_shard(it->first.second);
+    mark.set_watermark(it->second->watermark);
+  }
+  return marks;
 }
 
 void DataLeases::CommitAdmission(Admission& admission) {
@@ -297,7 +324,8 @@ wire::LeaseTableState DataLeases::Snapshot() const {
   return state;
 }
 
-absl::Status DataLeases::Restore(const wire::LeaseTableState& state, bool hands_out_leases) {
+absl::Status DataLeases::Restore(const wire::LeaseTableState& state, bool hands_out_leases,
+                                 const std::vector<wire::ShardMark>* marks) {
   Layout layout{state.data_fingerprint(), state.examples(), state.shard_examples()};
   if (layout.fingerprint == 0 || layout.examples <= 0 || layout.examples > kMaxExamples ||
       layout.shard_examples <= 0 || state.epochs_done() < 0 || state.epochs_done() > kMaxEpoch) {
@@ -306,10 +334,27 @@ absl::Status DataLeases::Restore(const wire::LeaseTableState& state, bool hands_
   }
   const int64_t per_epoch = layout.shards_per_epoch();
   if (per_epoch > static_cast<int64_t>(kMaxTrackedShards) / 4 || state.shard_offsets_size() % per_epoch != 0 ||
-      state.shard_offsets_size() / per_epoch > 2) {
+      state.shard_offsets_size() / per_epoch > kMaxRestoredEpochs) {
     return absl::InvalidArgumentError(absl::StrCat("lease table restored onto ", task_name_, " lists ",
-                                                   state.shard_offsets_size(), " shards, not one or two epochs of ",
-                                                   per_epoch));
+                                                   state.shard_offsets_size(), " shards, not one to ",
+                                                   kMaxRestoredEpochs, " epochs of ", per_epoch));
+  }
+  const int64_t open_epochs = state.shard_offsets_size() / per_epoch;
+  // A mark or a cut names an open shard and a place of it.
+  auto check_place = [&](const wire::ShardMark& mark, const char* what) -> absl::Status {
+    const int64_t begin = mark.shard() * layout.shard_examples;
+    const int64_t end = std::min(layout.examples, begin + layout.shard_examples);
+    if (mark.epoch() < state.epochs_done() || mark.epoch() >= state.epochs_done() + open_epochs ||
+        mark.shard() < 0 || mark.shard() >= per_epoch || mark.watermark() < begin || mark.watermark() > end) {
+      return absl::InvalidArgumentError(absl::StrCat("lease table restored onto ", task_name_, ": a ", what,
+                                                     " at place ", mark.watermark(), " of epoch ", mark.epoch(),
+                                                     ", shard ", mark.shard(), " is not a place of an open shard"));
+    }
+    return absl::OkStatus();
+  };
+  for (const wire::ShardMark& cut : state.cuts()) SHOAL_RETURN_IF_ERROR(check_place(cut, "cut"));
+  if (marks != nullptr) {
+    for (const wire::ShardMark& mark : *marks) SHOAL_RETURN_IF_ERROR(check_place(mark, "watermark"));
   }
   for (int i = 0; i < state.shard_offsets_size(); ++i) {
     const int64_t s = i % per_epoch, offset = state.shard_offsets(i);
@@ -321,11 +366,18 @@ absl::Status DataLeases::Restore(const wire::LeaseTableState& state, bool hands_
     }
   }
   // Checked whole; now change.
-  std::map<std::pair<int64_t, int64_t>, int64_t> watermarks;  // open shards: where each resumes
+  std::map<std::pair<int64_t, int64_t>, int64_t> watermarks;  // open shards: where each resumes here
   for (int i = 0; i < state.shard_offsets_size(); ++i) {
     const int64_t epoch = state.epochs_done() + i / per_epoch, s = i % per_epoch;
     const int64_t end = std::min(layout.examples, (s + 1) * layout.shard_examples);
-    watermarks[{epoch, s}] = state.shard_offsets(i) == -1 ? end : state.shard_offsets(i);
+    if (marks != nullptr) {
+      watermarks[{epoch, s}] = s * layout.shard_examples;  // no update of it had reached this task
+    } else {
+      watermarks[{epoch, s}] = state.shard_offsets(i) == -1 ? end : state.shard_offsets(i);
+    }
+  }
+  if (marks != nullptr) {
+    for (const wire::ShardMark& mark : *marks) watermarks[{mark.epoch(), mark.shard()}] = mark.watermark();
   }
   if (hands_out_leases) {
     std::lock_guard<std::mutex> lock(table_mu_);
@@ -341,6 +393,10 @@ absl::Status DataLeases::Restore(const wire::LeaseTableState& state, bool hands_
       shard.state = offset == -1 ? ShardState::kFinished : ShardState::kQueued;
       shard.offset = offset == -1 ? 0 : offset;
       shards.push_back(shard);
+    }
+    for (const wire::ShardMark& cut : state.cuts()) {
+      std::vector<int64_t>& cuts = open_epochs_[cut.epoch()][cut.shard()].cuts;
+      cuts.insert(std::upper_bound(cuts.begin(), cuts.end(), cut.watermark()), cut.watermark());
     }
   }
   {
@@ -363,7 +419,6 @@ absl::Status DataLeases::Restore(const wire::LeaseTableState& state, bool hands_
   // below each shard's restart place (applied before the checkpoint, by
   // this task or the one it replaces); later epochs went back with them.
   std::lock_guard<std::mutex> lock(ledger_mu_);
-  const int64_t open_epochs = state.shard_offsets_size() / per_epoch;
   for (auto it = ledger_.lower_bound(state.epochs_done()); it != ledger_.end();) it = ledger_.erase(it);
   for (int64_t e = 0; e < open_epochs; ++e) {
     const int64_t epoch = state.epochs_done() + e;
@@ -412,6 +467,9 @@ std::vector<EpochCheck> CheckLedgers(const std::vector<wire::LedgerResponse>& le
     check.epoch = epoch;
     check.applied_once = examples;
     for (const auto& ledger : ledgers) {
+      // A task restored from a checkpoint mid-job (a ps task lost and
+      // started again) keeps no ledger of the epochs before it.
+      if (!ledger.epochs().empty() && epoch < ledger.epochs(0).epoch()) continue;
       int64_t covered = 0, repeated = 0;
       for (const auto& kept : ledger.epochs()) {
         if (kept.epoch() != epoch) continue;

@@ -23,6 +23,14 @@
 //    whoever holds the lease next resumes from the lower one, and the tasks
 //    ahead answer "already applied" until the others catch up.
 //
+// A checkpoint's snapshot of a task is taken while no update is admitted
+// there (Frozen: those admitted commit first), with the task's watermarks
+// (Marks): the saved variables hold exactly the places below them. Restored
+// with them (Restore's `marks`), each task resumes where its own variables
+// stand; the lease table resumes each shard at the least of the tasks'
+// marks and cuts its batches at the others, so that no update straddles a
+// task's mark (LeaseResponse.cuts).
+//
 // The ledger (proof, not mechanism): every admitted range is recorded per
 // epoch as merged ranges, with places applied more than once counted; a
 // checker confirms that each place of each finished epoch was applied once.
@@ -31,6 +39,7 @@
 #ifndef SHOAL_SERVER_DATA_LEASES_H_
 #define SHOAL_SERVER_DATA_LEASES_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -41,6 +50,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "shoal/wire.pb.h"
 
@@ -60,6 +70,11 @@ struct ShardProgress {
   std::mutex mu;  // held by an Admission while its update is applied
   int64_t watermark = 0;
   int64_t newest_lease = 0;  // a lease below it was superseded
+};
+
+// Releases a reader's hold of an absl::Mutex (DataLeases::Admission).
+struct ReaderUnlock {
+  void operator()(absl::Mutex* mu) const { mu->ReaderUnlock(); }
 };
 
 class DataLeases {
@@ -86,11 +101,16 @@ class DataLeases {
     // The update was applied: the watermark moves to its end, the ledger
     // records its places, and on the counter task its lease is renewed.
     void Commit();
+    // The same for a sync gradient taken into an accumulator: its places are
+    // in the variables only once the step applies, so this task's marks no
+    // longer say what a snapshot of its variables holds (Marks).
+    void CommitAccumulated();
 
    private:
     friend class DataLeases;
     DataLeases* leases_ = nullptr;
     ShardProgress* shard_ = nullptr;
+    std::unique_ptr<absl::Mutex, ReaderUnlock> unfrozen_;  // a Frozen waits for it
     std::unique_lock<std::mutex> lock_;
     wire::DataProgress progress_;
     absl::Time now_;
@@ -101,14 +121,35 @@ class DataLeases {
   // the lease) and decides. An error for a malformed progress record.
   absl::StatusOr<Admission> Admit(const wire::DataProgress& progress, absl::Time now);
 
+  // While it lives no update is admitted here; it waits for those admitted
+  // to commit. A checkpoint snapshots the task's variables under it.
+  class Frozen {
+   public:
+    explicit Frozen(DataLeases& leases) : leases_(leases), lock_(&leases.save_mu_) {}
+    Frozen(const Frozen&) = delete;
+    Frozen& operator=(const Frozen&) = delete;
+    // This task's watermarks of the shards of `from_epoch` on that it has
+    // seen an update of (a shard not listed stands at its first place).
+    // Whether they are exact: false once a sync gradient was committed
+    // into an accumulator (CommitAccumulated).
+    std::vector<wire::ShardMark> Marks(int64_t from_epoch, bool* exact) const;
+
+   private:
+    DataLeases& leases_;
+    absl::WriterMutexLock lock_;
+  };
+
   // The lease table as a checkpoint keeps it (the counter task's; empty
   // elsewhere). Leases held now are kept as queued at their offsets.
   wire::LeaseTableState Snapshot() const;
   // Puts a checkpoint's table back: on the counter task (`hands_out_leases`),
-  // every lease is dropped and the shards queue at their offsets; on every task the
-  // watermarks go to the offsets, and the ledger's open epochs hold the
+  // every lease is dropped and the shards queue at their offsets, with
+  // their cuts; on every task the watermarks go to `marks` (this task's, as
+  // Frozen::Marks saved them; a shard not listed to its first place) or,
+  // without marks, to the offsets, and the ledger's open epochs hold the
   // places below them (the variables went back with them).
-  absl::Status Restore(const wire::LeaseTableState& state, bool hands_out_leases);
+  absl::Status Restore(const wire::LeaseTableState& state, bool hands_out_leases,
+                       const std::vector<wire::ShardMark>* marks = nullptr);
 
   // The ledger, for the exactly-once check.
   wire::LedgerResponse Ledger() const;
@@ -125,6 +166,9 @@ class DataLeases {
   // Most epochs the ledger keeps (the newest), and most shards a task tracks.
   static constexpr int kLedgerEpochs = 64;
   static constexpr size_t kMaxTrackedShards = 1 << 16;
+  // Most open epochs a restored table may hold: two, and those a save's
+  // marks reached while the save ran.
+  static constexpr int kMaxRestoredEpochs = 4;
 
  private:
   enum class ShardState { kQueued, kLeased, kFinished };
@@ -135,6 +179,7 @@ class DataLeases {
     std::string holder;
     absl::Time deadline;
     absl::Time lost_at = absl::InfinitePast();  // an expired lease's last renewal, until the shard is leased again
+    std::vector<int64_t> cuts;  // restored: tasks' marks above the offset, ascending
   };
   struct Layout {
     int64_t fingerprint = 0, examples = 0, shard_examples = 0;
@@ -158,6 +203,8 @@ class DataLeases {
   // Under ledger_mu_.
   void Record(int64_t epoch, int64_t begin, int64_t end);
   void CommitAdmission(Admission& admission);
+  // The lease's places and cuts in `response`.
+  void Describe(const TableShard& shard, int64_t index, wire::LeaseResponse* response) const;
 
   const std::string task_name_;
 
@@ -173,6 +220,9 @@ class DataLeases {
   std::map<std::string, int> holders_;
   absl::Duration timeout_ = absl::Seconds(10);
   Takeovers takeovers_;
+
+  absl::Mutex save_mu_;  // readers: admissions, until they commit; the writer: a Frozen
+  std::atomic<bool> accumulated_{false};  // a sync gradient was committed (CommitAccumulated)
 
   mutable std::mutex shards_mu_;  // guards the map, not the entries
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<ShardProgress>> shards_;
@@ -194,7 +244,8 @@ struct EpochCheck {
 // a later epoch may be partial but must hold no repeat. A finished epoch
 // after the oldest that any ledger keeps, and kept by none, counts whole as
 // missing; older ones (before the checkpoint a job resumed from, or past
-// the ledgers' window) are not checked.
+// the ledgers' window) are not checked, nor, on a task, the epochs before
+// its oldest (it was restored past them).
 std::vector<EpochCheck> CheckLedgers(const std::vector<wire::LedgerResponse>& ledgers, int64_t examples,
                                      int64_t epochs_finished);
 

@@ -356,10 +356,23 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
         return absl::InternalError(absl::StrCat(options_.task_name, " cannot create checkpoint folder '",
                                                 folder.string(), "': ", error.message()));
       }
-      const std::vector<SavedVariable> saved = store_.Snapshot();
+      // Leased data: the variables and their watermarks are taken together,
+      // with no update admitted in between.
+      wire::TaskMarks* marks = response->header.mutable_save_shard()->mutable_marks();
+      std::vector<SavedVariable> saved;
+      {
+        const DataLeases::Frozen frozen(leases_);
+        saved = store_.Snapshot();
+        bool exact = false;
+        for (auto& mark : frozen.Marks(save.marks_from_epoch(), &exact)) *marks->add_variables() = std::move(mark);
+        marks->set_exact(exact);
+        if (!save.step_counter().empty()) marks->set_step(store_.AddToCounter(save.step_counter(), 0));
+      }
       const std::string path = std::filesystem::absolute(folder / ShardFileName(save.shard())).string();
       SHOAL_RETURN_IF_ERROR(Annotate(WriteShard(path, saved), options_.task_name));
-      SHOAL_ASSIGN_OR_RETURN(const bool wrote_tables, SaveTables(tables_, (folder / TableFileName(save.shard())).string()));
+      SHOAL_ASSIGN_OR_RETURN(const bool wrote_tables,
+                             SaveTablesWithMarks((folder / TableFileName(save.shard())).string(),
+                                                 save.marks_from_epoch(), marks));
       response->header.mutable_save_shard()->set_wrote_tables(wrote_tables);
       response->header.mutable_save_shard()->set_path(path);
       for (const auto& v : saved) response->header.mutable_save_shard()->add_names(v.name);
@@ -397,7 +410,7 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
         // A stale gradient was dropped: its places stay unapplied here, for
         // the worker to train again.
         const bool taken = std::all_of(accepted.begin(), accepted.end(), [](bool a) { return a; });
-        if (taken && admission->apply()) admission->Commit();
+        if (taken && admission->apply()) admission->CommitAccumulated();
         *out->mutable_progress() = admission->answer();
       }
       return absl::OkStatus();
@@ -559,8 +572,13 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
     }
     case wire::RequestHeader::kLeaseTable: {
       if (h.lease_table().restore()) {
-        SHOAL_RETURN_IF_ERROR(leases_.Restore(h.lease_table().state(), h.lease_table().hands_out_leases()));
-        SHOAL_RETURN_IF_ERROR(RestoreRowLeases(h.lease_table().state()));
+        const auto& restore = h.lease_table();
+        const bool marked = restore.has_marks();
+        const std::vector<wire::ShardMark> variable_marks(restore.marks().variables().begin(),
+                                                          restore.marks().variables().end());
+        SHOAL_RETURN_IF_ERROR(leases_.Restore(restore.state(), restore.hands_out_leases(),
+                                              marked && restore.marks().exact() ? &variable_marks : nullptr));
+        SHOAL_RETURN_IF_ERROR(RestoreRowLeases(restore.state(), marked ? &restore.marks() : nullptr));
       }
       *response->header.mutable_lease_table()->mutable_state() = leases_.Snapshot();
       return absl::OkStatus();
@@ -576,22 +594,65 @@ absl::Status VariableService::Dispatch(const Request& request, Response* respons
   return absl::InvalidArgumentError(absl::StrCat("request to ", options_.task_name, " names no operation"));
 }
 
+namespace {
+
+// A table's marks in a restore's marks: none to go by (nullopt) when the
+// restore had no marks; an empty list when the table had none saved (no
+// push with places had reached it).
+std::optional<std::vector<wire::ShardMark>> TableMarks(const std::optional<wire::TaskMarks>& marks,
+                                                       const std::string& table) {
+  if (!marks.has_value()) return std::nullopt;
+  std::vector<wire::ShardMark> found;
+  for (const wire::TableMarks& saved : marks->tables()) {
+    if (saved.table() == table) found.assign(saved.marks().begin(), saved.marks().end());
+  }
+  return found;
+}
+
+}  // namespace
+
 absl::StatusOr<DataLeases*> VariableService::RowLeases(const std::string& table) {
   absl::MutexLock lock(&row_leases_mu_);
   std::unique_ptr<DataLeases>& rows = row_leases_[table];  // the table exists (TableFor)
   if (rows == nullptr) {
     auto made = std::make_unique<DataLeases>(absl::StrCat(options_.task_name, " table '", table, "'"));
-    if (restored_leases_.has_value()) SHOAL_RETURN_IF_ERROR(made->Restore(*restored_leases_, false));
+    if (restored_leases_.has_value()) {
+      const std::optional<std::vector<wire::ShardMark>> marks = TableMarks(restored_marks_, table);
+      SHOAL_RETURN_IF_ERROR(made->Restore(*restored_leases_, false, marks ? &*marks : nullptr));
+    }
     rows = std::move(made);
   }
   return rows.get();
 }
 
-absl::Status VariableService::RestoreRowLeases(const wire::LeaseTableState& state) {
+absl::Status VariableService::RestoreRowLeases(const wire::LeaseTableState& state, const wire::TaskMarks* marks) {
   absl::MutexLock lock(&row_leases_mu_);
   restored_leases_ = state;
-  for (auto& [table, rows] : row_leases_) SHOAL_RETURN_IF_ERROR(rows->Restore(state, false));
+  restored_marks_ = marks != nullptr ? std::optional<wire::TaskMarks>(*marks) : std::nullopt;
+  for (auto& [table, rows] : row_leases_) {
+    const std::optional<std::vector<wire::ShardMark>> table_marks = TableMarks(restored_marks_, table);
+    SHOAL_RETURN_IF_ERROR(rows->Restore(state, false, table_marks ? &*table_marks : nullptr));
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> VariableService::SaveTablesWithMarks(const std::string& path, int64_t from_epoch,
+                                                          wire::TaskMarks* marks) {
+  // No table's rows take a push with places while the file is written (nor
+  // does a table start keeping its own watermarks): the rows saved are
+  // those below the marks.
+  absl::MutexLock lock(&row_leases_mu_);
+  std::vector<std::unique_ptr<DataLeases::Frozen>> frozen;
+  for (auto& [table, rows] : row_leases_) frozen.push_back(std::make_unique<DataLeases::Frozen>(*rows));
+  SHOAL_ASSIGN_OR_RETURN(const bool wrote_tables, SaveTables(tables_, path));
+  size_t i = 0;
+  for (const auto& [table, rows] : row_leases_) {
+    wire::TableMarks* table_marks = marks->add_tables();
+    table_marks->set_table(table);
+    bool exact = false;  // always true here: rows are applied as they are pushed
+    for (auto& mark : frozen[i++]->Marks(from_epoch, &exact)) *table_marks->add_marks() = std::move(mark);
+  }
+  return wrote_tables;
 }
 
 void VariableService::AddTableLedgers(wire::LedgerResponse* ledger) {

@@ -102,8 +102,12 @@ class VariableService {
   // of their own (a DataLeases that hands out no leases), made at the
   // table's first push with places, from the lease table last restored.
   absl::StatusOr<DataLeases*> RowLeases(const std::string& table);
-  // Puts a checkpoint's lease table back on every table's rows too.
-  absl::Status RestoreRowLeases(const wire::LeaseTableState& state);
+  // Puts a checkpoint's lease table back on every table's rows too, with
+  // each table's own marks where the restore carries this task's (`marks`).
+  absl::Status RestoreRowLeases(const wire::LeaseTableState& state, const wire::TaskMarks* marks);
+  // The tables to `path` (SaveTables), with no row push admitted meanwhile,
+  // and the rows' watermarks then into `marks`.
+  absl::StatusOr<bool> SaveTablesWithMarks(const std::string& path, int64_t from_epoch, wire::TaskMarks* marks);
   // Every table this task holds, with its rows' ledger (empty if none).
   void AddTableLedgers(wire::LedgerResponse* ledger);
   static uint64_t DrawIncarnation();
@@ -116,6 +120,7 @@ class VariableService {
   absl::Mutex row_leases_mu_;
   std::map<std::string, std::unique_ptr<DataLeases>> row_leases_ ABSL_GUARDED_BY(row_leases_mu_);
   std::optional<wire::LeaseTableState> restored_leases_ ABSL_GUARDED_BY(row_leases_mu_);
+  std::optional<wire::TaskMarks> restored_marks_ ABSL_GUARDED_BY(row_leases_mu_);  // with restored_leases_, if it had them
   const uint64_t incarnation_;
   absl::Mutex endpoint_mu_;
   std::string fast_kind_ ABSL_GUARDED_BY(endpoint_mu_);

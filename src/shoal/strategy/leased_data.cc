@@ -117,7 +117,11 @@ absl::StatusOr<bool> LeasedData::Next(torch::Tensor* images, torch::Tensor* labe
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
-  const int64_t count = std::min(options_.batch_size, lease_.end() - cursor_);
+  int64_t until = lease_.end();
+  for (int64_t cut : lease_.cuts()) {
+    if (cut > cursor_) until = std::min(until, cut);
+  }
+  const int64_t count = std::min(options_.batch_size, until - cursor_);
   const torch::Tensor picked = OrderOf(lease_.epoch()).narrow(0, cursor_, count);
   *images = data_.images.index_select(0, picked);
   *labels = data_.labels.index_select(0, picked);
@@ -130,6 +134,11 @@ absl::StatusOr<bool> LeasedData::Next(torch::Tensor* images, torch::Tensor* labe
   batch_progress_ = progress_;
   batch_progress_.set_begin(cursor_);
   return true;
+}
+
+bool LeasedData::UpdateMustGo() const {
+  if (progress_.end() >= lease_.end()) return true;
+  return std::find(lease_.cuts().begin(), lease_.cuts().end(), progress_.end()) != lease_.cuts().end();
 }
 
 void LeasedData::Settle(const wire::ProgressAnswer& answer) {

@@ -16,7 +16,13 @@
 // model_average, easgd) keeps its steps' batches local (KeepLocal): the
 // next batch follows them and the places grow into one range of the shard,
 // which the exchange carries as one update. Such a mode ends its exchange early when a batch
-// ends the shard, since one update's places lie in one shard.
+// ends the shard, since one update's places lie in one shard, or ends at a
+// cut (UpdateMustGo).
+//
+// After a restore the tasks may stand at different places of a shard (each
+// at its own checkpointed watermark): the lease names those places (cuts),
+// and a batch ends at each, so that every task's next update begins at its
+// watermark whatever the batch size.
 //
 // Not thread-safe: one per worker thread.
 #ifndef SHOAL_STRATEGY_LEASED_DATA_H_
@@ -81,8 +87,10 @@ class LeasedData {
   // away, say for the global one after a restore): the next batch begins
   // where the last update ended.
   void DropLocal() { cursor_ = sent_to_; }
-  // Whether the batch Next gave is the shard's last: the update must go now.
-  bool BatchEndsShard() const { return progress_.end() >= lease_.end(); }
+  // Whether the update must go with the batch Next gave: it is the shard's
+  // last, or it ends at a cut (a restored task's watermark, which no
+  // update's places may straddle).
+  bool UpdateMustGo() const;
   // The tasks' answer to the step's update: where the next batch begins.
   // An update that was never sent needs no answer: Next gives the same
   // places again.

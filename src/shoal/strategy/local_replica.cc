@@ -151,11 +151,11 @@ class LocalReplicaPolicy : public StepPolicy {
 
   LeasedData* leased() const { return context_.leased_data.get(); }
   // The local step just taken: whether the exchange is due, every `every`
-  // steps or, on leased data, at its shard's end (one update's places lie
-  // in one shard).
+  // steps or, on leased data, at its shard's end or a cut (one update's
+  // places lie in one shard and straddle no task's restored watermark).
   bool ExchangeDueAfterStep(int64_t every) {
     ++unsent_;
-    return (step_ + 1) % every == 0 || (leased() != nullptr && leased()->BatchEndsShard());
+    return (step_ + 1) % every == 0 || (leased() != nullptr && leased()->UpdateMustGo());
   }
   // The local steps the exchange being sent counts into global_step: on
   // leased data those since the last exchange, else `every`.
@@ -304,8 +304,8 @@ class ModelAveragePolicy : public LocalReplicaPolicy {
     replica_->Apply(gradients);
     step.local_step = ++step_;
     step.global_step = global_step_;
-    const bool shard_ends = leased() != nullptr && leased()->BatchEndsShard();
-    if (++in_round_ < steps && !shard_ends) return PushOutcome::kStepDone;
+    const bool must_go = leased() != nullptr && leased()->UpdateMustGo();
+    if (++in_round_ < steps && !must_go) return PushOutcome::kStepDone;
     // The round's last step: average.
     const std::vector<std::string>& names = model.variable_names();
     const std::vector<torch::Tensor> values = replica_->Values();

@@ -3,13 +3,16 @@
 #include "shoal/telemetry/phase.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "shoal/checkpoint/checkpoint.h"
+#include "shoal/checkpoint/lease_restore.h"
 #include "shoal/core/dtype.h"
 #include "shoal/core/status.h"
 #include "shoal/model/click_metrics.h"
@@ -164,7 +167,9 @@ std::pair<std::vector<std::string>, std::vector<torch::Tensor>> WithBuffers(cons
 // one lost); a job started again over a checkpoint begins its counters
 // afresh (a new session: nobody is done yet, nobody has asked to stop).
 // What a restore put back: the checkpoint's step, and the table rows.
-absl::Status RestoreLeaseTable(WorkerContext& context, const std::string& checkpoint, const CheckpointIndex& index);
+// `step` becomes the step count the restored data goes on from.
+absl::Status RestoreLeaseTable(WorkerContext& context, const std::string& checkpoint, const CheckpointIndex& index,
+                               int64_t* step);
 
 struct Restored {
   int64_t step = 0;
@@ -181,7 +186,8 @@ absl::StatusOr<Restored> RestoreOnto(WorkerContext& context, const std::string& 
   CheckpointIndex index;
   SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored, LoadVariables(checkpoint, names, shapes, &index));
   SHOAL_RETURN_IF_ERROR(client.SetCounter(kGlobalStep, index.step).status());
-  if (context.leases.enabled) SHOAL_RETURN_IF_ERROR(RestoreLeaseTable(context, checkpoint, index));
+  int64_t step = index.step;
+  if (context.leases.enabled) SHOAL_RETURN_IF_ERROR(RestoreLeaseTable(context, checkpoint, index, &step));
   if (mid_job) {
     SHOAL_RETURN_IF_ERROR(RestoreSavedCounters(client, index));
   } else {
@@ -192,7 +198,7 @@ absl::StatusOr<Restored> RestoreOnto(WorkerContext& context, const std::string& 
   // variables again also finds the count moved; the other workers wait for
   // restore_in_progress to fall before they read.
   SHOAL_RETURN_IF_ERROR(client.SetCounter(kRestoreInProgress, 1).status());
-  SHOAL_RETURN_IF_ERROR(client.SetCounter(kRestoredStep, index.step).status());
+  SHOAL_RETURN_IF_ERROR(client.SetCounter(kRestoredStep, step).status());
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kRestores, 1).status());
   std::vector<VariableInit> inits;
   for (size_t i = 0; i < restored.size(); ++i) {
@@ -204,10 +210,10 @@ absl::StatusOr<Restored> RestoreOnto(WorkerContext& context, const std::string& 
   // synchronous steps and rounds start again at the checkpoint's on every task.
   std::optional<int64_t> accumulator_step;
   if (context.restore_accumulator_step) {
-    SHOAL_ASSIGN_OR_RETURN(accumulator_step, context.restore_accumulator_step(index.step));
+    SHOAL_ASSIGN_OR_RETURN(accumulator_step, context.restore_accumulator_step(step));
   }
   SHOAL_RETURN_IF_ERROR(RestoreVariables(client, restored, names, accumulator_step));
-  Restored done{index.step, 0};
+  Restored done{step, 0};
   if (!index.table_shards.empty()) {
     // The tables come back with the variables, onto whatever ps count the
     // job has now; a restarted ps task must first hold them again.
@@ -218,9 +224,35 @@ absl::StatusOr<Restored> RestoreOnto(WorkerContext& context, const std::string& 
   return done;
 }
 
+// Whether every variable and table shard of `index` comes back to the task
+// that saved it: the same tasks hold the same parts, and the ps tasks hold
+// the tables' shards in the same order.
+bool SameTasks(const Client& client, const CheckpointIndex& index) {
+  const auto& placed = client.placement().variables();
+  for (const CheckpointIndex::Variable& variable : index.variables) {
+    auto now = placed.find(variable.name);
+    if (now == placed.end() || now->second.shards.size() != variable.parts.size()) return false;
+    for (size_t i = 0; i < variable.parts.size(); ++i) {
+      const CheckpointIndex::Part& part = variable.parts[i];
+      if (now->second.shards[i].task.ToString() != index.tasks[static_cast<size_t>(part.shard)] ||
+          now->second.shards[i].stored_name != part.stored_name) {
+        return false;
+      }
+    }
+  }
+  if (index.table_shards.empty()) return true;
+  auto ps = client.TableShards();
+  if (!ps.ok() || ps->size() != index.table_shards.size()) return false;
+  for (size_t i = 0; i < ps->size(); ++i) {
+    if ((*ps)[i].ToString() != index.tasks[static_cast<size_t>(index.table_shards[i])]) return false;
+  }
+  return true;
+}
+
 // Leased data: the checkpoint's lease table onto every task, when it has
 // one for this data (a checkpoint without one: the data starts afresh).
-absl::Status RestoreLeaseTable(WorkerContext& context, const std::string& checkpoint, const CheckpointIndex& index) {
+absl::Status RestoreLeaseTable(WorkerContext& context, const std::string& checkpoint, const CheckpointIndex& index,
+                               int64_t* step) {
   if (!index.lease_table.has_value()) return absl::OkStatus();
   const wire::LeaseTableState& table = *index.lease_table;
   if (table.data_fingerprint() != context.data_fingerprint || table.examples() != context.train_set.size()) {
@@ -234,7 +266,30 @@ absl::Status RestoreLeaseTable(WorkerContext& context, const std::string& checkp
         "checkpoint '", checkpoint, "' leases shards of ", table.shard_examples(), " examples; this job asks for ",
         context.leases.shard_examples, " (set data.lease_shard_examples to ", table.shard_examples(), ")"));
   }
-  return context.client->LeaseTable(&table).status();
+  // Each task gets its own watermarks back where its variables and table
+  // shards come back to it; otherwise the least of them.
+  Client& client = *context.client;
+  SHOAL_ASSIGN_OR_RETURN(const LeaseRestore plan, PlanLeaseRestore(index, SameTasks(client, index), checkpoint));
+  std::set<TaskId> tasks;
+  for (const auto& [name, placed] : client.placement().variables()) {
+    for (const Shard& shard : placed.shards) tasks.insert(shard.task);
+  }
+  if (auto ps = client.TableShards(); ps.ok()) tasks.insert(ps->begin(), ps->end());
+  std::map<TaskId, wire::TaskMarks> marks;
+  for (const TaskId& task : tasks) {
+    if (plan.every_task.has_value()) {
+      marks[task] = *plan.every_task;
+    } else if (auto own = plan.by_task.find(task.ToString()); own != plan.by_task.end()) {
+      marks[task] = own->second;
+    }
+  }
+  SHOAL_RETURN_IF_ERROR(client.LeaseTable(&plan.table, &marks).status());
+  // The step count goes on from the updates the restored counter task holds.
+  if (plan.step.has_value()) {
+    *step = *plan.step;
+    SHOAL_RETURN_IF_ERROR(client.SetCounter(kGlobalStep, *step).status());
+  }
+  return absl::OkStatus();
 }
 
 // "global step 112" and, when there were tables, ", 3021 table rows".

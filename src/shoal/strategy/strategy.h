@@ -26,8 +26,8 @@
 
 namespace shoal {
 
-// Names of the counters every strategy keeps on the counter task.
-inline constexpr char kGlobalStep[] = "global_step";
+// Names of the counters every strategy keeps on the counter task (and
+// kGlobalStep, checkpoint/checkpoint.h).
 inline constexpr char kWorkersDone[] = "workers_done";
 inline constexpr char kStaleGradients[] = "stale_gradients_dropped";
 inline constexpr char kJobAborted[] = "job_aborted";
