@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <fstream>
 #include <thread>
 #include <tuple>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -946,6 +949,53 @@ TEST(LeasedTrainingTest, ACheckpointKeepsTheLeaseTableAndAJobResumedFromItTrains
   EXPECT_EQ(other.status().code(), absl::StatusCode::kDataLoss) << other.status();
   EXPECT_NE(other.status().message().find("2900 examples"), std::string::npos) << other.status();
   EXPECT_NE(other.status().message().find("3000 examples"), std::string::npos) << other.status();
+}
+
+// A restore whose tasks stood at different places of a shard, not a batch
+// apart: ps:1's saved watermark of a shard in progress is moved 30 places
+// on in the checkpoint's index (as if its snapshot had been taken after an
+// update that ps:0's missed). The resumed job's batches end at that cut:
+// ps:0 applies [w, w + 30) alone, then both go on from w + 30, and both
+// ledgers hold every place once. Without the cut each place would still
+// be applied once on each task, but 100-example batches from w would be
+// applied by one task only, in turn, to the shard's end: a step in two
+// wasted, and global_step (counted on ps:0) behind the workers' steps.
+TEST(LeasedTrainingTest, ARestoreWhoseTasksStandApartEndsABatchAtTheCutAndTrainsEveryExampleOnce) {
+  const std::filesystem::path dir = FreshTempDir("shoal_leases", "cuts");
+  JobConfig config = LeasedJob("async", 2, 2);
+  config.checkpoint.dir = (dir / "ckpt").string();
+  config.training.max_steps = 70;  // 7,000 places: mid-epoch 2
+  auto first = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::filesystem::path index_file = std::filesystem::path(first->last_checkpoint) / "index.json";
+  nlohmann::json index;
+  std::ifstream(index_file) >> index;
+  const int64_t epochs_done = index["lease_table"]["epochs_done"].get<int64_t>();
+  const auto& tasks = index["tasks"];
+  size_t ps1 = 0;
+  while (ps1 < tasks.size() && tasks[ps1].get<std::string>() != "/job:ps/task:1") ++ps1;
+  ASSERT_LT(ps1, tasks.size());
+  bool moved = false;
+  for (auto& mark : index["lease_table"]["shard_marks"][ps1]["variables"]) {
+    const int64_t epoch = mark[0].get<int64_t>(), shard = mark[1].get<int64_t>(), place = mark[2].get<int64_t>();
+    if (epoch != epochs_done || place + 30 >= (shard + 1) * 500) continue;
+    mark[2] = place + 30;
+    moved = true;
+    break;
+  }
+  ASSERT_TRUE(moved) << index["lease_table"].dump();
+  std::ofstream(index_file) << index.dump(1);
+  size_t ps0 = 0;
+  while (ps0 < tasks.size() && tasks[ps0].get<std::string>() != "/job:ps/task:0") ++ps0;
+  ASSERT_LT(ps0, tasks.size());
+  const int64_t restored_step = index["lease_table"]["shard_marks"][ps0]["step"].get<int64_t>();
+
+  config.training.max_steps = 0;
+  auto resumed = TrainInProcess(config, InProcOptions{}, nullptr);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->restored_from, first->last_checkpoint);
+  ExpectExactlyOnce(*resumed, 2, epochs_done);
+  EXPECT_EQ(resumed->worker_steps, resumed->global_step - restored_step);  // every step applied on ps:0
 }
 
 }  // namespace
