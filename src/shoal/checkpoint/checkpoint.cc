@@ -118,7 +118,8 @@ absl::StatusOr<std::string> SaveCheckpoint(Client& client, const std::string& di
   SHOAL_ASSIGN_OR_RETURN(const wire::LeaseTableState leases, client.LeaseTable());
   if (leases.examples() > 0) index.lease_table = leases;
   const int64_t restarts_before = client.restarts_seen();
-  SHOAL_ASSIGN_OR_RETURN(const auto saved_by_task, client.SaveShards(shard_of, step, leases.epochs_done(), kGlobalStep));
+  SHOAL_ASSIGN_OR_RETURN(const auto saved_by_task,
+                         client.SaveShards(shard_of, step, leases.epochs_done(), kGlobalStep));
   // A task that restarted meanwhile wrote what it held then: nothing, or a
   // restore's older values beside the others' live ones.
   if (client.restarts_seen() != restarts_before) {
