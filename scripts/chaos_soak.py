@@ -115,6 +115,15 @@ def run_job(shoal, mode, epochs, every_steps, workdir, faults=None, interval=(2,
     return launcher.returncode, result, log
 
 
+def signal_task(pid, sig):
+    """Sends `sig`; False if the task ended meanwhile."""
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
 def click_log(workdir):
     """A generated click log with a planted model (bench/criteo_gen.py) for
     the click mode: its training and test files."""
@@ -174,8 +183,8 @@ def run_elastic_job(shoal, mode, epochs, workdir, faults=None, interval=(2, 4), 
             # The launcher starts it again, empty; the chief restores the
             # newest checkpoint onto every task, each with its own marks.
             pid, cmd = rng.choice(ps)
-            os.kill(pid, signal.SIGKILL)
-            log.append(("ps-kill", cmd.split("--task ")[1].split()[0]))
+            if signal_task(pid, signal.SIGKILL):
+                log.append(("ps-kill", cmd.split("--task ")[1].split()[0]))
         elif kind == "kill-ps":
             continue
         elif kind == "add" or (kind == "remove" and added == 0):
@@ -188,14 +197,15 @@ def run_elastic_job(shoal, mode, epochs, workdir, faults=None, interval=(2, 4), 
             log.append(("remove", ""))
         elif kind == "kill":
             pid, cmd = rng.choice(workers)
-            os.kill(pid, signal.SIGKILL)
-            log.append(("kill", cmd.split("--task ")[1].split()[0]))
+            if signal_task(pid, signal.SIGKILL):
+                log.append(("kill", cmd.split("--task ")[1].split()[0]))
         else:
             pid, cmd = rng.choice(workers)
             pause = rng.uniform(1, 4)
-            os.kill(pid, signal.SIGSTOP)
+            if not signal_task(pid, signal.SIGSTOP):
+                continue  # it ended meanwhile
             time.sleep(pause)
-            os.kill(pid, signal.SIGCONT)
+            signal_task(pid, signal.SIGCONT)
             log.append((f"freeze {pause:.1f}s", cmd.split("--task ")[1].split()[0]))
     reader.join(timeout=5)
     result = None
