@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <thread>
@@ -917,12 +918,21 @@ TEST(LeasedTrainingTest, ALocalReplicaStalledPastItsLeaseHasItsLateExchangeRefus
   }
 }
 
-TEST(LeasedTrainingTest, ACheckpointKeepsTheLeaseTableAndAJobResumedFromItTrainsEveryExampleOnce) {
-  const std::filesystem::path dir = FreshTempDir("shoal_leases", "resume");
+// An async job on leased data with checkpoints under a fresh folder
+// `name`, trained to step 70 (7,000 places: mid-epoch 2) into `first`; the
+// config is left for the job resumed from it.
+JobConfig TrainToACheckpoint(const std::string& name, absl::StatusOr<TrainReport>* first) {
   JobConfig config = LeasedJob("async", 2, 2);
-  config.checkpoint.dir = (dir / "ckpt").string();
-  config.training.max_steps = 70;  // 7,000 places: mid-epoch 2
-  auto first = TrainInProcess(config, InProcOptions{}, nullptr);
+  config.checkpoint.dir = (FreshTempDir("shoal_leases", name) / "ckpt").string();
+  config.training.max_steps = 70;
+  *first = TrainInProcess(config, InProcOptions{}, nullptr);
+  config.training.max_steps = 0;
+  return config;
+}
+
+TEST(LeasedTrainingTest, ACheckpointKeepsTheLeaseTableAndAJobResumedFromItTrainsEveryExampleOnce) {
+  absl::StatusOr<TrainReport> first;
+  JobConfig config = TrainToACheckpoint("resume", &first);
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_FALSE(first->last_checkpoint.empty());
   auto index = ReadCheckpointIndex(first->last_checkpoint);
@@ -934,7 +944,6 @@ TEST(LeasedTrainingTest, ACheckpointKeepsTheLeaseTableAndAJobResumedFromItTrains
   // The job goes on from the checkpoint to 4 epochs' steps: the lease table
   // comes back on every ps task, and the ledgers, checked over both
   // sessions' epochs, hold every place once.
-  config.training.max_steps = 0;
   auto resumed = TrainInProcess(config, InProcOptions{}, nullptr);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->restored_from, first->last_checkpoint);
@@ -961,22 +970,22 @@ TEST(LeasedTrainingTest, ACheckpointKeepsTheLeaseTableAndAJobResumedFromItTrains
 // applied by one task only, in turn, to the shard's end: a step in two
 // wasted, and global_step (counted on ps:0) behind the workers' steps.
 TEST(LeasedTrainingTest, ARestoreWhoseTasksStandApartEndsABatchAtTheCutAndTrainsEveryExampleOnce) {
-  const std::filesystem::path dir = FreshTempDir("shoal_leases", "cuts");
-  JobConfig config = LeasedJob("async", 2, 2);
-  config.checkpoint.dir = (dir / "ckpt").string();
-  config.training.max_steps = 70;  // 7,000 places: mid-epoch 2
-  auto first = TrainInProcess(config, InProcOptions{}, nullptr);
+  absl::StatusOr<TrainReport> first;
+  JobConfig config = TrainToACheckpoint("cuts", &first);
   ASSERT_TRUE(first.ok()) << first.status();
   const std::filesystem::path index_file = std::filesystem::path(first->last_checkpoint) / "index.json";
   nlohmann::json index;
   std::ifstream(index_file) >> index;
   const int64_t epochs_done = index["lease_table"]["epochs_done"].get<int64_t>();
-  const auto& tasks = index["tasks"];
-  size_t ps1 = 0;
-  while (ps1 < tasks.size() && tasks[ps1].get<std::string>() != "/job:ps/task:1") ++ps1;
-  ASSERT_LT(ps1, tasks.size());
+  // Each task's marks, by its name.
+  auto marks_of = [&](const std::string& task) -> nlohmann::json& {
+    const auto& tasks = index["tasks"];
+    const auto at = std::find(tasks.begin(), tasks.end(), task);
+    EXPECT_NE(at, tasks.end()) << task;
+    return index["lease_table"]["shard_marks"][at - tasks.begin()];
+  };
   bool moved = false;
-  for (auto& mark : index["lease_table"]["shard_marks"][ps1]["variables"]) {
+  for (auto& mark : marks_of("/job:ps/task:1")["variables"]) {
     const int64_t epoch = mark[0].get<int64_t>(), shard = mark[1].get<int64_t>(), place = mark[2].get<int64_t>();
     if (epoch != epochs_done || place + 30 >= (shard + 1) * 500) continue;
     mark[2] = place + 30;
@@ -985,12 +994,8 @@ TEST(LeasedTrainingTest, ARestoreWhoseTasksStandApartEndsABatchAtTheCutAndTrains
   }
   ASSERT_TRUE(moved) << index["lease_table"].dump();
   std::ofstream(index_file) << index.dump(1);
-  size_t ps0 = 0;
-  while (ps0 < tasks.size() && tasks[ps0].get<std::string>() != "/job:ps/task:0") ++ps0;
-  ASSERT_LT(ps0, tasks.size());
-  const int64_t restored_step = index["lease_table"]["shard_marks"][ps0]["step"].get<int64_t>();
+  const int64_t restored_step = marks_of("/job:ps/task:0")["step"].get<int64_t>();
 
-  config.training.max_steps = 0;
   auto resumed = TrainInProcess(config, InProcOptions{}, nullptr);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->restored_from, first->last_checkpoint);

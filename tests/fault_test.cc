@@ -486,18 +486,24 @@ pid_t ChildRunning(pid_t launcher, const std::string& task) {
   return -1;
 }
 
+// Leased data over processes: 6,000 examples, lease timeout 1 s, `epochs`
+// (steps of 64), up to `max_restarts` restarts.
+void LeasedLauncherJob(JobConfig& config, int epochs, int max_restarts) {
+  config.data.leases = true;
+  config.data.lease_timeout_s = 1;
+  config.data.train_examples = 6000;
+  config.training.max_steps = 0;
+  config.training.epochs = epochs;
+  config.cluster.max_restarts = max_restarts;
+}
+
 // Leased data over processes: a worker joins, one is killed (and
 // restarted), one is frozen past its lease, one leaves; every ps task's
 // ledger still holds every example of every finished epoch once. Each fault
 // is timed by the chief's global step.
 TEST(ElasticTest, WorkersThatJoinDieStallAndLeaveMidJobTrainEveryExampleOnce) {
   LauncherRun run("shoal_elastic", [](JobConfig& config) {
-    config.data.leases = true;
-    config.data.lease_timeout_s = 1;
-    config.data.train_examples = 6000;
-    config.training.max_steps = 0;
-    config.training.epochs = 80;  // 7,500 steps of 64
-    config.cluster.max_restarts = 3;
+    LeasedLauncherJob(config, /*epochs=*/80, /*max_restarts=*/3);  // 7,500 steps
   });
   ASSERT_GT(run.pid, 0);
   auto at_step = [&](int64_t step) {
@@ -538,13 +544,8 @@ TEST(ElasticTest, SyncStepsFollowTheLiveWorkersWhenOneDiesForGood) {
   LauncherRun run("shoal_elastic_sync", [](JobConfig& config) {
     SwitchMode(config, "sync");
     config.cluster.workers = 3;
-    config.data.leases = true;
-    config.data.lease_timeout_s = 1;
-    config.data.train_examples = 6000;
-    config.training.max_steps = 0;
-    config.training.epochs = 30;  // 1,000 steps of 3 x 64 while all three live
+    LeasedLauncherJob(config, /*epochs=*/30, /*max_restarts=*/0);  // 1,000 steps of 3 x 64 while all three live
     config.training.sync_timeout_s = 20;
-    config.cluster.max_restarts = 0;
   });
   ASSERT_GT(run.pid, 0);
   ASSERT_GE(WaitForStep(run.metrics(), "global_step", 200), 200) << "the job never got going";
@@ -567,13 +568,8 @@ TEST(ElasticTest, SyncStepsFollowTheLiveWorkersWhenOneDiesForGood) {
 // epoch is still in the variables of every ps task exactly once.
 TEST(ElasticTest, APsTaskKilledMidJobComesBackAtItsCheckpointedPlacesAndNoExampleIsLost) {
   LauncherRun run("shoal_elastic_ps", [](JobConfig& config) {
-    config.data.leases = true;
-    config.data.lease_timeout_s = 1;
-    config.data.train_examples = 6000;
-    config.training.max_steps = 0;
-    config.training.epochs = 40;  // 3,750 steps of 64
+    LeasedLauncherJob(config, /*epochs=*/40, /*max_restarts=*/1);  // 3,750 steps
     config.checkpoint.every_steps = 150;
-    config.cluster.max_restarts = 1;
   });
   ASSERT_GT(run.pid, 0);
   ASSERT_GE(WaitForStep(run.metrics(), "global_step", 600), 600) << "the job never got going";

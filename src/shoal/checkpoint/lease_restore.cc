@@ -129,13 +129,17 @@ absl::StatusOr<LeaseRestore> PlanLeaseRestore(const CheckpointIndex& index, bool
       tables.insert(table.table());
     }
   }
-  std::vector<const MarkMap*> parts;
-  bool offsets_stand = false;
+  // The parts: the variables of each shard that holds some, and each
+  // table's rows on each table shard (`none`: no marks kept for it there).
   const MarkMap none;
+  std::vector<const MarkMap*> variable_parts, exact_variable_parts;
+  std::map<std::string, std::vector<const MarkMap*>> row_parts;
+  bool offsets_stand = false;
   for (size_t s = 0; s < index.lease_marks.size(); ++s) {
     if (holds_variables.count(s) != 0) {
+      variable_parts.push_back(&variable_marks[s]);
       if (index.lease_marks[s].exact()) {
-        parts.push_back(&variable_marks[s]);
+        exact_variable_parts.push_back(&variable_marks[s]);
       } else {
         offsets_stand = true;
       }
@@ -143,12 +147,17 @@ absl::StatusOr<LeaseRestore> PlanLeaseRestore(const CheckpointIndex& index, bool
     if (holds_tables.count(static_cast<int>(s)) == 0) continue;
     for (const std::string& table : tables) {
       auto found = row_marks[s].find(table);
-      parts.push_back(found != row_marks[s].end() ? &found->second : &none);
+      row_parts[table].push_back(found != row_marks[s].end() ? &found->second : &none);
     }
   }
   auto held_at = [](const MarkMap& marks, const OpenShard& shard) {
     auto found = marks.find(shard.key);
     return found != marks.end() ? found->second : shard.first;
+  };
+  auto least_of = [&](const std::vector<const MarkMap*>& of, const OpenShard& shard) {
+    int64_t least = shard.end;
+    for (const MarkMap* part : of) least = std::min(least, held_at(*part, shard));
+    return least;
   };
 
   if (!offsets_stand) {
@@ -162,8 +171,11 @@ absl::StatusOr<LeaseRestore> PlanLeaseRestore(const CheckpointIndex& index, bool
   plan.table.clear_shard_offsets();
   for (const OpenShard& shard : open) {
     std::set<int64_t> held;
-    if (offsets_stand || parts.empty()) held.insert(shard.saved_offset);
-    for (const MarkMap* part : parts) held.insert(held_at(*part, shard));
+    if (offsets_stand || (exact_variable_parts.empty() && row_parts.empty())) held.insert(shard.saved_offset);
+    for (const MarkMap* part : exact_variable_parts) held.insert(held_at(*part, shard));
+    for (const auto& [table, parts] : row_parts) {
+      for (const MarkMap* part : parts) held.insert(held_at(*part, shard));
+    }
     // A shard the table saved finished was applied to its end everywhere.
     const int64_t resume = shard.saved_offset == shard.end ? shard.end : *held.begin();
     plan.table.add_shard_offsets(resume == shard.end ? -1 : resume);
@@ -197,16 +209,8 @@ absl::StatusOr<LeaseRestore> PlanLeaseRestore(const CheckpointIndex& index, bool
   MarkMap least_variables;
   std::map<std::string, MarkMap> least_rows;
   for (const OpenShard& shard : open) {
-    int64_t& variables = least_variables.emplace(shard.key, shard.end).first->second;
-    for (size_t s : holds_variables) variables = std::min(variables, held_at(variable_marks[s], shard));
-    for (const std::string& table : tables) {
-      int64_t& rows = least_rows[table].emplace(shard.key, shard.end).first->second;
-      for (int s : holds_tables) {
-        auto found = row_marks[static_cast<size_t>(s)].find(table);
-        rows = std::min(rows, found != row_marks[static_cast<size_t>(s)].end() ? held_at(found->second, shard)
-                                                                                : shard.first);
-      }
-    }
+    least_variables[shard.key] = least_of(variable_parts, shard);
+    for (const auto& [table, parts] : row_parts) least_rows[table][shard.key] = least_of(parts, shard);
   }
   Complete(least_variables, open, every.mutable_variables());
   for (const auto& [table, rows] : least_rows) {

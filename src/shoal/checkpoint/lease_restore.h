@@ -37,6 +37,13 @@ struct LeaseRestore {
   // count goes on from (it counts the updates the counter task applied);
   // none where the table's offsets stand (the checkpoint's step does).
   std::optional<int64_t> step;
+
+  // The watermarks `task` restores (by name); null: the table's offsets.
+  const wire::TaskMarks* MarksFor(const std::string& task) const {
+    if (every_task.has_value()) return &*every_task;
+    auto own = by_task.find(task);
+    return own != by_task.end() ? &own->second : nullptr;
+  }
 };
 
 // From `index`'s lease table and its shards' marks (`lease_marks`; none in

@@ -61,9 +61,6 @@ void AddCounters(const std::vector<CounterDelta>& counters, Request* request) {
   }
 }
 
-// What the tasks an update reached say of its places, as one answer: the
-// least watermark (where the sender's next update begins), applied where
-// every task applied, and a lease lost where any said so.
 // The ps tasks of `channels`, in index order: each holds a shard of every table.
 std::vector<TaskId> PsTasksOf(const std::map<TaskId, std::shared_ptr<Channel>>& channels) {
   std::vector<TaskId> ps;
@@ -73,6 +70,9 @@ std::vector<TaskId> PsTasksOf(const std::map<TaskId, std::shared_ptr<Channel>>& 
   return ps;
 }
 
+// What the tasks an update reached say of its places, as one answer: the
+// least watermark (where the sender's next update begins), applied where
+// every task applied, and a lease lost where any said so.
 template <typename Calls, typename ProgressOf>
 wire::ProgressAnswer GatherProgress(const Calls& calls, const ProgressOf& progress_of) {
   std::optional<wire::ProgressAnswer> gathered;
@@ -602,14 +602,14 @@ absl::StatusOr<wire::LeaseResponse> Client::Lease(const wire::LeaseRequest& requ
 }
 
 absl::StatusOr<wire::LeaseTableState> Client::LeaseTable(const wire::LeaseTableState* restore,
-                                                         const std::map<TaskId, wire::TaskMarks>* marks) {
+                                                         const MarksOf& marks_of) {
   TaskCalls calls;
   auto restore_onto = [&](const TaskId& task) {
     auto* request = calls[task].request.header.mutable_lease_table();
     request->set_restore(true);
     *request->mutable_state() = *restore;
-    if (marks == nullptr) return;
-    if (auto own = marks->find(task); own != marks->end()) *request->mutable_marks() = own->second;
+    const wire::TaskMarks* own = marks_of ? marks_of(task) : nullptr;
+    if (own != nullptr) *request->mutable_marks() = *own;
   };
   if (restore != nullptr) {
     // Every task's watermarks go back with the table (its variables', and

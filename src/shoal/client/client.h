@@ -195,13 +195,14 @@ class Client {
 
   // Leased data (server/data_leases.h): a lease from the counter task's
   // table; the table itself (restoring `state` onto every task first when
-  // given, each task with its own watermarks where `marks` has them); and
+  // given, each task with the watermarks `marks_of` gives it, if any); and
   // the exactly-once ledgers: the variables' on every task that holds some
   // (and the counter task's), and each table's rows' on every task that
   // holds a shard of it (in `epochs`; `tables` names the table).
   absl::StatusOr<wire::LeaseResponse> Lease(const wire::LeaseRequest& request);
+  using MarksOf = std::function<const wire::TaskMarks*(const TaskId&)>;
   absl::StatusOr<wire::LeaseTableState> LeaseTable(const wire::LeaseTableState* restore = nullptr,
-                                                   const std::map<TaskId, wire::TaskMarks>* marks = nullptr);
+                                                   const MarksOf& marks_of = nullptr);
   absl::StatusOr<std::vector<wire::LedgerResponse>> Ledgers();
 
   // The chief's side of a synchronous step: on every task, waits for

@@ -159,7 +159,8 @@ std::pair<std::vector<std::string>, std::vector<torch::Tensor>> WithBuffers(cons
 }
 
 // Puts `checkpoint` onto the cluster for the variables `names` (shaped as
-// `values`, created with `optimizer`): global_step first, so that no worker
+// `values`, created with `optimizer`): global_step first (on leased data,
+// after the lease table, which says where the step count goes on from), so that no worker
 // sees restored values at another step; then the variables, created with the
 // checkpoint's values where a task lacks them; then every value and slot, so
 // that tasks that kept theirs go back to the checkpoint too. Mid-job, the
@@ -185,9 +186,9 @@ absl::StatusOr<Restored> RestoreOnto(WorkerContext& context, const std::string& 
   for (const auto& v : values) shapes.emplace_back(v.sizes().begin(), v.sizes().end());
   CheckpointIndex index;
   SHOAL_ASSIGN_OR_RETURN(std::vector<CheckpointVariable> restored, LoadVariables(checkpoint, names, shapes, &index));
-  SHOAL_RETURN_IF_ERROR(client.SetCounter(kGlobalStep, index.step).status());
   int64_t step = index.step;
   if (context.leases.enabled) SHOAL_RETURN_IF_ERROR(RestoreLeaseTable(context, checkpoint, index, &step));
+  SHOAL_RETURN_IF_ERROR(client.SetCounter(kGlobalStep, step).status());
   if (mid_job) {
     SHOAL_RETURN_IF_ERROR(RestoreSavedCounters(client, index));
   } else {
@@ -270,25 +271,10 @@ absl::Status RestoreLeaseTable(WorkerContext& context, const std::string& checkp
   // shards come back to it; otherwise the least of them.
   Client& client = *context.client;
   SHOAL_ASSIGN_OR_RETURN(const LeaseRestore plan, PlanLeaseRestore(index, SameTasks(client, index), checkpoint));
-  std::set<TaskId> tasks;
-  for (const auto& [name, placed] : client.placement().variables()) {
-    for (const Shard& shard : placed.shards) tasks.insert(shard.task);
-  }
-  if (auto ps = client.TableShards(); ps.ok()) tasks.insert(ps->begin(), ps->end());
-  std::map<TaskId, wire::TaskMarks> marks;
-  for (const TaskId& task : tasks) {
-    if (plan.every_task.has_value()) {
-      marks[task] = *plan.every_task;
-    } else if (auto own = plan.by_task.find(task.ToString()); own != plan.by_task.end()) {
-      marks[task] = own->second;
-    }
-  }
-  SHOAL_RETURN_IF_ERROR(client.LeaseTable(&plan.table, &marks).status());
+  SHOAL_RETURN_IF_ERROR(
+      client.LeaseTable(&plan.table, [&](const TaskId& task) { return plan.MarksFor(task.ToString()); }).status());
   // The step count goes on from the updates the restored counter task holds.
-  if (plan.step.has_value()) {
-    *step = *plan.step;
-    SHOAL_RETURN_IF_ERROR(client.SetCounter(kGlobalStep, *step).status());
-  }
+  if (plan.step.has_value()) *step = *plan.step;
   return absl::OkStatus();
 }
 
