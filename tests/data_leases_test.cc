@@ -24,6 +24,7 @@
 #include "shoal/server/variable_service.h"
 #include "shoal/session/local_cluster.h"
 #include "shoal/strategy/leased_data.h"
+#include "shoal/strategy/training_mode.h"
 
 namespace shoal {
 namespace {
@@ -204,6 +205,45 @@ TEST(DataLeasesTest, AnEpochFinishesWhenEveryShardIsHandedBackFinished) {
   EXPECT_EQ(checks[0].applied_once, 100);
   EXPECT_EQ(checks[0].missing, 0);
   EXPECT_EQ(checks[0].repeated, 0);
+}
+
+// A lease request names the job's epochs: no shard of a later one goes
+// out, and once those are finished the answer says the data is over.
+TEST(DataLeasesTest, NoShardPastTheJobsEpochsGoesOut) {
+  DataLeases leases("ps:0");
+  const absl::Time now = absl::Now();
+  auto ask = [](const std::string& worker, int64_t returned) {
+    wire::LeaseRequest request = Ask(worker);
+    request.set_epochs(1);
+    request.set_return_lease(returned);
+    request.set_finished(returned != 0);
+    return request;
+  };
+  std::vector<wire::LeaseResponse> held;
+  for (int i = 0; i < 3; ++i) held.push_back(leases.Lease(ask("worker:" + std::to_string(i), 0), now).value());
+  auto none = leases.Lease(ask("worker:3", 0), now);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->lease(), 0);  // epoch 1 is not opened
+  EXPECT_EQ(none->epochs_done(), 0);
+  for (int i = 0; i < 3; ++i) {
+    const wire::LeaseResponse& lease = held[i];
+    EXPECT_EQ(lease.epoch(), 0);
+    EXPECT_TRUE(Update(leases, Places(lease, lease.begin(), lease.end()), now).applied());
+    auto after = leases.Lease(ask("worker:" + std::to_string(i), lease.lease()), now);
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_EQ(after->lease(), 0);
+    EXPECT_EQ(after->epochs_done(), i == 2 ? 1 : 0);
+  }
+  // Every worker that asked is still in the job, lease or not, until it
+  // leaves or a lease timeout (1 s) passes without a word from it: the
+  // chief ends the job when none is left.
+  wire::LeaseRequest leave = ask("worker:0", 0);
+  leave.set_leaving(true);
+  EXPECT_EQ(leases.Lease(leave, now).value().members(), 3);
+  EXPECT_EQ(leases.Lease(leave, now + absl::Seconds(2)).value().members(), 0);
+  wire::LeaseRequest bad = ask("worker:0", 0);
+  bad.set_epochs(-1);
+  EXPECT_TRUE(absl::IsInvalidArgument(leases.Lease(bad, now).status()));
 }
 
 TEST(DataLeasesTest, TheCheckFindsMissingAndRepeatedPlaces) {
@@ -804,28 +844,32 @@ JobConfig LeasedJob(const std::string& mode, int workers, int ps) {
   config.data.train_examples = 3000;
   config.data.lease_shard_examples = 500;
   config.training.batch_size = 100;
-  // 4 epochs' steps: while epoch 1 is open at most 3 epochs' places can be
-  // applied (two epochs open at once), so epochs 0 and 1 must finish.
-  config.training.epochs = 4;
+  config.training.epochs = 4;  // the job ends when the lease table has finished them
   return config;
 }
 
+// Every place of `epochs` epochs applied exactly once on every ps task.
 // `first_epoch`: a job resumed from a checkpoint keeps ledgers from the
 // checkpoint's open epochs on (the earlier ones were checked by the job
-// that trained them).
-void ExpectExactlyOnce(const TrainReport& report, int64_t min_epochs, int64_t first_epoch = 0) {
+// that trained them), and from the places its tasks had applied there.
+void ExpectExactlyOnce(const TrainReport& report, int64_t epochs, int64_t first_epoch = 0) {
   const DataLedgerReport& ledger = report.data_ledger;
   EXPECT_TRUE(ledger.leased);
-  EXPECT_GE(ledger.epochs_finished, min_epochs);
+  EXPECT_EQ(ledger.epochs_finished, epochs);
   EXPECT_EQ(ledger.places_missing, 0);
   EXPECT_EQ(ledger.places_repeated, 0);
-  EXPECT_GE(ledger.places_applied, (ledger.epochs_finished - first_epoch) * 3000);
+  if (first_epoch == 0) {
+    EXPECT_EQ(ledger.places_applied, epochs * 3000);
+  } else {
+    EXPECT_GE(ledger.places_applied, (epochs - first_epoch - 1) * 3000);
+    EXPECT_LE(ledger.places_applied, (epochs - first_epoch) * 3000);
+  }
 }
 
 TEST(LeasedTrainingTest, AsyncWorkersTrainEveryExampleOnceOnEveryPsTask) {
   auto report = TrainInProcess(LeasedJob("async", 3, 2), InProcOptions{}, nullptr);
   ASSERT_TRUE(report.ok()) << report.status();
-  ExpectExactlyOnce(*report, 2);
+  ExpectExactlyOnce(*report, 4);
   EXPECT_GT(report->test_accuracy, 0.6);
 }
 
@@ -837,7 +881,7 @@ TEST(LeasedTrainingTest, SyncWithABackupWorkerReturnsDroppedGradientsExamplesToB
   });
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_GT(report->stale_gradients_dropped, 0);
-  ExpectExactlyOnce(*report, 2);
+  ExpectExactlyOnce(*report, 4);
 }
 
 TEST(LeasedTrainingTest, AWorkerThatStallsPastItsLeaseLosesTheShardAndNothingIsTrainedTwice) {
@@ -849,7 +893,22 @@ TEST(LeasedTrainingTest, AWorkerThatStallsPastItsLeaseLosesTheShardAndNothingIsT
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_GT(stalls.count.load(), 0);
   EXPECT_GT(report->data_ledger.takeovers, 0);  // the stalled worker's shards went to the other
-  ExpectExactlyOnce(*report, 2);
+  ExpectExactlyOnce(*report, 4);
+}
+
+// A sync step takes the gradients of the workers live then, so how many
+// steps a job's data makes depends on who trained: the job ends when the
+// lease table has finished its epochs, not at a step count. Worker 1 starts
+// training 1.5 s late; until then each step takes worker 0's gradient
+// alone, and the job makes more steps than two gradients a step would.
+TEST(LeasedTrainingTest, ASyncJobTrainsAllItsEpochsWhicheverWorkersWereLiveForItsSteps) {
+  JobConfig config = LeasedJob("sync", 2, 2);
+  Stalls late{/*worker=*/1, /*every=*/1, /*at=*/0, /*most=*/1, absl::Milliseconds(1500)};
+  auto report = TrainInProcess(config, InProcOptions{}, nullptr, late.Customizer());
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(late.count.load(), 1);
+  ExpectExactlyOnce(*report, 4);
+  EXPECT_GT(report->global_step, MaxSteps(config, 3000, 2));
 }
 
 // A slow worker's shard outlasts three lease timeouts (its updates renew
@@ -867,7 +926,7 @@ TEST(LeasedTrainingTest, AWorkerWaitsForAShardAsLongAsAnotherHoldsOne) {
     };
   });
   ASSERT_TRUE(report.ok()) << report.status();
-  ExpectExactlyOnce(*report, 2);
+  ExpectExactlyOnce(*report, 4);
 }
 
 // The local-replica modes: an exchange carries the places of its local
@@ -892,7 +951,7 @@ TEST(LeasedTrainingTest, LocalReplicaModesExchangeEachPlaceExactlyOnce) {
     SCOPED_TRACE(mode);
     auto report = TrainInProcess(LeasedLocalJob(mode), InProcOptions{}, nullptr);
     ASSERT_TRUE(report.ok()) << report.status();
-    ExpectExactlyOnce(*report, 2);
+    ExpectExactlyOnce(*report, 4);
     EXPECT_GT(report->test_accuracy, 0.6);
   }
 }
@@ -914,7 +973,7 @@ TEST(LeasedTrainingTest, ALocalReplicaStalledPastItsLeaseHasItsLateExchangeRefus
     EXPECT_GT(report->data_ledger.takeovers, 0);
     ASSERT_NE(stalls.leased, nullptr);
     EXPECT_GT(stalls.leased->leases_lost(), 0);  // a late exchange was refused
-    ExpectExactlyOnce(*report, 2);
+    ExpectExactlyOnce(*report, 4);
   }
 }
 
@@ -947,8 +1006,7 @@ TEST(LeasedTrainingTest, ACheckpointKeepsTheLeaseTableAndAJobResumedFromItTrains
   auto resumed = TrainInProcess(config, InProcOptions{}, nullptr);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->restored_from, first->last_checkpoint);
-  ExpectExactlyOnce(*resumed, 2, index->lease_table->epochs_done());
-  EXPECT_GT(resumed->data_ledger.epochs_finished, index->lease_table->epochs_done());
+  ExpectExactlyOnce(*resumed, 4, index->lease_table->epochs_done());
 
   // Other data: the checkpoint's table cannot say which of these examples
   // were trained.
@@ -999,7 +1057,7 @@ TEST(LeasedTrainingTest, ARestoreWhoseTasksStandApartEndsABatchAtTheCutAndTrains
   auto resumed = TrainInProcess(config, InProcOptions{}, nullptr);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ(resumed->restored_from, first->last_checkpoint);
-  ExpectExactlyOnce(*resumed, 2, epochs_done);
+  ExpectExactlyOnce(*resumed, 4, epochs_done);
   EXPECT_EQ(resumed->worker_steps, resumed->global_step - restored_step);  // every step applied on ps:0
 }
 

@@ -28,17 +28,25 @@ std::vector<nlohmann::json> JsonLines(const fs::path& file) {
 // A job of a ps, 2 workers and an evaluator as processes; with `listed`
 // the cluster every task sees names the evaluator (the chief then ends it),
 // else it is left out, as the training operator's TF_CONFIG leaves it (the
-// evaluator ends once it has evaluated the job's last step).
-void RunJobWithEvaluator(bool listed) {
+// evaluator ends once it has evaluated the job's last step). With `leased`
+// the job trains its 2 epochs on leased data, and ends when they are over,
+// at a step no one knew beforehand.
+void RunJobWithEvaluator(bool listed, bool leased = false) {
   const fs::path checkpoints =
-      fs::temp_directory_path() / ("shoal_evaluator_ckpt_" + std::to_string(getpid()) + (listed ? "" : "_unlisted"));
+      fs::temp_directory_path() / ("shoal_evaluator_ckpt_" + std::to_string(getpid()) + (listed ? "" : "_unlisted") +
+                                   (leased ? "_leased" : ""));
   fs::remove_all(checkpoints);
   JobConfig config = QuickJob();
   config.training.max_steps = 300;
   config.checkpoint.dir = checkpoints.string();
   config.checkpoint.every_steps = 100;
   config.checkpoint.keep = 10;
-  ProcessCluster cluster(listed ? "shoal_evaluator" : "shoal_evaluator_unlisted", 1, 2, config, /*spare_ports=*/1);
+  if (leased) {
+    config.data.leases = true;
+    config.training.max_steps = 0;
+  }
+  const std::string name = std::string(listed ? "shoal_evaluator" : "shoal_evaluator_unlisted") + (leased ? "_leased" : "");
+  ProcessCluster cluster(name, 1, 2, config, /*spare_ports=*/1);
   if (listed) {
     nlohmann::json spec = nlohmann::json::parse(cluster.ReadFile("cluster.json"));
     spec["evaluator"] = {"127.0.0.1:" + std::to_string(cluster.spare_port(0))};
@@ -71,9 +79,10 @@ void RunJobWithEvaluator(bool listed) {
     EXPECT_GT(line["test_loss"].get<double>(), 0);
   }
   EXPECT_GT(lines.back()["test_accuracy"].get<double>(), 0.6);
-  if (listed) {
+  if (listed || leased) {
     // The last line is the chief's final checkpoint: the values the chief
-    // itself evaluated, on the same test set.
+    // itself evaluated, on the same test set. (An unlisted evaluator of a
+    // leased job knows it by its lease table: the job's epochs finished.)
     EXPECT_EQ(lines.back()["global_step"].get<int64_t>(), result["global_step"].get<int64_t>());
     EXPECT_NEAR(lines.back()["test_accuracy"].get<double>(), result["test_accuracy"].get<double>(), 1e-9);
   } else {
@@ -85,6 +94,10 @@ void RunJobWithEvaluator(bool listed) {
 TEST(EvaluatorTest, AnEvaluatorTaskEvaluatesEveryCheckpointUpToTheLast) { RunJobWithEvaluator(/*listed=*/true); }
 
 TEST(EvaluatorTest, AnEvaluatorLeftOutOfTheClusterStopsAfterTheLastStep) { RunJobWithEvaluator(/*listed=*/false); }
+
+TEST(EvaluatorTest, AnEvaluatorLeftOutOfAJobOnLeasedDataStopsAfterTheCheckpointThatEndsTheData) {
+  RunJobWithEvaluator(/*listed=*/false, /*leased=*/true);
+}
 
 TEST(EvaluatorTest, AnEvaluatorNeedsCheckpointsAndOneModel) {
   JobConfig config = QuickJob();

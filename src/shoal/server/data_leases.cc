@@ -18,11 +18,12 @@ constexpr int64_t kMaxEpoch = int64_t{1} << 40;
 
 absl::Status DataLeases::CheckLayout(const wire::LeaseRequest& request) const {
   if (request.examples() <= 0 || request.examples() > kMaxExamples || request.shard_examples() <= 0 ||
-      request.data_fingerprint() == 0) {
+      request.data_fingerprint() == 0 || request.epochs() < 0 || request.epochs() > kMaxEpoch) {
     return absl::InvalidArgumentError(absl::StrCat("lease request from '", request.worker(), "' to ", task_name_,
                                                    ": examples ", request.examples(), ", shard_examples ",
                                                    request.shard_examples(), ", fingerprint ",
-                                                   request.data_fingerprint(), " do not describe a training set"));
+                                                   request.data_fingerprint(), ", epochs ", request.epochs(),
+                                                   " do not describe a training set"));
   }
   const int64_t shards = (request.examples() + request.shard_examples() - 1) / request.shard_examples();
   if (shards > static_cast<int64_t>(kMaxTrackedShards) / 4) {
@@ -53,12 +54,17 @@ absl::StatusOr<wire::LeaseResponse> DataLeases::Lease(const wire::LeaseRequest& 
   }
   if (request.timeout_ms() > 0) timeout_ = absl::Milliseconds(std::min<int64_t>(request.timeout_ms(), 3'600'000));
   ExpireLeases(now);
+  if (request.leaving()) {
+    members_.erase(request.worker());
+  } else if (members_.size() < kMaxTrackedShards || members_.count(request.worker()) != 0) {
+    members_[request.worker()] = now + timeout_;
+  }
   if (request.renew()) return Renew(request, now);
   if (request.return_lease() != 0) ReturnLease(request.return_lease(), request.finished());
   wire::LeaseResponse response;
   if (!request.leaving()) {
     int64_t epoch = 0, shard = 0;
-    if (TableShard* free = NextFreeShard(&epoch, &shard); free != nullptr) {
+    if (TableShard* free = NextFreeShard(request.epochs(), &epoch, &shard); free != nullptr) {
       if (free->lost_at != absl::InfinitePast()) {
         const absl::Duration waited = now - free->lost_at;
         ++takeovers_.count;
@@ -77,10 +83,20 @@ absl::StatusOr<wire::LeaseResponse> DataLeases::Lease(const wire::LeaseRequest& 
   }
   response.set_live_workers(static_cast<int64_t>(holders_.size()));
   response.set_epochs_done(epochs_done_);
+  response.set_members(Members());
   return response;
 }
 
+int64_t DataLeases::Members() const {
+  int64_t members = static_cast<int64_t>(members_.size());
+  for (const auto& [holder, leases] : holders_) members += members_.count(holder) == 0;
+  return members;
+}
+
 void DataLeases::ExpireLeases(absl::Time now) {
+  for (auto it = members_.begin(); it != members_.end();) {
+    it = it->second < now ? members_.erase(it) : std::next(it);
+  }
   for (auto& [epoch, shards] : open_epochs_) {
     for (TableShard& shard : shards) {
       if (shard.state == ShardState::kLeased && shard.deadline < now) {
@@ -115,6 +131,7 @@ wire::LeaseResponse DataLeases::Renew(const wire::LeaseRequest& request, absl::T
   }
   response.set_live_workers(static_cast<int64_t>(holders_.size()));
   response.set_epochs_done(epochs_done_);
+  response.set_members(Members());
   return response;
 }
 
@@ -148,9 +165,10 @@ void DataLeases::ReturnLease(int64_t lease, bool finished) {
   }
 }
 
-DataLeases::TableShard* DataLeases::NextFreeShard(int64_t* epoch, int64_t* shard) {
+DataLeases::TableShard* DataLeases::NextFreeShard(int64_t epochs, int64_t* epoch, int64_t* shard) {
   auto find_queued = [&]() -> TableShard* {
     for (auto& [e, shards] : open_epochs_) {
+      if (epochs > 0 && e >= epochs) break;  // a restored table may hold more than this run trains
       for (size_t s = 0; s < shards.size(); ++s) {
         if (shards[s].state != ShardState::kQueued) continue;
         *epoch = e;
@@ -163,6 +181,7 @@ DataLeases::TableShard* DataLeases::NextFreeShard(int64_t* epoch, int64_t* shard
   if (TableShard* queued = find_queued(); queued != nullptr) return queued;
   if (open_epochs_.size() >= 2) return nullptr;  // every open shard is out: ask again
   const int64_t next = open_epochs_.empty() ? epochs_done_ : open_epochs_.rbegin()->first + 1;
+  if (epochs > 0 && next >= epochs) return nullptr;  // the job's data is handed out
   std::vector<TableShard>& shards = open_epochs_[next];
   shards.resize(layout_.shards_per_epoch());
   for (size_t s = 0; s < shards.size(); ++s) shards[s].offset = static_cast<int64_t>(s) * layout_.shard_examples;
@@ -386,6 +405,7 @@ absl::Status DataLeases::Restore(const wire::LeaseTableState& state, bool hands_
     epochs_done_ = state.epochs_done();
     open_epochs_.clear();
     holders_.clear();
+    members_.clear();
     for (int i = 0; i < state.shard_offsets_size(); ++i) {
       std::vector<TableShard>& shards = open_epochs_[state.epochs_done() + i / per_epoch];
       TableShard shard;

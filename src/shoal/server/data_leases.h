@@ -191,6 +191,7 @@ class DataLeases {
   };
 
   // Under table_mu_.
+  int64_t Members() const;
   void ExpireLeases(absl::Time now);
   void ReturnLease(int64_t lease, bool finished);
   // Hands the shard's lease back from its holder (holders_ with it).
@@ -198,7 +199,9 @@ class DataLeases {
   // A lease request with `renew`: the lease's deadline moves on, if its
   // holder still holds it.
   wire::LeaseResponse Renew(const wire::LeaseRequest& request, absl::Time now);
-  TableShard* NextFreeShard(int64_t* epoch, int64_t* shard);
+  // A queued shard of an open epoch, else the first of a newly opened one
+  // below `epochs` (0: no end); null when every shard there is out.
+  TableShard* NextFreeShard(int64_t epochs, int64_t* epoch, int64_t* shard);
   absl::Status CheckLayout(const wire::LeaseRequest& request) const;
   // Under ledger_mu_.
   void Record(int64_t epoch, int64_t begin, int64_t end);
@@ -218,6 +221,11 @@ class DataLeases {
   // sync step can wait for (one waiting for a free shard has no gradient to
   // give).
   std::map<std::string, int> holders_;
+  // Worker -> when its last lease request was a lease timeout ago: with
+  // holders_, the workers still in the job (LeaseResponse.members), those
+  // waiting for a shard or told the data is over included, until they
+  // leave. The chief waits for none to be left before it ends the job.
+  std::map<std::string, absl::Time> members_;
   absl::Duration timeout_ = absl::Seconds(10);
   Takeovers takeovers_;
 

@@ -163,6 +163,12 @@ WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& clus
     context.worker_index = context.num_workers + task.index;  // counted after the listed workers
   }
   context.max_steps = max_steps;
+  // Leased data ends the job when the lease table has finished its epochs,
+  // unless training.max_steps says otherwise.
+  if (config.data.leases && config.training.max_steps == 0) {
+    context.leases.epochs = config.training.epochs;
+    context.max_steps = kNoStepLimit;
+  }
   return context;
 }
 
@@ -184,7 +190,12 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
     SHOAL_RETURN_IF_ERROR(Serve(config, cluster, task, options, *transport, unwatched, &service, &server,
                                 !grpc_options.token.empty()));
   }
+  // The job's last step, which an unlisted evaluator stops at. A job on
+  // leased data ends with its data instead (its steps depend on who
+  // trained): its last checkpoint's lease table has finished its epochs.
   const int64_t last_step = MaxSteps(config, data.train.size(), static_cast<int>(cluster.TrainingTasks().size()));
+  const bool ends_with_data = config.data.leases && config.training.max_steps == 0;
+  bool evaluated_last = false;
   std::ofstream metrics;
   if (!config.hooks.metrics_dir.empty()) {
     std::filesystem::create_directories(config.hooks.metrics_dir);
@@ -203,7 +214,7 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
     // unlisted evaluator has seen the last step, one more look, for the
     // final checkpoint, and the evaluator is done.
     const bool ending = (listed && service->shutdown_requested().HasBeenNotified()) ||
-                        (!listed && evaluated_step >= last_step) ||
+                        (!listed && evaluated_last) ||
                         (options.signal != nullptr && options.signal->load() != 0);
     absl::StatusOr<std::string> latest = LatestCheckpoint(config.checkpoint.dir, fall_back);
     if (!latest.ok() && !absl::IsNotFound(latest.status())) return Annotate(latest.status(), task.ToString());
@@ -212,6 +223,9 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
       if (index.step > evaluated_step) {
         SHOAL_ASSIGN_OR_RETURN(CheckpointEvaluation evaluation, EvaluateCheckpoint(config, *latest, data.test));
         evaluated_step = evaluation.global_step;
+        evaluated_last = ends_with_data ? index.lease_table.has_value() &&
+                                              index.lease_table->epochs_done() >= config.training.epochs
+                                        : evaluated_step >= last_step;
         absl::FPrintF(stderr, "%s: %s (global step %d): test accuracy %.2f%%, loss %.4f%s\n", task.ToString(),
                       evaluation.checkpoint, evaluation.global_step, 100 * evaluation.test_accuracy,
                       evaluation.test_loss,

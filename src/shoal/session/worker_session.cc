@@ -158,7 +158,7 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
   SHOAL_RETURN_IF_ERROR(PublishTaskTime(client, context.worker_index, phases, worker->local_steps));
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kWorkersDone, 1).status());
   // Leased data: the shard held goes back for others, and this worker
-  // leaves the live count the chief waits on, its last word to the job.
+  // leaves the job's members the chief waits on, its last word to the job.
   if (context.leased_data != nullptr) SHOAL_RETURN_IF_ERROR(context.leased_data->Leave());
   if (!context.is_chief) return absl::OkStatus();
 
@@ -166,14 +166,15 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
   // worker that died (a killed backup in sync mode, a crashed one in async)
   // never will: after the RPC deadline the chief evaluates what the ps hold
   // and says so, rather than failing a job whose steps are all done.
-  // On leased data the lease table knows who still trains (workers that
-  // joined too); one that died drops out of it after the lease timeout.
+  // On leased data the lease table knows who is still in the job (workers
+  // that joined, and those waiting for a shard or told the data is over,
+  // too); one that died drops out of it after the lease timeout.
   const absl::Time give_up = absl::Now() + absl::Seconds(context.config->transport.rpc_timeout_s);
   while (true) {
     SHOAL_ASSIGN_OR_RETURN(int64_t done, context.client->AddToCounter(kWorkersDone, 0));
     if (context.leases.enabled) {
-      SHOAL_ASSIGN_OR_RETURN(const int64_t live, LiveLeaseHolders(client, context.task.ToString()));
-      if (live == 0) break;
+      SHOAL_ASSIGN_OR_RETURN(const int64_t members, WorkersStillInTheJob(client, context.task.ToString()));
+      if (members == 0) break;
     } else if (done >= context.num_workers) {
       break;
     }

@@ -43,7 +43,7 @@ absl::StatusOr<DataLedgerReport> CheckJobLedgers(Client& client, int64_t example
   return report;
 }
 
-absl::StatusOr<int64_t> LiveLeaseHolders(Client& client, const std::string& worker) {
+absl::StatusOr<int64_t> WorkersStillInTheJob(Client& client, const std::string& worker) {
   SHOAL_ASSIGN_OR_RETURN(const wire::LeaseTableState table, client.LeaseTable());
   if (table.examples() == 0) return 0;  // no worker ever leased
   wire::LeaseRequest request;
@@ -53,7 +53,7 @@ absl::StatusOr<int64_t> LiveLeaseHolders(Client& client, const std::string& work
   request.set_shard_examples(table.shard_examples());
   request.set_leaving(true);
   SHOAL_ASSIGN_OR_RETURN(const wire::LeaseResponse response, client.Lease(request));
-  return response.live_workers();
+  return response.members();
 }
 
 LeasedData::LeasedData(Client& client, Dataset data, Options options)
@@ -65,6 +65,7 @@ wire::LeaseRequest LeasedData::Ask() const {
   request.set_data_fingerprint(options_.data_fingerprint);
   request.set_examples(data_.size());
   request.set_shard_examples(options_.shard_examples);
+  request.set_epochs(options_.epochs);
   return request;
 }
 
@@ -105,6 +106,7 @@ absl::StatusOr<bool> LeasedData::Next(torch::Tensor* images, torch::Tensor* labe
     const bool finished = lease_.lease() != 0;
     SHOAL_ASSIGN_OR_RETURN(bool taken, TakeLease(finished));
     if (taken) continue;
+    if (options_.epochs > 0 && lease_.epochs_done() >= options_.epochs) return false;  // the data is over
     SHOAL_ASSIGN_OR_RETURN(bool over, job_over());
     if (over) return false;
     // While others hold leases the wait ends: they finish their shards (a

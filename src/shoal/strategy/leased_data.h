@@ -50,10 +50,11 @@ int64_t LeaseShardExamples(int64_t configured, int64_t examples, int64_t batch_s
 // CheckLedgers), over `examples` places an epoch.
 absl::StatusOr<DataLedgerReport> CheckJobLedgers(Client& client, int64_t examples);
 
-// The workers holding a lease that has not run out, asked as `worker`,
-// which hands back what it holds (the chief, done with its own steps).
-// A worker still training asks LeasedData::AskLiveWorkers.
-absl::StatusOr<int64_t> LiveLeaseHolders(Client& client, const std::string& worker);
+// The workers still in the job (LeaseResponse.members): holding a lease,
+// or asking for one within a lease timeout, and not gone. Asked as
+// `worker`, which leaves (the chief, done with its own steps). A worker
+// still training asks LeasedData::AskLiveWorkers for those holding a lease.
+absl::StatusOr<int64_t> WorkersStillInTheJob(Client& client, const std::string& worker);
 
 class LeasedData {
  public:
@@ -64,14 +65,18 @@ class LeasedData {
     uint64_t seed = 0;           // training.seed: every worker's epoch orders
     int64_t data_fingerprint = 0;
     absl::Duration lease_timeout = absl::Seconds(10);
+    // The job's epochs: once the lease table has finished them the data is
+    // over (0: the job ends by its steps alone).
+    int64_t epochs = 0;
   };
   LeasedData(Client& client, Dataset data, Options options);
 
   // The next batch and its places (progress()). Takes a lease when none is
-  // held or the held one is used up (handing that one back finished). While
-  // every open shard is leased to others it asks again every 50 ms, until
-  // `job_over` says the job is done (then false); if for three lease
-  // timeouts no shard is free and no worker holds one, DeadlineExceeded.
+  // held or the held one is used up (handing that one back finished). False
+  // once every shard of the job's epochs is finished. While every open
+  // shard is leased to others it asks again every 50 ms, until `job_over`
+  // says the job is done (then false); if for three lease timeouts no shard
+  // is free and no worker holds one, DeadlineExceeded.
   absl::StatusOr<bool> Next(torch::Tensor* images, torch::Tensor* labels,
                             const std::function<absl::StatusOr<bool>()>& job_over);
   // The places the step's update carries: those of the batch Next gave, and

@@ -36,7 +36,7 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
         *context.client, context.train_set,
         LeasedData::Options{context.task.ToString(), config.training.batch_size, context.leases.shard_examples,
                             static_cast<uint64_t>(config.training.seed), context.data_fingerprint,
-                            context.leases.timeout});
+                            context.leases.timeout, context.leases.epochs});
     context.leased_data = leased;
   }
   // While no shard is free: whether the job is over for this worker.
@@ -156,6 +156,11 @@ absl::StatusOr<WorkerResult> DriveSteps(WorkerContext& context, StepPolicy& poli
                                         return join();
                                       }));
   SHOAL_RETURN_IF_ERROR(policy.Finish());
+  // The chief's buffers as its last step left them: on leased data that
+  // step was known to be the last only when the data ran out.
+  if (leased != nullptr && context.is_chief && context.chief_publishes_buffers && !context.buffer_names.empty()) {
+    SHOAL_RETURN_IF_ERROR(context.client->Assign(context.buffer_names, model.BufferValues()));
+  }
   if (leased != nullptr) {
     result.leases_taken = leased->leases_taken();
     result.leases_lost = leased->leases_lost();

@@ -67,6 +67,11 @@ class LeasedData;  // strategy/leased_data.h
 // `auc` is the batch's for a click model, else -1.
 using StepCallback = std::function<void(int64_t global_step, double loss, double auc)>;
 
+// WorkerContext::max_steps of a job that ends when its data is over: the
+// steps a job on leased data makes depend on who trained (a sync step takes
+// the gradients of the workers live then), so only the data can say.
+inline constexpr int64_t kNoStepLimit = int64_t{1} << 60;
+
 // What one worker's training loop works with. Nothing here is owned.
 struct WorkerContext {
   TaskId task;
@@ -81,7 +86,9 @@ struct WorkerContext {
   Dataset validation;          // populations: carved from the training set, never trained on
   int64_t train_examples = 0;  // in the whole training set (for epochs)
   int64_t data_fingerprint = 0;  // DataFingerprint of the whole training set
-  int64_t max_steps = 0;       // global steps to train for
+  // Global steps to train for; kNoStepLimit on leased data, where the lease
+  // table ends the job once it has handed out `leases.epochs` epochs.
+  int64_t max_steps = 0;
   StepCallback on_step;   // may be empty
   // Runs before each local step (may be empty): tests slow a worker down with it.
   std::function<void(int64_t local_step)> before_step;
@@ -124,6 +131,7 @@ struct WorkerContext {
     bool enabled = false;
     int64_t shard_examples = 0;
     absl::Duration timeout = absl::Seconds(10);
+    int64_t epochs = 0;  // the job ends when the lease table has finished these (0: at max_steps)
   } leases;
   Dataset train_set;
   // Set by the step driver: the session hands its lease back and leaves the
