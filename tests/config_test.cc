@@ -353,6 +353,8 @@ TEST(ConfigTest, ABadOverrideIsRefusedNamingIt) {
       {{"training.learnig_rate=0.1"}, "unknown key 'training.learnig_rate'"},
       {{"training.batch_size=many"}, "'training.batch_size' has a value of the wrong type"},
       {{"training.batch_size"}, "'training.batch_size' is not KEY=VALUE"},
+      {{"training.epochs="}, "'training.epochs=' gives no value; for an empty string write training.epochs=\"\""},
+      {{"training.mode= "}, "gives no value"},
       {{"training..batch_size=3"}, "'training..batch_size' is not a key path"},
       {{"=3"}, "'' is not a key path"},
       {{"training.mode.kind=sync"}, "'training.mode' is not a mapping, so it has no key 'kind'"},
@@ -368,6 +370,8 @@ TEST(ConfigTest, ABadOverrideIsRefusedNamingIt) {
   }
   // A file that is not a mapping has no keys to set.
   EXPECT_FALSE(ParseJobConfig("[1, 2]", {"training.batch_size=3"}).ok());
+  // An empty string is written as one.
+  EXPECT_EQ(ParseJobConfig("checkpoint: {dir: ck}\n", {"checkpoint.dir=\"\""}).value().checkpoint.dir, "");
   // The file named in a loaded config's errors, the override's key too.
   const std::filesystem::path dir = FreshTempDir("config_", "overrides");
   const std::filesystem::path file = dir / "shoal_override_test.yaml";

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "shoal/config/config_reference.h"
 #include "shoal/core/file.h"
 #include "shoal/core/nearest_word.h"
@@ -667,7 +668,14 @@ absl::Status ApplyOverride(YAML::Node& root, const std::string& assignment) {
   if (equals == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(what, " is not KEY=VALUE (e.g. training.batch_size=64)"));
   }
-  return SetKey(root, assignment.substr(0, equals), assignment.substr(equals + 1), what);
+  const std::string key = assignment.substr(0, equals);
+  // YAML reads nothing as null, which a key would take as a value of the
+  // wrong type (or, for a name, the name 'null'): say what is missing.
+  if (absl::StripAsciiWhitespace(assignment.substr(equals + 1)).empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " gives no value; for an empty string write ", key, "=\"\""));
+  }
+  return SetKey(root, key, assignment.substr(equals + 1), what);
 }
 
 }  // namespace
