@@ -94,6 +94,11 @@ absl::Status Serve(const JobConfig& config, const ClusterSpec& cluster, const Ta
   return absl::OkStatus();
 }
 
+// A job on leased data ends when the lease table has finished its epochs
+// (the steps that takes depend on who trained), unless training.max_steps
+// ends it first.
+bool EndsWithItsData(const JobConfig& config) { return config.data.leases && config.training.max_steps == 0; }
+
 }  // namespace
 
 ComputeThreads SetUpComputeThreads(const JobConfig& config, bool training_task, int training_tasks_on_host) {
@@ -163,9 +168,7 @@ WorkerContext MakeWorkerContext(const JobConfig& config, const ClusterSpec& clus
     context.worker_index = context.num_workers + task.index;  // counted after the listed workers
   }
   context.max_steps = max_steps;
-  // Leased data ends the job when the lease table has finished its epochs,
-  // unless training.max_steps says otherwise.
-  if (config.data.leases && config.training.max_steps == 0) {
+  if (EndsWithItsData(config)) {
     context.leases.epochs = config.training.epochs;
     context.max_steps = kNoStepLimit;
   }
@@ -190,11 +193,10 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
     SHOAL_RETURN_IF_ERROR(Serve(config, cluster, task, options, *transport, unwatched, &service, &server,
                                 !grpc_options.token.empty()));
   }
-  // The job's last step, which an unlisted evaluator stops at. A job on
-  // leased data ends with its data instead (its steps depend on who
-  // trained): its last checkpoint's lease table has finished its epochs.
+  // The job's last step, which an unlisted evaluator stops at; a job that
+  // ends with its data ends at the checkpoint whose lease table has
+  // finished its epochs.
   const int64_t last_step = MaxSteps(config, data.train.size(), static_cast<int>(cluster.TrainingTasks().size()));
-  const bool ends_with_data = config.data.leases && config.training.max_steps == 0;
   bool evaluated_last = false;
   std::ofstream metrics;
   if (!config.hooks.metrics_dir.empty()) {
@@ -223,7 +225,7 @@ absl::Status RunEvaluatorTask(const JobConfig& config, const ClusterSpec& cluste
       if (index.step > evaluated_step) {
         SHOAL_ASSIGN_OR_RETURN(CheckpointEvaluation evaluation, EvaluateCheckpoint(config, *latest, data.test));
         evaluated_step = evaluation.global_step;
-        evaluated_last = ends_with_data ? index.lease_table.has_value() &&
+        evaluated_last = EndsWithItsData(config) ? index.lease_table.has_value() &&
                                               index.lease_table->epochs_done() >= config.training.epochs
                                         : evaluated_step >= last_step;
         absl::FPrintF(stderr, "%s: %s (global step %d): test accuracy %.2f%%, loss %.4f%s\n", task.ToString(),
