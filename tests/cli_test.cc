@@ -28,9 +28,9 @@ struct CliRun {
   nlohmann::json result;  // discarded when the job wrote none
 };
 
-CliRun RunTrain(const std::string& flags) {
+CliRun RunTrain(const std::string& flags, bool quiet = true) {
   const std::filesystem::path dir = FreshTempDir("cli_", "train");
-  const std::string command = std::string(SHOAL_BINARY) + " train --quiet --result_file " +
+  const std::string command = std::string(SHOAL_BINARY) + " train" + (quiet ? " --quiet" : "") + " --result_file " +
                               (dir / "result.json").string() + " " + flags + " > " + (dir / "out").string() +
                               " 2> " + (dir / "err").string();
   CliRun run;
@@ -54,6 +54,18 @@ TEST(CliTest, SetChangesAnyConfigKeyAndTheNamedFlagsStillApply) {
   EXPECT_NE(run.out.find("784-32-10"), std::string::npos) << run.out;
   ASSERT_FALSE(run.result.is_discarded()) << run.err;
   EXPECT_EQ(run.result["global_step"], 12) << run.result.dump();
+}
+
+// A job of processes prints its report once: the launcher's, not the
+// chief's as well.
+TEST(CliTest, AJobOfProcessesPrintsItsReportOnce) {
+  CliRun run = RunTrain("--processes --max_steps 30 --set data.train_examples=3000", /*quiet=*/false);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const std::string line = "trained model: ";
+  const size_t first = run.out.find(line);
+  ASSERT_NE(first, std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find(line, first + 1), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("test accuracy"), run.out.rfind("test accuracy")) << run.out;
 }
 
 TEST(CliTest, PrintConfigShowsWhatTheFlagsMakeAsAConfigAndTrainsNothing) {

@@ -540,7 +540,9 @@ absl::Status RunTaskAsConfigured(Flags& flags, bool server) {
   TrainReport report;
   SHOAL_RETURN_IF_ERROR(RunWorkerTask(config, cluster, task, options, quiet ? nullptr : stderr, &report));
   if (cluster.IsChief(task)) {
-    if (!quiet) PrintReport(report, config.model.kind == "click");
+    // The local launcher (which asks for trained_file) prints the job's
+    // report itself, once.
+    if (!quiet && trained_file.empty()) PrintReport(report, config.model.kind == "click");
     if (!result_file.empty()) SHOAL_RETURN_IF_ERROR(WriteResult(result_file, report));
     if (!trained_file.empty()) {
       SHOAL_RETURN_IF_ERROR(SaveWeightsFile({report.trained_names, report.trained_values}, trained_file));
