@@ -159,7 +159,7 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
   SHOAL_RETURN_IF_ERROR(client.AddToCounter(kWorkersDone, 1).status());
   // Leased data: the shard held goes back for others, and this worker
   // leaves the job's members the chief waits on, its last word to the job.
-  if (context.leased_data != nullptr) SHOAL_RETURN_IF_ERROR(context.leased_data->Leave());
+  if (context.leased_data != nullptr) SHOAL_RETURN_IF_ERROR(context.leased_data->Leave().status());
   if (!context.is_chief) return absl::OkStatus();
 
   // The chief evaluates once every worker has pushed its last step. A
@@ -172,8 +172,8 @@ absl::Status RunWorkerSession(WorkerContext& context, const HooksConfig& hooks_c
   const absl::Time give_up = absl::Now() + absl::Seconds(context.config->transport.rpc_timeout_s);
   while (true) {
     SHOAL_ASSIGN_OR_RETURN(int64_t done, context.client->AddToCounter(kWorkersDone, 0));
-    if (context.leases.enabled) {
-      SHOAL_ASSIGN_OR_RETURN(const int64_t members, WorkersStillInTheJob(client, context.task.ToString()));
+    if (context.leased_data != nullptr) {
+      SHOAL_ASSIGN_OR_RETURN(const int64_t members, context.leased_data->Leave());
       if (members == 0) break;
     } else if (done >= context.num_workers) {
       break;

@@ -43,19 +43,6 @@ absl::StatusOr<DataLedgerReport> CheckJobLedgers(Client& client, int64_t example
   return report;
 }
 
-absl::StatusOr<int64_t> WorkersStillInTheJob(Client& client, const std::string& worker) {
-  SHOAL_ASSIGN_OR_RETURN(const wire::LeaseTableState table, client.LeaseTable());
-  if (table.examples() == 0) return 0;  // no worker ever leased
-  wire::LeaseRequest request;
-  request.set_worker(worker);
-  request.set_data_fingerprint(table.data_fingerprint());
-  request.set_examples(table.examples());
-  request.set_shard_examples(table.shard_examples());
-  request.set_leaving(true);
-  SHOAL_ASSIGN_OR_RETURN(const wire::LeaseResponse response, client.Lease(request));
-  return response.members();
-}
-
 LeasedData::LeasedData(Client& client, Dataset data, Options options)
     : client_(client), data_(std::move(data)), options_(std::move(options)) {}
 
@@ -178,7 +165,7 @@ absl::StatusOr<int64_t> LeasedData::AskLiveWorkers() {
   return live_workers_;
 }
 
-absl::Status LeasedData::Leave() {
+absl::StatusOr<int64_t> LeasedData::Leave() {
   wire::LeaseRequest request = Ask();
   request.set_return_lease(lease_.lease());
   // Places kept local but never sent are not trained: the shard resumes before them.
@@ -187,7 +174,7 @@ absl::Status LeasedData::Leave() {
   SHOAL_ASSIGN_OR_RETURN(wire::LeaseResponse response, client_.Lease(request));
   live_workers_ = response.live_workers();
   lease_.Clear();
-  return absl::OkStatus();
+  return response.members();
 }
 
 }  // namespace shoal

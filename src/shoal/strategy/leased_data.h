@@ -50,12 +50,6 @@ int64_t LeaseShardExamples(int64_t configured, int64_t examples, int64_t batch_s
 // CheckLedgers), over `examples` places an epoch.
 absl::StatusOr<DataLedgerReport> CheckJobLedgers(Client& client, int64_t examples);
 
-// The workers still in the job (LeaseResponse.members): holding a lease,
-// or asking for one within a lease timeout, and not gone. Asked as
-// `worker`, which leaves (the chief, done with its own steps). A worker
-// still training asks LeasedData::AskLiveWorkers for those holding a lease.
-absl::StatusOr<int64_t> WorkersStillInTheJob(Client& client, const std::string& worker);
-
 class LeasedData {
  public:
   struct Options {
@@ -110,8 +104,10 @@ class LeasedData {
   // sends no update that would renew it, nor does a local step.
   absl::Status RenewIfDue();
   // Hands the lease held back (a worker whose training is over), which
-  // takes it out of the lease table's count of live workers.
-  absl::Status Leave();
+  // takes this worker out of the job's members; answers how many are left
+  // (LeaseResponse.members: holding a lease, or asking for one within a
+  // lease timeout). Asked again, it only counts them: the chief's wait.
+  absl::StatusOr<int64_t> Leave();
 
   int64_t live_workers() const { return live_workers_; }
   int64_t leases_taken() const { return leases_taken_; }
